@@ -1,0 +1,38 @@
+"""User-facing errors. The CLI prints ``str(err)`` on one line and exits 2."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class BoomError(Exception):
+    """Base of every error caused by the user's input rather than by a bug."""
+
+    exit_code = 2
+
+
+class UnknownModelError(BoomError):
+    pass
+
+
+class UnknownGpuError(BoomError):
+    pass
+
+
+class InvalidInputError(BoomError):
+    pass
+
+
+class TraceError(BoomError):
+    """The model could not be traced on fake tensors (names the failing op when known)."""
+
+
+class ArtifactError(BoomError):
+    """A packaged or user-supplied model artifact is missing or corrupt."""
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
+    """Return ' (did you mean: a, b?)' for close matches of ``name`` in ``choices``, or ''."""
+    close = difflib.get_close_matches(name.lower(), sorted(set(choices)), n=n, cutoff=0.5)
+    return f" (did you mean: {', '.join(close)}?)" if close else ""

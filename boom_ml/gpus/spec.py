@@ -1,0 +1,64 @@
+"""GpuSpec: one row of the packaged GPU table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet numbers for one GPU. TFLOPS are dense (no sparsity); None when unknown."""
+
+    id: str  # canonical id, e.g. "h100-sxm"
+    name: str  # marketing name, e.g. "NVIDIA H100 SXM5 80GB"
+    architecture: str  # pascal, volta, turing, ampere, ada, hopper, blackwell
+    compute_capability: str  # "9.0"
+    sm_count: int
+    boost_clock_mhz: float
+    memory_gb: float  # GB as sold (1e9 bytes), e.g. 80
+    memory_bandwidth_gbs: float  # GB/s
+    l2_cache_mb: float
+    fp32_tflops: float
+    tf32_tflops: float | None
+    fp16_tflops: float | None  # tensor-core dense fp16 (fp32 accumulate where the sheet says so)
+    bf16_tflops: float | None
+    fp8_tflops: float | None
+    tdp_w: float | None
+    memory_bytes: int  # usable device memory as cudaMemGetInfo reports total
+    price_usd_per_hour: float | None = None
+    price_source: str | None = None
+    source: str = ""
+
+    def peak_flops(self, dtype: str, tf32: bool = False) -> float:
+        """Peak FLOP/s for matrix work in ``dtype`` ('float32', 'float16', 'bfloat16', ...)."""
+        dtype = dtype.replace("torch.", "")
+        if dtype in ("float16", "half"):
+            value = self.fp16_tflops
+        elif dtype == "bfloat16":
+            value = self.bf16_tflops or self.fp16_tflops
+        elif dtype.startswith("float8"):
+            value = self.fp8_tflops or self.fp16_tflops
+        elif dtype in ("float32", "float") and tf32 and self.tf32_tflops:
+            value = self.tf32_tflops
+        else:
+            value = None
+        return float(value or self.fp32_tflops) * 1e12
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def sm_version(self) -> int:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major) * 10 + int(minor or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

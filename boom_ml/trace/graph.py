@@ -1,0 +1,130 @@
+"""OpGraph: one traced training step as three column tables (nodes, edges, memory events).
+
+Columnar so that a graph stores as Parquet, loads into pandas, and batches for the GNN.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+NODE_COLUMNS = {
+    "id": "int64",
+    "aten_op": "string",  # e.g. "aten.mm.default" as traced on CPU
+    "op": "string",  # CUDA-equivalent canonical op, e.g. "mm", "cudnn_batch_norm", "flash_attention"
+    "family": "string",  # gemm, conv, attention, norm, softmax, reduction, elementwise, ...
+    "phase": "string",  # forward, backward, optimizer, recompute, loss
+    "module": "string",  # owning module path ("" when outside any module)
+    "input_shapes": "string",  # JSON list of shapes (tensor inputs only)
+    "input_dtypes": "string",  # JSON list of dtype names
+    "output_shapes": "string",
+    "output_dtypes": "string",
+    "flops": "int64",
+    "bytes_read": "int64",
+    "bytes_written": "int64",
+}
+EDGE_COLUMNS = {"src": "int64", "dst": "int64"}
+EVENT_COLUMNS = {
+    "seq": "int64",  # order of the event in the step
+    "node_id": "int64",  # op running when it happened (-1: outside any op)
+    "action": "string",  # alloc | free
+    "block": "int64",  # one id per storage, shared by its alloc and free
+    "bytes": "int64",  # storage bytes as requested (before allocator rounding)
+    "category": "string",  # parameter, gradient, optimizer_state, activation, autocast_copy, input, temporary
+    "phase": "string",
+}
+MEMORY_CATEGORIES = (
+    "parameter",
+    "gradient",
+    "optimizer_state",
+    "activation",
+    "autocast_copy",
+    "input",
+    "temporary",
+)
+
+
+def _frame(rows: list[dict[str, Any]] | pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(columns))
+    return df.astype(columns) if len(df) else df.astype(columns, errors="ignore")
+
+
+@dataclass
+class OpGraph:
+    """A traced step. ``meta`` holds the model/step description and totals."""
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    mem_events: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(
+        cls,
+        nodes: list[dict[str, Any]],
+        edges: list[dict[str, Any]],
+        mem_events: list[dict[str, Any]],
+        meta: dict[str, Any] | None = None,
+    ) -> OpGraph:
+        return cls(
+            _frame(nodes, NODE_COLUMNS),
+            _frame(edges, EDGE_COLUMNS),
+            _frame(mem_events, EVENT_COLUMNS),
+            dict(meta or {}),
+        )
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def flops(self) -> int:
+        return int(self.nodes["flops"].sum())
+
+    def phase_nodes(self, phase: str) -> pd.DataFrame:
+        return self.nodes[self.nodes["phase"] == phase]
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``path/{nodes,edges,mem_events}.parquet`` and ``path/meta.json``."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.nodes.to_parquet(out / "nodes.parquet", index=False)
+        self.edges.to_parquet(out / "edges.parquet", index=False)
+        self.mem_events.to_parquet(out / "mem_events.parquet", index=False)
+        (out / "meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> OpGraph:
+        src = Path(path)
+        return cls(
+            _frame(pd.read_parquet(src / "nodes.parquet"), NODE_COLUMNS),
+            _frame(pd.read_parquet(src / "edges.parquet"), EDGE_COLUMNS),
+            _frame(pd.read_parquet(src / "mem_events.parquet"), EVENT_COLUMNS),
+            json.loads((src / "meta.json").read_text()),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "meta": self.meta,
+                "nodes": self.nodes.to_dict(orient="list"),
+                "edges": self.edges.to_dict(orient="list"),
+                "mem_events": self.mem_events.to_dict(orient="list"),
+            },
+            default=str,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> OpGraph:
+        doc = json.loads(text)
+        return cls(
+            _frame(pd.DataFrame(doc["nodes"]), NODE_COLUMNS),
+            _frame(pd.DataFrame(doc["edges"]), EDGE_COLUMNS),
+            _frame(pd.DataFrame(doc["mem_events"]), EVENT_COLUMNS),
+            doc["meta"],
+        )
