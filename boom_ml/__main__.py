@@ -1,0 +1,3 @@
+from boom_ml.predict import main
+
+main()

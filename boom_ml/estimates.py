@@ -1,0 +1,80 @@
+"""Result types: what one prediction says about one GPU. The JSON output serialises these."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class MemoryEstimate:
+    peak_allocated_bytes: int  # torch.cuda.max_memory_allocated
+    peak_reserved_bytes: int  # torch.cuda.max_memory_reserved
+    total_bytes: int  # what nvidia-smi would show for the process at the peak
+    capacity_bytes: int  # the GPU's memory
+    fits: bool
+    method: str  # how peak_* were obtained, e.g. "allocator-sim" or "live-bytes"
+    breakdown: dict[str, int] = field(default_factory=dict)  # category → bytes at the peak
+    overheads: dict[str, int] = field(default_factory=dict)  # context, workspaces, ...
+    peak_op: str = ""  # op running when the peak was reached
+    peak_phase: str = ""
+    fragmentation: float = 0.0
+    max_batch_size: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TimeEstimate:
+    step_ms: float
+    method: str  # "roofline", "per-op", "gnn"
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    by_family: dict[str, float] = field(default_factory=dict)  # ms per op family
+    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    top_modules: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GpuPrediction:
+    gpu: str
+    name: str
+    memory: MemoryEstimate
+    time: TimeEstimate
+    price_usd_per_hour: float | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.fits
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "name": self.name,
+            "fits": self.fits,
+            "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
+            "price_usd_per_hour": self.price_usd_per_hour,
+        }
+
+
+@dataclass
+class Prediction:
+    model: str
+    batch_size: int
+    step: dict[str, Any]
+    graph: dict[str, Any]
+    gpus: list[GpuPrediction]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "step": self.step,
+            "graph": self.graph,
+            "gpus": [g.to_dict() for g in self.gpus],
+        }

@@ -1,0 +1,189 @@
+"""OpRecorder: a dispatch mode that turns one step's aten calls into OpGraph records.
+
+It sits inside a FakeTensorMode, sees every aten op after autograd, and writes down:
+one node per kernel-launching op, data edges (producer of each input storage → op), and
+an allocation event the first time a storage appears plus a free event when the storage
+is garbage collected — the moment the CUDA caching allocator would get the block back.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+from boom_ml.trace.ops import (
+    ALLOC_ONLY_OPS,
+    NO_KERNEL_OPS,
+    cuda_op_name,
+    flops_of,
+    op_family,
+    packet_name,
+)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _view_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records nodes, edges and memory events while active.
+
+    ``phase`` is set by the step driver (forward, loss, backward, optimizer, ...);
+    ``module_of`` returns the current module path. An op that runs inside the autograd
+    engine with grad mode on is a checkpoint recomputation: the engine runs backward
+    kernels with grad mode off, while ``torch.utils.checkpoint`` re-runs the forward under
+    ``enable_grad``.
+    """
+
+    def __init__(self, module_of: Callable[[], str] = lambda: "") -> None:
+        super().__init__()
+        self.module_of = module_of
+        self.phase = "setup"
+        self.nodes: list[dict[str, Any]] = []
+        self.edges: set[tuple[int, int]] = set()
+        self.events: list[dict[str, Any]] = []
+        self.block_phase: dict[int, str] = {}  # block → phase it was allocated in
+        self.block_node: dict[int, int] = {}  # block → node that allocated it
+        self.block_bytes: dict[int, int] = {}
+        self._blocks: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._refs: dict[int, weakref.ref] = {}
+        self._producer: dict[int, int] = {}  # block → last node that wrote it
+        self.autocast_blocks: set[int] = set()  # low-precision copies of parameters
+        self._next_block = 0
+        self._current_node = -1
+        self.recording = True
+
+    # -- storages -------------------------------------------------------------------------
+    def block_of(self, t: torch.Tensor, phase: str | None = None) -> int:
+        """The block id of ``t``'s storage, allocating one (and an alloc event) if new."""
+        st = t.untyped_storage()
+        block = self._blocks.get(st)
+        if block is not None:
+            return block
+        block = self._next_block
+        self._next_block += 1
+        self._blocks[st] = block
+        nbytes = int(st.nbytes())
+        phase = phase or self.phase
+        self.block_phase[block] = phase
+        self.block_node[block] = self._current_node
+        self.block_bytes[block] = nbytes
+        self._event("alloc", block, nbytes, phase)
+        self._refs[block] = weakref.ref(st, lambda _ref, b=block: self._freed(b))
+        return block
+
+    def adopt(self, tensors: Iterable[torch.Tensor], phase: str) -> None:
+        """Register tensors that exist before recording starts (params, grads, state)."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                self.block_of(t, phase)
+
+    def _freed(self, block: int) -> None:
+        self._refs.pop(block, None)
+        if self.recording:
+            self._event("free", block, self.block_bytes[block], self.phase)
+
+    def _event(self, action: str, block: int, nbytes: int, phase: str) -> None:
+        self.events.append(
+            {
+                "seq": len(self.events),
+                "node_id": self._current_node,
+                "action": action,
+                "block": block,
+                "bytes": nbytes,
+                "category": "",
+                "phase": phase,
+            }
+        )
+
+    def live_blocks(self) -> set[int]:
+        return set(self._refs)
+
+    # -- dispatch -------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        name = packet_name(func)
+        if not self.recording or name in NO_KERNEL_OPS and name not in ALLOC_ONLY_OPS:
+            return func(*args, **kwargs)
+        inputs = _tensors((args, kwargs))
+        in_blocks = [self.block_of(t) for t in inputs]
+        phase = self.phase
+        in_engine = torch._C._current_graph_task_id() != -1
+        if phase == "backward" and in_engine and torch.is_grad_enabled():
+            phase = "recompute"
+        node_id = len(self.nodes) if name not in ALLOC_ONLY_OPS else -1
+        self._current_node = node_id
+        saved_phase, self.phase = self.phase, phase
+        try:
+            out = func(*args, **kwargs)
+            outputs = _tensors(out)
+            out_blocks = [self.block_of(t) for t in outputs]
+        finally:
+            self.phase = saved_phase
+        if node_id < 0:  # a bare allocation: no kernel, but its block is now known
+            self._current_node = -1
+            return out
+        mutated = self._mutated_inputs(func, args, kwargs)
+        op = cuda_op_name(name)
+        new_blocks = [b for b in out_blocks if self.block_node.get(b) == node_id]
+        family = op_family(op)
+        if in_blocks and all(self.block_phase.get(b) == "host" for b in in_blocks):
+            # e.g. Adam's step counters: CPU tensors in a CUDA run, no kernel, no GPU memory.
+            family = "host"
+            for b in new_blocks:
+                self.block_phase[b] = "host"
+        elif op == "_to_copy" and any(self.block_phase.get(b) == "parameter" for b in in_blocks):
+            self.autocast_blocks.update(new_blocks)
+        self.nodes.append(
+            {
+                "id": node_id,
+                "aten_op": str(func),
+                "op": op,
+                "family": family,
+                "phase": phase,
+                "module": self.module_of(),
+                "input_shapes": json.dumps([list(t.shape) for t in inputs]),
+                "input_dtypes": json.dumps([str(t.dtype).removeprefix("torch.") for t in inputs]),
+                "output_shapes": json.dumps([list(t.shape) for t in outputs]),
+                "output_dtypes": json.dumps([str(t.dtype).removeprefix("torch.") for t in outputs]),
+                "flops": flops_of(func, args, kwargs, out),
+                "bytes_read": sum(_view_bytes(t) for t in inputs),
+                "bytes_written": sum(
+                    _view_bytes(t) for t, b in zip(outputs, out_blocks, strict=True) if b not in in_blocks
+                )
+                + sum(_view_bytes(t) for t in mutated),
+            }
+        )
+        for b in in_blocks:
+            src = self._producer.get(b)
+            if src is not None and src != node_id:
+                self.edges.add((src, node_id))
+        for b in out_blocks:
+            self._producer[b] = node_id
+        for t in mutated:
+            self._producer[self.block_of(t)] = node_id
+        self._current_node = -1
+        return out
+
+    @staticmethod
+    def _mutated_inputs(func, args, kwargs) -> list[torch.Tensor]:
+        """Inputs the op writes in place (``add_``, ``_foreach_mul_``, ``out=`` arguments)."""
+        schema = func._schema
+        written: list[torch.Tensor] = []
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = kwargs.get(arg.name, args[i] if i < len(args) else None)
+            written.extend(_tensors(value))
+        return written

@@ -1,0 +1,209 @@
+"""Trace one steady-state training step on fake CPU tensors into an OpGraph.
+
+Two steps run: the first creates gradients and optimizer state (unrecorded), the second is
+recorded. The recorded step therefore starts the way every later step does on a GPU:
+parameters, last step's gradients and optimizer state already allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils.flop_counter import FlopCounterMode
+
+from boom_ml.errors import TraceError
+from boom_ml.specs import StepSpec
+from boom_ml.trace.attention import cuda_attention
+from boom_ml.trace.categories import assign_categories
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
+from boom_ml.trace.optimizers import make_optimizer
+from boom_ml.trace.recorder import OpRecorder
+from boom_ml.zoo.base import BuiltModel
+
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _deepest(parents: set[str]) -> str:
+    names = [p for p in parents if p != "Global"]
+    return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
+
+
+class _StepRunner:
+    """Runs forward, loss, backward and optimizer for one built model, phase by phase."""
+
+    def __init__(self, built: BuiltModel, step: StepSpec) -> None:
+        self.built = built
+        self.step = step
+        self.module = built.module
+        self.optimizer = make_optimizer(step.optimizer, list(self.module.parameters()))
+        self.scaler = torch.amp.GradScaler("cpu") if step.amp == "fp16" else None
+        self.recorder: OpRecorder | None = None
+        self.grad_blocks: set[int] = set()
+        self.state_blocks: set[int] = set()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.recorder is not None:
+            self.recorder.phase = name
+        yield
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.step.amp == "none":
+            return contextlib.nullcontext()
+        # CPU autocast stands in for CUDA autocast; the op lists agree on matmul, conv,
+        # layer_norm and softmax (checked in tests/test_trace.py).
+        return torch.autocast("cpu", dtype=AMP_DTYPES[self.step.amp])
+
+    def run(self) -> None:
+        device = torch.device("cpu")
+        with self.phase("zero_grad"):
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.module.zero_grad(set_to_none=True)
+        with self.phase("input"):
+            inputs = self.built.make_inputs(self.step, device)
+        with self.autocast():
+            with self.phase("forward"):
+                outputs = self.module(**{k: v for k, v in inputs.items() if not k.startswith("_")})
+            with self.phase("loss"):
+                loss = self.built.compute_loss(outputs, inputs)
+        del outputs
+        with self.phase("backward"):
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward()
+        del loss, inputs
+        if self.recorder is not None:
+            self.grad_blocks = {
+                self.recorder.block_of(p.grad)
+                for p in self.module.parameters()
+                if p.grad is not None
+            }
+        if self.optimizer is None:
+            return
+        with self.phase("optimizer"):
+            if self.scaler is not None:
+                # GradScaler.step() reads found_inf with .item(), impossible on fake
+                # tensors; unscale_ + step + update launch the same kernels.
+                self.scaler.unscale_(self.optimizer)
+                self.optimizer.step()
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        if self.recorder is not None:
+            self.state_blocks = {
+                self.recorder.block_of(t)
+                for state in self.optimizer.state.values()
+                for key, t in state.items()
+                if isinstance(t, torch.Tensor) and key != "step"
+            }
+
+    def host_tensors(self) -> list[torch.Tensor]:
+        """Tensors that live on the host in a CUDA run (Adam's non-capturable step counts)."""
+        if self.optimizer is None:
+            return []
+        return [
+            t
+            for state in self.optimizer.state.values()
+            for key, t in state.items()
+            if key == "step" and isinstance(t, torch.Tensor)
+        ]
+
+
+@contextlib.contextmanager
+def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
+    """Fake mode with the model's parameters materialised, CUDA attention, and a runner."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode, torch.device("cpu"), cuda_attention():
+        built.module.to_empty(device="cpu")
+        built.module.train()
+        if step.checkpointing == "full":
+            built.enable_checkpointing(built.module)
+        try:
+            yield _StepRunner(built, step)
+        except TraceError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
+            raise TraceError(_describe_failure(built, exc)) from exc
+
+
+def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
+    """Trace one steady-state training step of ``built`` under ``step`` into an OpGraph."""
+    step = built.resolve_step(step)
+    started = time.perf_counter()
+    with _materialised(built, step) as runner:
+        runner.run()  # warm-up: creates gradients and optimizer state
+        tracker = ModTracker()
+        recorder = OpRecorder(module_of=lambda: _deepest(tracker.parents))
+        runner.recorder = recorder
+        with recorder:
+            recorder.recording = False
+            recorder.adopt(
+                list(built.module.parameters()) + list(built.module.buffers()), "parameter"
+            )
+            recorder.adopt([p.grad for p in built.module.parameters()], "gradient")
+            host = {id(t.untyped_storage()) for t in runner.host_tensors()}
+            recorder.adopt(_state_tensors(runner, host), "optimizer_state")
+            recorder.adopt(runner.host_tensors(), "host")
+            recorder.recording = True
+            with tracker:
+                runner.run()
+            recorder.recording = False
+    events = assign_categories(recorder, runner.grad_blocks, runner.state_blocks)
+    return OpGraph.from_records(
+        recorder.nodes,
+        [{"src": s, "dst": d} for s, d in sorted(recorder.edges)],
+        events,
+        meta={
+            "model": built.spec.text,
+            "model_family": built.family,
+            "step": step.to_dict(),
+            "trace_seconds": round(time.perf_counter() - started, 3),
+            "num_parameters": sum(p.numel() for p in built.module.parameters()),
+            "torch_version": torch.__version__,
+        },
+    )
+
+
+def reference_flops(built: BuiltModel, step: StepSpec) -> int:
+    """FLOPs of the same steady-state step counted by PyTorch's own FlopCounterMode.
+
+    Our counter's cross-check: the extra formulas we register are passed to it too.
+    """
+    step = built.resolve_step(step)
+    with _materialised(built, step) as runner:
+        runner.run()
+        counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_SHAPE_FORMULAS)
+        with counter:
+            runner.run()
+    return int(counter.get_total_flops())
+
+
+def _state_tensors(runner: _StepRunner, host: set[int]) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = []
+    if runner.optimizer is not None:
+        for state in runner.optimizer.state.values():
+            tensors += [
+                t
+                for t in state.values()
+                if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in host
+            ]
+    if runner.scaler is not None:
+        tensors += [
+            t for t in (runner.scaler._scale, runner.scaler._growth_tracker) if t is not None
+        ]
+    return tensors
+
+
+def _describe_failure(built: BuiltModel, exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    op = getattr(exc, "func", None)
+    where = f" in op {op}" if op is not None else ""
+    return f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]

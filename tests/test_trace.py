@@ -1,0 +1,104 @@
+"""The tracer: FLOPs, AMP dtypes, checkpointing, optimizer phases, memory events, I/O."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_models import tiny_cnn, tiny_transformer
+
+from boom_ml.specs import StepSpec
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.step import reference_flops, trace_step
+
+
+def forward_dtypes(graph: OpGraph, op: str) -> set[str]:
+    rows = graph.nodes[(graph.nodes["op"] == op) & (graph.nodes["phase"] == "forward")]
+    assert len(rows), f"no forward {op} in the graph"
+    return {json.loads(d)[0] for d in rows["output_dtypes"]}
+
+
+@pytest.mark.parametrize("factory", [tiny_cnn, tiny_transformer])
+@pytest.mark.parametrize("amp", ["none", "bf16"])
+def test_flops_equal_flop_counter_mode(factory, amp):
+    step = StepSpec(batch_size=2, amp=amp, optimizer="adamw")
+    graph = trace_step(factory(), step)
+    assert graph.flops > 0
+    assert graph.flops == reference_flops(factory(), step)
+
+
+def test_matmul_flops_exact():
+    # Linear(32→96) on 2×16 tokens: 2·M·N·K = 2·32·32·96 forward.
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="none"))
+    qkv = graph.nodes[graph.nodes["module"].str.endswith("qkv.0") & (graph.nodes["phase"] == "forward")]
+    assert qkv["flops"].sum() == 2 * 32 * 32 * 96
+
+
+@pytest.mark.parametrize("amp,low", [("fp16", "float16"), ("bf16", "bfloat16")])
+def test_amp_dtypes(amp, low):
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, amp=amp))
+    assert forward_dtypes(graph, "addmm") == {low}
+    assert forward_dtypes(graph, "_scaled_dot_product_flash_attention") == {low}
+    assert forward_dtypes(graph, "native_layer_norm") == {"float32"}
+    assert forward_dtypes(graph, "_softmax") == {"float32"}
+    cnn = trace_step(tiny_cnn(), StepSpec(batch_size=2, amp=amp))
+    assert forward_dtypes(cnn, "cudnn_convolution") == {low}
+    assert (cnn.mem_events["category"] == "autocast_copy").any()
+
+
+def test_fp32_attention_uses_memory_efficient_kernel():
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2))
+    ops = set(graph.nodes["op"])
+    assert "_scaled_dot_product_efficient_attention" in ops
+    assert "_scaled_dot_product_efficient_attention_backward" in ops
+
+
+def saved_activation_bytes(graph: OpGraph) -> int:
+    ev = graph.mem_events
+    alive = ev[(ev["category"] == "activation") & (ev["action"] == "alloc") & (ev["phase"] == "forward")]
+    return int(alive["bytes"].sum())
+
+
+@pytest.mark.parametrize("factory", [tiny_cnn, tiny_transformer])
+def test_checkpointing_recomputes_and_saves_less(factory):
+    plain = trace_step(factory(), StepSpec(batch_size=4))
+    ckpt = trace_step(factory(), StepSpec(batch_size=4, checkpointing="full"))
+    assert (plain.nodes["phase"] == "recompute").sum() == 0
+    assert (ckpt.nodes["phase"] == "recompute").sum() > 0
+    assert saved_activation_bytes(ckpt) < saved_activation_bytes(plain)
+
+
+def test_optimizer_none_has_no_optimizer_nodes():
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="none"))
+    assert not (graph.nodes["phase"] == "optimizer").any()
+    assert not (graph.mem_events["category"] == "optimizer_state").any()
+    adam = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="adam"))
+    assert (adam.nodes["phase"] == "optimizer").any()
+
+
+def test_memory_events_balance_and_state_sizes():
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="adamw"))
+    ev = graph.mem_events
+    params = ev[(ev["category"] == "parameter") & (ev["action"] == "alloc")]
+    state = ev[(ev["category"] == "optimizer_state") & (ev["action"] == "alloc")]
+    module = tiny_cnn().module
+    param_bytes = sum(p.numel() * 4 for p in module.parameters())
+    buffer_bytes = sum(b.numel() * b.element_size() for b in module.buffers())
+    assert params["bytes"].sum() == param_bytes + buffer_bytes
+    assert state["bytes"].sum() == 2 * param_bytes  # exp_avg + exp_avg_sq, fp32
+    # every free matches an earlier alloc of the same block
+    allocs = set(ev.loc[ev["action"] == "alloc", "block"])
+    assert set(ev.loc[ev["action"] == "free", "block"]) <= allocs
+    assert ev["block"][ev["action"] == "free"].is_unique
+
+
+def test_graph_roundtrip(tmp_path):
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2))
+    loaded = OpGraph.load(graph.save(tmp_path / "g"))
+    assert loaded.nodes.equals(graph.nodes)
+    assert loaded.edges.equals(graph.edges)
+    assert loaded.mem_events.equals(graph.mem_events)
+    again = OpGraph.from_json(graph.to_json())
+    assert again.flops == graph.flops and again.num_ops == graph.num_ops
+    assert len(graph.edges) > 0
+    assert (graph.edges["src"] < graph.edges["dst"]).all()
