@@ -17,17 +17,19 @@ class GpuSpec:
     architecture: str  # pascal, volta, turing, ampere, ada, hopper, blackwell
     compute_capability: str  # "9.0"
     sm_count: int
-    boost_clock_mhz: float
-    memory_gb: float  # GB as sold (1e9 bytes), e.g. 80
-    memory_bandwidth_gbs: float  # GB/s
-    l2_cache_mb: float
+    boost_clock_mhz: float | None  # None where no source lists it
+    memory_gb: float  # capacity as the datasheet states it, e.g. 80
+    memory_bandwidth_gbs: float  # GB/s (1e9 bytes/s)
+    l2_cache_mb: float | None  # MiB (cudaDeviceProp.l2CacheSize / 2**20); None where unsourced
     fp32_tflops: float
     tf32_tflops: float | None
     fp16_tflops: float | None  # tensor-core dense fp16 (fp32 accumulate where the sheet says so)
     bf16_tflops: float | None
     fp8_tflops: float | None
     tdp_w: float | None
-    memory_bytes: int  # usable device memory as cudaMemGetInfo reports total
+    # total device memory in bytes: memory_gb * 2**30 unless a source gives the exact total
+    # (convention in boom_ml/gpus/__init__.py); cudaMemGetInfo reports a little less (ECC, driver)
+    memory_bytes: int
     price_usd_per_hour: float | None = None
     price_source: str | None = None
     source: str = ""

@@ -1,0 +1,281 @@
+"""The packaged GPU spec database: look GPUs up by id, alias, device name, or a user YAML file.
+
+Data: ``gpus.csv`` (one row per GPU, with a ``source`` column naming the datasheet, whitepaper or
+shared data file behind every value) and ``prices.csv`` (lowest observed on-demand $/GPU-hour,
+from the SkyPilot catalog copy in ``shared/data/gpu_specs/observed_cloud_prices.csv``).
+
+Conventions (they matter to the memory and timing models):
+
+* ``memory_bytes`` is the total device memory: the datasheet size read as GiB, i.e.
+  ``memory_gb * 2**30`` (an 80 GB H100 gives ``80 * 2**30``). Only where a source records the exact
+  total is that used instead; today that is the RTX 3060 (12622168064 bytes, the
+  ``total_gpu_memory`` column of the xMem runs in ``shared/data/memory/xmem_rtx3060_runs.csv``).
+  ``cudaMemGetInfo`` on a real card reports somewhat less (ECC, driver reservations), so treat
+  ``memory_bytes`` as an upper bound on what a process can allocate.
+* ``memory_bandwidth_gbs`` is in GB/s (1e9 bytes/s), ``l2_cache_mb`` in MiB.
+* TFLOPS are dense (datasheets that quote sparse figures are halved). ``fp16_tflops`` and
+  ``bf16_tflops`` are tensor-core rates with FP32 accumulate, which is what PyTorch uses; on
+  GeForce parts that is half the FP16-accumulate rate.
+* ``architecture`` and ``compute_capability`` follow NVIDIA's CUDA GPUs list.
+* An empty cell means no source was found; values are never guessed. ``fp32_tflops``,
+  ``memory_*``, ``memory_bandwidth_gbs`` and ``sm_count`` are filled for every row.
+
+Names are matched case-insensitively with spaces, underscores and hyphens ignored, and a leading
+"NVIDIA", "GeForce" or "Tesla" optional, so ``"NVIDIA_A100_80GB_PCIe"`` (a NeuSight folder name),
+``"NVIDIA A100 80GB PCIe"`` (``torch.cuda.get_device_name()``) and ``"a100-80gb-pcie"`` are one GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import re
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from boom_ml.errors import InvalidInputError, UnknownGpuError, suggest
+from boom_ml.gpus.spec import GIB, GpuSpec
+
+__all__ = [
+    "GpuSpec",
+    "all_gpus",
+    "get_gpu",
+    "gpu_aliases",
+    "load_user_gpu",
+    "parse_gpu_list",
+    "resolve_gpu_id",
+]
+
+_INT_FIELDS = {"sm_count", "memory_bytes"}
+_FLOAT_FIELDS = {
+    "boost_clock_mhz",
+    "memory_gb",
+    "memory_bandwidth_gbs",
+    "l2_cache_mb",
+    "fp32_tflops",
+    "tf32_tflops",
+    "fp16_tflops",
+    "bf16_tflops",
+    "fp8_tflops",
+    "tdp_w",
+    "price_usd_per_hour",
+}
+# Fields a user YAML must give: without them neither the memory nor the timing model can run.
+_USER_REQUIRED = (
+    "name",
+    "architecture",
+    "compute_capability",
+    "sm_count",
+    "memory_gb",
+    "memory_bandwidth_gbs",
+    "fp32_tflops",
+)
+# Prefixes that device names carry inconsistently across drivers and data sets
+# ("Tesla T4" vs "NVIDIA T4", "GeForce RTX 3090" vs "NVIDIA GeForce RTX 3090").
+_OPTIONAL_PREFIXES = ("nvidia", "geforce", "tesla")
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", str(name).strip().lower())
+
+
+def _variants(key: str) -> list[str]:
+    """The key plus the key with each optional vendor/brand prefix peeled off, in order."""
+    out = [key]
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _OPTIONAL_PREFIXES:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                key = key[len(prefix) :]
+                out.append(key)
+                changed = True
+    return out
+
+
+def _read_rows(filename: str) -> list[dict[str, str]]:
+    text = resources.files(__package__).joinpath(filename).read_text(encoding="utf-8")
+    # Leading '#' lines carry provenance notes for humans; csv has no comment syntax.
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    return list(csv.DictReader(io.StringIO(body)))
+
+
+def _convert(field: str, raw: Any, where: str) -> Any:
+    if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+        return None
+    try:
+        if field in _INT_FIELDS:
+            value = float(raw)
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
+        if field in _FLOAT_FIELDS:
+            return float(raw)
+    except (TypeError, ValueError):
+        kind = "an integer" if field in _INT_FIELDS else "a number"
+        raise InvalidInputError(f"{where}: field '{field}' must be {kind}, got {raw!r}") from None
+    return str(raw).strip()
+
+
+@functools.cache
+def _prices() -> dict[str, tuple[float, str]]:
+    out = {}
+    for row in _read_rows("prices.csv"):
+        where = f"{row['provider']} {row['instance']} ({row['region']}), {row['source']}"
+        out[row["id"]] = (float(row["usd_per_gpu_hr"]), where)
+    return out
+
+
+@functools.cache
+def _table() -> tuple[dict[str, GpuSpec], dict[str, str], dict[str, tuple[str, ...]]]:
+    """Parse gpus.csv once: specs by id, normalised alias -> id, and each id's alias strings."""
+    specs: dict[str, GpuSpec] = {}
+    lookup: dict[str, str] = {}
+    aliases: dict[str, tuple[str, ...]] = {}
+    prices = _prices()
+    fields = GpuSpec.field_names()
+    for row in _read_rows("gpus.csv"):
+        gid = row["id"]
+        values = {f: _convert(f, row[f], f"gpus.csv row {gid}") for f in fields if f in row}
+        price = prices.get(gid)
+        values["price_usd_per_hour"], values["price_source"] = price if price else (None, None)
+        specs[gid] = GpuSpec(**values)
+        names = [gid, row["name"], *(a for a in row["aliases"].split(";") if a.strip())]
+        aliases[gid] = tuple(names[2:])
+        for name in names:
+            for key in _variants(_norm(name)):
+                # A clash would silently route one GPU's name to another: fail loudly instead.
+                if lookup.setdefault(key, gid) != gid:
+                    raise RuntimeError(
+                        f"gpus.csv: alias {name!r} maps to both {lookup[key]} and {gid}"
+                    )
+    unknown_prices = set(prices) - set(specs)
+    if unknown_prices:
+        raise RuntimeError(f"prices.csv: ids not in gpus.csv: {sorted(unknown_prices)}")
+    return specs, lookup, aliases
+
+
+def _unknown(name: str) -> UnknownGpuError:
+    ids = list(_table()[0])
+    key = _norm(name)
+    # "h100" should point at every H100, which difflib's similarity ratio misses.
+    prefixed = [i for i in ids if key and _norm(i).startswith(key)]
+    hint = f" (did you mean: {', '.join(prefixed[:6])}?)" if prefixed else suggest(name, ids)
+    return UnknownGpuError(
+        f"unknown GPU '{name}'{hint}; `python -m boom_ml.gpus` lists known GPUs, "
+        "or pass a .yaml file describing your own"
+    )
+
+
+def resolve_gpu_id(name: str) -> str:
+    """Canonical id for an id, alias, marketing name or ``torch.cuda.get_device_name()`` string."""
+    _, lookup, _ = _table()
+    for key in _variants(_norm(name)):
+        if key in lookup:
+            return lookup[key]
+    raise _unknown(name)
+
+
+def all_gpus() -> list[GpuSpec]:
+    """Every packaged GPU, in table order (by architecture, oldest first)."""
+    return list(_table()[0].values())
+
+
+def gpu_aliases(gpu_id: str) -> tuple[str, ...]:
+    """The alias strings listed for a packaged GPU (besides its id and name)."""
+    return _table()[2][resolve_gpu_id(gpu_id)]
+
+
+def get_gpu(name_or_path: str | Path | GpuSpec) -> GpuSpec:
+    """Look up a packaged GPU by id/alias/device name, or load a user spec from a .yaml/.yml path."""
+    if isinstance(name_or_path, GpuSpec):
+        return name_or_path
+    if isinstance(name_or_path, Path) or str(name_or_path).lower().endswith(_YAML_SUFFIXES):
+        return load_user_gpu(name_or_path)
+    return _table()[0][resolve_gpu_id(str(name_or_path))]
+
+
+def parse_gpu_list(value: Any) -> list[GpuSpec]:
+    """GPUs from a CLI/Hydra value: "all", an id, "a,b", or any sequence of those (ListConfig too).
+
+    Duplicates are dropped, first occurrence wins, so "all,h100-sxm" lists H100 once.
+    """
+    if value is None:
+        raise InvalidInputError("no GPU given (use an id, a list of ids, a .yaml path, or 'all')")
+    if isinstance(value, (str, Path, GpuSpec)):
+        items: list[Any] = [value]
+    elif isinstance(value, Iterable) and not isinstance(value, Mapping):
+        items = list(value)
+    else:
+        raise InvalidInputError(f"cannot read a GPU list from {value!r}")
+    out: dict[str, GpuSpec] = {}
+    for item in items:
+        parts = item.split(",") if isinstance(item, str) else [item]
+        for part in parts:
+            if isinstance(part, str) and not part.strip():
+                continue
+            if isinstance(part, str) and _norm(part) == "all":
+                specs = all_gpus()
+            else:
+                specs = [get_gpu(part.strip() if isinstance(part, str) else part)]
+            for spec in specs:
+                out.setdefault(spec.id, spec)
+    if not out:
+        raise InvalidInputError(f"no GPU given in {value!r}")
+    return list(out.values())
+
+
+def load_user_gpu(path: str | Path) -> GpuSpec:
+    """Load a GPU described in a YAML file (e.g. an unreleased part) with GpuSpec field names.
+
+    Required: name, architecture, compute_capability, sm_count, memory_gb, memory_bandwidth_gbs,
+    fp32_tflops. ``id`` defaults to the file name, ``memory_bytes`` to ``memory_gb * 2**30``,
+    ``source`` to the file path; every other field defaults to None (unknown).
+    """
+    import yaml  # local: only user specs need it
+
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidInputError(f"GPU spec file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise InvalidInputError(f"{path}: not valid YAML ({err})") from None
+    if not isinstance(data, dict):
+        raise InvalidInputError(
+            f"{path}: expected a mapping of GpuSpec fields, got {type(data).__name__}"
+        )
+
+    fields = GpuSpec.field_names()
+    unknown = sorted(str(k) for k in data if k not in fields)
+    if unknown:
+        hints = "".join(suggest(k, fields, n=1) for k in unknown)
+        raise InvalidInputError(
+            f"{path}: unknown GPU spec field(s): {', '.join(unknown)}{hints}; "
+            f"allowed: {', '.join(fields)}"
+        )
+    missing = [f for f in _USER_REQUIRED if data.get(f) is None]
+    if missing:
+        raise InvalidInputError(f"{path}: missing required GPU spec field(s): {', '.join(missing)}")
+
+    values = {f: _convert(f, data.get(f), str(path)) for f in fields}
+    values["id"] = values["id"] or _norm_id(path.stem)
+    for f in ("sm_count", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops"):
+        if values[f] <= 0:
+            raise InvalidInputError(f"{path}: field '{f}' must be positive, got {values[f]}")
+    if not re.fullmatch(r"\d+(\.\d+)?", values["compute_capability"]):
+        raise InvalidInputError(
+            f"{path}: compute_capability must look like '9.0', got {values['compute_capability']!r}"
+        )
+    if values["memory_bytes"] is None:
+        values["memory_bytes"] = int(values["memory_gb"] * GIB)
+    values["source"] = values["source"] or f"user spec {path}"
+    return GpuSpec(**values)
+
+
+def _norm_id(stem: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
