@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from boom_ml.errors import TraceError
 from boom_ml.specs import StepSpec
 from boom_ml.trace.attention import cuda_attention
+from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
@@ -56,8 +57,9 @@ class _StepRunner:
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.step.amp == "none":
             return contextlib.nullcontext()
-        # CPU autocast stands in for CUDA autocast; the op lists agree on matmul, conv,
-        # layer_norm and softmax (checked in tests/test_trace.py).
+        # CPU autocast stands in for CUDA autocast; cuda_autocast_policy() (active for the
+        # whole step, so checkpoint recomputation in backward casts the same way) makes
+        # every op whose CPU policy differs follow the CUDA one.
         return torch.autocast("cpu", dtype=AMP_DTYPES[self.step.amp])
 
     def run(self) -> None:
@@ -121,7 +123,7 @@ class _StepRunner:
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA attention, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_mode, torch.device("cpu"), cuda_attention():
+    with fake_mode, torch.device("cpu"), cuda_attention(), cuda_autocast_policy():
         built.module.to_empty(device="cpu")
         built.module.train()
         if step.checkpointing == "full":

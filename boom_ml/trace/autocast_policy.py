@@ -1,0 +1,388 @@
+"""Make CPU autocast follow CUDA autocast's per-op cast policy while tracing.
+
+boom-ml traces a CUDA step on fake CPU tensors under ``torch.autocast("cpu")``, but the
+``AutocastCPU`` and ``AutocastCUDA`` dispatch keys register different op lists. CUDA runs
+pow/exp/log/softmax/layer_norm/sum/losses in fp32 and lowers einsum/addmv/mv/RNN cells;
+CPU does neither, and instead runs cat/stack/fft/linalg/padding ops in fp32 or promoted
+where CUDA leaves them in their input dtype. Under :func:`cuda_autocast_policy`, Python
+kernels registered once on ``AutocastCPU`` apply the CUDA policy to every op whose two
+policies differ; outside it they reproduce the CPU policy, so other code is unaffected.
+
+Contract: keep the context open over forward *and* backward. Non-reentrant checkpointing
+recomputes the forward inside ``backward()`` (re-entering CPU autocast with the forward's
+settings); if the policy is off by then, recomputed saved tensors get other dtypes than
+the forward's and checkpoint raises ``CheckpointError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+LOWER = "lower_precision_fp"
+FP32 = "fp32"
+FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"
+FP32_APPEND_DTYPE = "fp32_append_dtype"
+PROMOTE = "promote"
+NONE = "none"  # no kernel on that key: the op runs in its input dtypes
+BANNED = "banned"  # the key's kernel raises (CUDA's binary_cross_entropy)
+
+
+def _ops(policy: str, names: str) -> dict[str, str]:
+    return dict.fromkeys(names.split(), policy)
+
+
+# Read from pytorch/pytorch aten/src/ATen/autocast_mode.h @ d70fe7f33910 (the
+# AT_FORALL_{LOWER_PRECISION_FP,FP32,FP32_SET_OPT_DTYPE,DIFFERENT_REDISPATCH_SIGNATURE,
+# PROMOTE} lists) and aten/src/ATen/autocast_mode.cpp @ 008ec6b1840c (the CUDA key adds
+# cudnn_convolution{,_transpose} and bans binary_cross_entropy). Checked against the
+# installed torch 2.14.1 (git 5c4886908584) dispatcher and by running its CUDA kernels
+# on fake CUDA tensors: 2.14.1 also registers rms_norm and linalg_matrix_sqrth (fp32) and
+# _cudnn_rnn (casts to fp16 in cudnn/AutocastRNN.cpp), and no longer has the Dimname
+# overloads, which stay listed here but are skipped at registration.
+CUDA_POLICY: dict[str, str] = {
+    **_ops(
+        LOWER,
+        """_convolution.deprecated _convolution conv1d conv2d conv3d conv_tbc conv_transpose1d
+        conv_transpose2d.input conv_transpose3d.input convolution cudnn_convolution
+        cudnn_convolution_transpose prelu addmm addmv addr matmul einsum mm mv linalg_vecdot
+        linear addbmm baddbmm bmm chain_matmul linalg_multi_dot _thnn_fused_lstm_cell
+        _thnn_fused_gru_cell lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+        _scaled_dot_product_flash_attention scaled_dot_product_attention _cudnn_rnn""",
+    ),
+    **_ops(
+        FP32,
+        """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan
+        pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar softplus layer_norm native_layer_norm
+        group_norm frobenius_norm.dim nuclear_norm nuclear_norm.dim cosine_similarity
+        poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss
+        kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss
+        multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss
+        binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp
+        upsample_nearest1d _upsample_nearest_exact1d upsample_nearest2d
+        _upsample_nearest_exact2d upsample_nearest3d _upsample_nearest_exact3d
+        upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa upsample_trilinear3d
+        upsample_bicubic2d _upsample_bicubic2d_aa rms_norm linalg_matrix_sqrth""",
+    ),
+    **_ops(
+        FP32_SET_OPT_DTYPE,
+        """prod prod.dim_int prod.dim_Dimname softmax.int softmax.Dimname log_softmax.int
+        log_softmax.Dimname cumprod cumprod.dimname cumsum cumsum.dimname linalg_vector_norm
+        linalg_matrix_norm linalg_matrix_norm.str_ord sum sum.dim_IntList
+        sum.dim_DimnameList""",
+    ),
+    **_ops(FP32_APPEND_DTYPE, "norm.Scalar norm.ScalarOpt_dim norm.names_ScalarOpt_dim"),
+    **_ops(
+        PROMOTE,
+        """addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put tensordot
+        scatter_add""",
+    ),
+}
+CUDA_BANNED: frozenset[str] = frozenset({"binary_cross_entropy"})
+
+# The AutocastCPU block of the same autocast_mode.cpp; 2.14.1 adds linalg_matrix_sqrth
+# (fp32 by probe) and has dropped cholesky, qr and the Dimname overloads.
+CPU_POLICY: dict[str, str] = {
+    **_ops(
+        LOWER,
+        """conv1d conv1d.padding conv2d conv2d.padding conv3d conv3d.padding bmm mm
+        linalg_vecdot baddbmm addmm _addmm_activation addbmm linear _convolution.deprecated
+        matmul conv_tbc mkldnn_rnn_layer conv_transpose1d conv_transpose2d.input
+        conv_transpose3d.input prelu scaled_dot_product_attention
+        _native_multi_head_attention""",
+    ),
+    **_ops(
+        FP32,
+        """avg_pool3d binary_cross_entropy grid_sampler polar prod prod.dim_int
+        prod.dim_Dimname quantile quantile.scalar nanquantile nanquantile.scalar stft
+        stft.center cdist grid_sampler_2d _grid_sampler_2d_cpu_fallback grid_sampler_3d
+        trace view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr
+        ormqr pinverse max_pool3d max_unpool2d max_unpool3d adaptive_avg_pool3d
+        reflection_pad1d reflection_pad2d replication_pad1d replication_pad2d
+        replication_pad3d mse_loss cosine_embedding_loss nll_loss nll_loss2d
+        hinge_embedding_loss poisson_nll_loss smooth_l1_loss cross_entropy_loss l1_loss
+        huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss multi_margin_loss
+        ctc_loss.IntList ctc_loss.Tensor kl_div multilabel_margin_loss
+        binary_cross_entropy_with_logits fft_fft fft_ifft fft_fft2 fft_ifft2 fft_fftn
+        fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn fft_irfftn fft_hfft
+        fft_ihfft linalg_cond linalg_cond.p_str linalg_matrix_rank
+        linalg_matrix_rank.tol_tensor linalg_matrix_rank.atol_rtol_tensor
+        linalg_matrix_rank.atol_rtol_float linalg_solve linalg_cholesky linalg_svdvals
+        linalg_eigvals linalg_eigvalsh linalg_inv linalg_householder_product
+        linalg_tensorinv linalg_tensorsolve fake_quantize_per_tensor_affine geqrf
+        _lu_with_info qr svd triangular_solve fractional_max_pool2d fractional_max_pool3d
+        adaptive_max_pool3d multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex
+        linalg_svd linalg_eig linalg_eigh linalg_lstsq linalg_inv_ex linalg_matrix_sqrth""",
+    ),
+    **_ops(PROMOTE, "stack cat index_copy index_copy.dimname"),
+}
+
+# fp32_append_dtype redispatches to the overload that takes an output dtype.
+_APPEND_TARGETS = {
+    "norm.Scalar": "norm.ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+    "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype",
+}
+
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_BELOW_AUTOCAST_CPU = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.AutocastCPU)
+
+
+def cpu_policy(op: str) -> str:
+    return CPU_POLICY.get(op, NONE)
+
+
+def cuda_policy(op: str) -> str:
+    return BANNED if op in CUDA_BANNED else CUDA_POLICY.get(op, NONE)
+
+
+def _resolve(op: str) -> torch._ops.OpOverload | None:
+    """The installed build's overload for ``name[.overload]``, or None if it has none."""
+    name, _, overload = op.partition(".")
+    packet = getattr(torch.ops.aten, name, None)
+    overload = overload or "default"
+    if packet is None or overload not in packet.overloads():
+        return None
+    return getattr(packet, overload)
+
+
+def policy_differences() -> list[tuple[str, str, str]]:
+    """(op, cpu policy, cuda policy) for each op of this build whose two policies differ."""
+    names = sorted(set(CUDA_POLICY) | set(CPU_POLICY) | CUDA_BANNED)
+    return [
+        (op, cpu_policy(op), cuda_policy(op))
+        for op in names
+        if cpu_policy(op) != cuda_policy(op) and _resolve(op) is not None
+    ]
+
+
+# -- per-thread state ------------------------------------------------------------------
+class _State(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+        # id(fp32 leaf) → (weakref to it, its _version, its low-precision copy)
+        self.cache: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+_STATE = _State()
+
+
+def _eligible(t: object) -> bool:
+    # at::autocast::is_eligible for the CPU key: a defined floating CPU tensor, not double.
+    return (
+        isinstance(t, torch.Tensor)
+        and (t.is_cpu or t.is_mkldnn)
+        and t.is_floating_point()
+        and t.dtype != torch.float64
+    )
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype, use_cache: bool) -> torch.Tensor:
+    """at::autocast::cached_cast: reuse one low-precision copy of each fp32 weight."""
+    if not _eligible(t) or t.dtype == dtype:
+        return t
+    cacheable = (
+        use_cache
+        and dtype == torch.get_autocast_dtype("cpu")
+        and t.dtype == torch.float32
+        and t.requires_grad
+        and t.is_leaf
+        and not t._is_view()
+        and torch.is_autocast_cache_enabled()
+    )
+    if not cacheable:
+        return t.to(dtype)
+    hit = _STATE.cache.get(id(t))
+    # The version check keeps a copy from outliving an in-place update of its weight.
+    if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2].dtype == dtype:
+        return hit[2]
+    casted = t.to(dtype)
+    _STATE.cache[id(t)] = (weakref.ref(t), t._version, casted)
+    return casted
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
+
+
+def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    for value in (*args, *kwargs.values()):
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        yield from (t for t in items if isinstance(t, torch.Tensor))
+
+
+def _promote_type(args: tuple, kwargs: dict) -> torch.dtype:
+    """at::autocast::promote_type: fp32 if any eligible input is fp32, else low precision."""
+    low = torch.get_autocast_dtype("cpu")
+    current = low
+    for t in _tensors(args, kwargs):
+        if not (t.is_cpu or t.is_mkldnn) or not t.is_floating_point() or t.dtype == torch.float64:
+            continue
+        if torch.float32 in (current, t.dtype):
+            current = torch.float32
+        elif not current == t.dtype == low:
+            raise RuntimeError("Unexpected floating ScalarType in at::autocast::prioritize")
+    return current
+
+
+def _positional(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[Any]:
+    """All positional schema arguments, defaults filled in (boxed calls drop them)."""
+    out = list(args)
+    for arg in op._schema.arguments[len(args) :]:
+        if arg.kwarg_only:
+            break
+        out.append(kwargs[arg.name] if arg.name in kwargs else arg.default_value)
+    return out
+
+
+def _set_opt_dtype(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """at::autocast::set_opt_dtype: an unset ``dtype`` argument becomes fp32."""
+    schema = op._schema.arguments
+    index = next(i for i, a in enumerate(schema) if a.name == "dtype")
+    if schema[index].kwarg_only or "dtype" in kwargs:
+        if kwargs.get("dtype") is None:
+            kwargs = {**kwargs, "dtype": torch.float32}
+        return args, kwargs
+    full = _positional(op, args, {})
+    if full[index] is None:
+        full[index] = torch.float32
+    return tuple(full), kwargs
+
+
+def _apply(
+    policy: str, op_name: str, op: torch._ops.OpOverload, args: tuple, kwargs: dict, cache: bool
+) -> Any:
+    """Run ``op`` under ``policy`` the way at::autocast::WrapFunction_ does."""
+    if policy == BANNED:
+        raise RuntimeError(
+            f"torch.nn.functional.{op_name} and torch.nn.BCELoss are unsafe to autocast "
+            "and raise under CUDA autocast; use binary_cross_entropy_with_logits."
+        )
+    # The C++ wrappers exclude their autocast key for the whole call, so ops this one
+    # calls internally are not autocast again.
+    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+        if policy in (LOWER, FP32, PROMOTE):
+            if policy == LOWER:
+                dtype = torch.get_autocast_dtype("cpu")
+            elif policy == FP32:
+                dtype = torch.float32
+            else:
+                dtype = _promote_type(args, kwargs)
+
+            def cast(t: torch.Tensor) -> torch.Tensor:
+                return _cast(t, dtype, cache)
+
+            return op(*_map_tensors(args, cast), **_map_tensors(kwargs, cast))
+        first = args[0] if args else next(iter(kwargs.values()))
+        if policy == FP32_SET_OPT_DTYPE:
+            # An ineligible first argument (e.g. an integer sum) runs untouched, as in C++.
+            if _eligible(first):
+                args, kwargs = _set_opt_dtype(op, args, kwargs)
+            return op(*args, **kwargs)
+        if policy == FP32_APPEND_DTYPE:
+            target = _resolve(_APPEND_TARGETS[op_name])
+            assert target is not None
+            out_dtype = torch.float32 if _eligible(first) else first.dtype
+            return target(*_positional(op, args, kwargs), dtype=out_dtype)
+    raise AssertionError(f"unknown autocast policy {policy!r} for {op_name}")
+
+
+def _make_kernel(op_name: str, op: torch._ops.OpOverload) -> Callable[..., Any]:
+    cpu, cuda = cpu_policy(op_name), cuda_policy(op_name)
+
+    def kernel(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        on = _STATE.depth > 0
+        policy = cuda if on else cpu
+        if policy == NONE:
+            # Same as the fallthrough this key has without a kernel: continue below it
+            # for this call only, so ops called inside are still autocast.
+            return op.redispatch(keyset & _BELOW_AUTOCAST_CPU, *args, **kwargs)
+        # The cast cache is only cleared at autocast exit while the policy is on (see
+        # _clear_autocast_cache), so the CPU emulation casts afresh each time.
+        return _apply(policy, op_name, op, args, kwargs, cache=on)
+
+    return kernel
+
+
+# -- registration ----------------------------------------------------------------------
+_LOCK = threading.Lock()
+_LIB: torch.library.Library | None = None
+REGISTERED: dict[str, tuple[str, str]] = {}  # op → (cpu, cuda) policy, once registered
+SKIPPED: dict[str, str] = {}  # op → why its policy is left to the build
+
+
+def _ensure_registered() -> None:
+    global _LIB
+    with _LOCK:
+        if _LIB is not None:
+            return
+        lib = torch.library.Library("aten", "IMPL")
+        for op_name, cpu, cuda in policy_differences():
+            op = _resolve(op_name)
+            assert op is not None
+            has_cpu_kernel = torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"aten::{op_name}", "AutocastCPU"
+            )
+            if has_cpu_kernel != (cpu != NONE):
+                # Our CPU table disagrees with this build; emulating the wrong CPU policy
+                # outside the context would change user code, so leave the op alone.
+                SKIPPED[op_name] = f"CPU_POLICY says {cpu}, build kernel={has_cpu_kernel}"
+                continue
+            with warnings.catch_warnings():
+                # "Overriding a previously registered kernel" for ops CPU autocast wraps.
+                warnings.simplefilter("ignore")
+                lib.impl(op_name, _make_kernel(op_name, op), "AutocastCPU", with_keyset=True)
+            REGISTERED[op_name] = (cpu, cuda)
+        _LIB = lib  # kept alive for the process: dropping it would unregister the kernels
+
+
+# torch.autocast.__exit__ calls torch.clear_autocast_cache() when it leaves the outermost
+# autocast region; wrapping it lets our cast cache live exactly as long as the C++ one.
+_HOOK_USERS = 0
+_ORIGINAL_CLEAR: Callable[[], None] | None = None
+
+
+def _clear_autocast_cache() -> None:
+    _STATE.cache.clear()
+    assert _ORIGINAL_CLEAR is not None
+    _ORIGINAL_CLEAR()
+
+
+def _hook_clear(install: bool) -> None:
+    global _HOOK_USERS, _ORIGINAL_CLEAR
+    with _LOCK:
+        _HOOK_USERS += 1 if install else -1
+        if install and _HOOK_USERS == 1:
+            _ORIGINAL_CLEAR = torch.clear_autocast_cache
+            torch.clear_autocast_cache = _clear_autocast_cache
+        elif not install and _HOOK_USERS == 0:
+            torch.clear_autocast_cache = _ORIGINAL_CLEAR
+
+
+@contextlib.contextmanager
+def cuda_autocast_policy() -> Iterator[None]:
+    """While active (on this thread), CPU autocast casts each op as CUDA autocast would.
+
+    Has no effect unless CPU autocast is enabled as well; the low-precision dtype is
+    ``torch.get_autocast_dtype("cpu")``. Wrap backward too (see the module docstring).
+    """
+    _ensure_registered()
+    _hook_clear(install=True)
+    _STATE.depth += 1
+    try:
+        yield
+    finally:
+        _STATE.depth -= 1
+        if _STATE.depth == 0:
+            _STATE.cache.clear()
+        _hook_clear(install=False)

@@ -1,0 +1,128 @@
+"""`python -m boom_ml.predict`: the JSON contract and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from boom_ml.errors import BoomError, InvalidInputError, TraceError, UnknownGpuError, UnknownModelError
+from boom_ml.predict import run
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = {
+    "model": "torchvision:resnet18",
+    "gpu": "l4",
+    "batch_size": 2,
+    "seq_len": None,
+    "image_size": 64,
+    "optimizer": "adamw",
+    "amp": "none",
+    "checkpointing": "none",
+    "tf32": False,
+    "output": "json",
+}
+
+UNTRACEABLE = """
+import torch
+class DataDependent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        n = int(self.lin(x).sum().item())  # a value, not a shape: fake tensors can't know it
+        return self.lin(x)[:n]
+    def example_inputs(self, batch_size, device):
+        return {"x": torch.randn(batch_size, 8, device=device)}
+def make():
+    return DataDependent()
+"""
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "boom_ml.predict", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+def test_json_for_three_gpus():
+    doc = json.loads(run({**BASE, "gpu": ["a100-80gb-sxm", "h100-sxm", "l4"]}))
+    assert doc["model"] == "torchvision:resnet18" and doc["batch_size"] == 2
+    assert doc["graph"]["num_ops"] > 100 and doc["graph"]["flops"] > 0
+    assert [g["gpu"] for g in doc["gpus"]] == ["a100-80gb-sxm", "h100-sxm", "l4"]
+    for g in doc["gpus"]:
+        mem = g["memory"]
+        assert g["fits"] is True
+        assert 0 < mem["peak_allocated_bytes"] <= mem["peak_reserved_bytes"] <= mem["total_bytes"]
+        assert mem["capacity_bytes"] > mem["total_bytes"]
+        assert g["time"]["step_ms"] > 0 and g["time"]["method"]
+    # a faster GPU is predicted faster
+    times = {g["gpu"]: g["time"]["step_ms"] for g in doc["gpus"]}
+    assert times["h100-sxm"] < times["l4"]
+
+
+def test_table_output_lists_each_gpu():
+    text = run({**BASE, "gpu": ["l4", "t4"], "output": "table"})
+    assert "l4" in text and "t4" in text
+
+
+@pytest.mark.parametrize(
+    "change,error,words",
+    [
+        ({"model": "torchvision:resnet5O"}, UnknownModelError, "did you mean"),
+        ({"gpu": "h100-sxn"}, UnknownGpuError, "h100-sxm"),
+        ({"batch_size": 0}, InvalidInputError, "batch_size"),
+        ({"seq_len": -3}, InvalidInputError, "seq_len"),
+        ({"image_size": 0}, InvalidInputError, "image_size"),
+        ({"optimizer": "adamx"}, InvalidInputError, "optimizer"),
+        ({"amp": "fp8"}, InvalidInputError, "amp"),
+        ({"checkpointing": "some"}, InvalidInputError, "checkpointing"),
+        ({"output": "xml"}, InvalidInputError, "output"),
+    ],
+)
+def test_bad_input_raises_user_error(change, error, words):
+    with pytest.raises(error, match=words):
+        run({**BASE, **change})
+
+
+def test_untraceable_model_names_the_problem(tmp_path):
+    path = tmp_path / "dd.py"
+    path.write_text(UNTRACEABLE)
+    with pytest.raises(TraceError, match="could not trace"):
+        run({**BASE, "model": f"file:{path}:make", "image_size": None})
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model=torchvision:resnet5O"],
+        ["gpu=h100-sxn"],
+        ["batch_size=0"],
+    ],
+)
+def test_cli_errors_are_one_line_exit_2(args):
+    proc = cli(*args, "output=json")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_cli_prints_valid_json():
+    proc = cli("model=torchvision:resnet18", "gpu=[l4,t4]", "batch_size=2", "image_size=32", "output=json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {g["gpu"] for g in doc["gpus"]} == {"l4", "t4"}
+
+
+def test_every_error_is_a_boom_error():
+    for cls in (UnknownModelError, UnknownGpuError, InvalidInputError, TraceError):
+        assert issubclass(cls, BoomError) and cls.exit_code == 2
