@@ -73,7 +73,7 @@ class _StepRunner:
             inputs = self.built.make_inputs(self.step, device)
         with self.autocast():
             with self.phase("forward"):
-                outputs = self.module(**{k: v for k, v in inputs.items() if not k.startswith("_")})
+                outputs = self.module(**self.built.forward_kwargs(inputs))
             with self.phase("loss"):
                 loss = self.built.compute_loss(outputs, inputs)
         del outputs
@@ -124,7 +124,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA attention, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, torch.device("cpu"), cuda_attention(), cuda_autocast_policy():
-        built.module.to_empty(device="cpu")
+        built.materialize("cpu")
         built.module.train()
         if step.checkpointing == "full":
             built.enable_checkpointing(built.module)

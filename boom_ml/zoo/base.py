@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -11,10 +11,14 @@ from torch import nn
 
 from boom_ml.specs import ModelSpec, StepSpec
 
-# make_inputs(step, device) -> keyword arguments for module.forward (tensors created on device)
+# make_inputs(step, device) -> the step's batch (tensors created on device). Keys are forward
+# keyword arguments, except keys starting with "_" which only the loss reads (see BuiltModel).
 InputsFn = Callable[[StepSpec, torch.device], dict[str, Any]]
-# compute_loss(outputs, inputs) -> scalar loss tensor
+# compute_loss(outputs, inputs) -> scalar loss tensor; ``inputs`` is the whole batch dict
 LossFn = Callable[[Any, dict[str, Any]], torch.Tensor]
+
+# Batch keys with this prefix are loss-only (e.g. "_labels" of an image classifier).
+LOSS_ONLY_PREFIX = "_"
 
 
 @dataclass
@@ -23,6 +27,25 @@ class BuiltModel:
 
     The module's parameters live on ``torch.device("meta")``: no memory, no weights
     downloaded. The tracer materialises them with ``module.to_empty`` inside a fake mode.
+
+    One training step, as the tracer runs it::
+
+        built.materialize("cpu")                   # inside FakeTensorMode(allow_non_fake_inputs=True)
+        step = built.resolve_step(step)            # fill seq_len / image_size defaults
+        batch = built.make_inputs(step, device)    # every tensor of the batch
+        outputs = built.module(**built.forward_kwargs(batch))
+        loss = built.compute_loss(outputs, batch)  # scalar; then loss.backward()
+
+    Forward vs loss-only inputs: keys of ``batch`` starting with ``_`` (``LOSS_ONLY_PREFIX``)
+    are never passed to ``forward``; only ``compute_loss`` reads them. Vision models get
+    ``{"x": images, "_labels": classes}``. HF models compute their own loss, so their
+    ``labels`` are ordinary forward kwargs and ``compute_loss`` returns ``outputs.loss``.
+    Every tensor in ``batch`` (loss-only ones included) is part of the step's input memory.
+
+    ``enable_checkpointing(module)`` switches on activation recomputation in place
+    (non-reentrant) and raises ``InvalidInputError`` when the model has no blocks to
+    checkpoint. ``info`` holds facts the zoo knows (num_classes, vocab_size, hf config
+    class, ...) for reports and features; nothing depends on its keys.
     """
 
     spec: ModelSpec
@@ -34,6 +57,32 @@ class BuiltModel:
     default_seq_len: int | None = None
     default_image_size: int | None = None
     source: str = ""  # "torchvision", "timm", "hf", "file"
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def forward_kwargs(inputs: dict[str, Any]) -> dict[str, Any]:
+        """The part of a batch that goes to ``module(**kwargs)``: keys without the ``_`` prefix."""
+        return {k: v for k, v in inputs.items() if not k.startswith(LOSS_ONLY_PREFIX)}
+
+    def materialize(self, device: str | torch.device) -> nn.Module:
+        """``module.to_empty(device)`` that keeps tied parameters tied.
+
+        Plain ``to_empty`` gives every owner of a shared parameter its own new tensor
+        (GPT-2's ``lm_head.weight is wte.weight`` stops holding), so a traced step would
+        count the tied embedding twice and leave one copy without a gradient. Call it
+        inside the fake mode to get fake tensors instead of real memory.
+        """
+        owners: dict[int, list[tuple[nn.Module, str]]] = {}
+        for mod in self.module.modules():
+            for name, p in mod._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((mod, name))
+        self.module.to_empty(device=device)
+        for group in owners.values():
+            (first_mod, first_name), *rest = group
+            for mod, name in rest:
+                mod._parameters[name] = first_mod._parameters[first_name]
+        return self.module
 
     def resolve_step(self, step: StepSpec) -> StepSpec:
         """Fill seq_len / image_size from the model's defaults when the user left them out."""

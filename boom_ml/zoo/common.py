@@ -1,0 +1,148 @@
+"""Helpers shared by the zoo's schemes: meta construction, losses, inputs, name matching."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from boom_ml.errors import InvalidInputError
+
+T = TypeVar("T")
+
+
+def build_on_device(factory: Callable[[], T], device: str | torch.device = "meta") -> T:
+    """Run ``factory`` so that every parameter and buffer it creates lands on ``device``.
+
+    ``with torch.device("meta")`` is tried first: it never allocates. A few constructors
+    read tensor *values* while building (torchvision's regnet computes widths with
+    tensors), which meta cannot answer; for those the factory runs on the CPU with
+    parameters and buffers moved to meta as they are registered, so at most one
+    tensor is ever real at a time.
+    """
+    if torch.device(device).type != "meta":
+        with torch.device(device):
+            return factory()
+    try:
+        with torch.device("meta"):
+            return factory()
+    except Exception as first:
+        if "meta" not in str(first).lower():
+            raise  # a genuine error (bad option, bad config): report it unchanged
+        try:
+            with _register_on_meta():
+                return factory()
+        except Exception:
+            raise first from None
+
+
+@contextlib.contextmanager
+def _register_on_meta() -> Iterator[None]:
+    """Move parameters/buffers to meta as modules register them (cf. accelerate)."""
+    old_param, old_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def register_parameter(self: nn.Module, name: str, param: Any) -> None:
+        old_param(self, name, param)
+        # Lazy modules' uninitialised parameters have no shape to move yet.
+        if param is not None and not isinstance(param, nn.parameter.UninitializedParameter):
+            p = self._parameters[name]
+            self._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    def register_buffer(self: nn.Module, name: str, tensor: Any, persistent: bool = True) -> None:
+        old_buffer(self, name, tensor, persistent)
+        if tensor is not None:
+            self._buffers[name] = self._buffers[name].to("meta")
+
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+    nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = old_param  # type: ignore[method-assign]
+        nn.Module.register_buffer = old_buffer  # type: ignore[method-assign]
+
+
+def ensure_meta(module: nn.Module) -> nn.Module:
+    """Move stray real tensors (a factory that forced ``device="cpu"``) to meta."""
+    if any(t.device.type != "meta" for t in [*module.parameters(), *module.buffers()]):
+        module = module.to("meta")
+    return module
+
+
+def guess_family(module: nn.Module) -> str:
+    """'transformer' if the model has attention layers, 'cnn' if it convolves, else 'other'."""
+    kinds = {type(m).__name__.lower() for m in module.modules()}
+    if any("attention" in k for k in kinds) or any(
+        isinstance(m, nn.MultiheadAttention) for m in module.modules()
+    ):
+        return "transformer"
+    if any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules()):
+        return "cnn"
+    return "other"
+
+
+def floating_tensors(outputs: Any) -> list[torch.Tensor]:
+    """Every floating-point tensor in a (possibly nested) model output."""
+    if isinstance(outputs, torch.Tensor):
+        return [outputs] if outputs.is_floating_point() else []
+    if isinstance(outputs, dict):  # HF ModelOutput is an OrderedDict
+        outputs = list(outputs.values())
+    if isinstance(outputs, (list, tuple)):
+        return [t for o in outputs for t in floating_tensors(o)]
+    return []
+
+
+def generic_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """A loss that touches every output: the sum of their means (in fp32, like a real loss)."""
+    tensors = floating_tensors(outputs)
+    if not tensors:
+        raise InvalidInputError("the model returned no floating-point tensor to compute a loss on")
+    return sum((t.float().mean() for t in tensors), torch.zeros((), device=tensors[0].device))
+
+
+def classification_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """Cross-entropy on ``inputs["_labels"]``; auxiliary heads (Inception, GoogLeNet) weigh in.
+
+    Inception v3 in train mode returns ``InceptionOutputs(logits, aux_logits)`` and
+    GoogLeNet ``GoogLeNetOutputs(logits, aux_logits2, aux_logits1)``; their papers train
+    on ``main + w * aux`` (w = 0.4 and 0.3), so the backward covers the aux branches.
+    """
+    labels = inputs["_labels"]
+    if isinstance(outputs, torch.Tensor):
+        return F.cross_entropy(outputs, labels)
+    if isinstance(outputs, tuple) and hasattr(outputs, "_fields"):
+        main = getattr(outputs, "logits", outputs[0])
+        aux = [o for o in outputs[1:] if isinstance(o, torch.Tensor)]
+        weight = 0.4 if len(aux) == 1 else 0.3
+        loss = F.cross_entropy(main, labels)
+        for a in aux:
+            loss = loss + weight * F.cross_entropy(a, labels)
+        return loss
+    if isinstance(outputs, (list, tuple)) and outputs and isinstance(outputs[0], torch.Tensor):
+        return F.cross_entropy(outputs[0], labels)
+    return generic_loss(outputs, inputs)
+
+
+def image_batch(
+    batch_size: int, image_size: int, num_classes: int, device: torch.device, key: str = "x"
+) -> dict[str, Any]:
+    """``{key: images (B, 3, S, S) fp32, "_labels": classes (B,) int64}``; labels are loss-only."""
+    return {
+        key: torch.randn(batch_size, 3, image_size, image_size, device=device),
+        "_labels": torch.randint(0, num_classes, (batch_size,), device=device),
+    }
+
+
+def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
+    """Up to ``n`` entries of ``choices`` closest to ``name`` (case-insensitive)."""
+    import difflib
+
+    lowered: dict[str, str] = {}
+    for c in choices:
+        lowered.setdefault(c.lower(), c)
+    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    return [lowered[h] for h in hits]

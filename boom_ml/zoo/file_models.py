@@ -1,0 +1,173 @@
+"""``file:<path.py>:<factory>``: a user's own ``nn.Module``.
+
+Protocol (all optional except the factory):
+
+* ``factory(**options) -> nn.Module`` — called inside ``torch.device("meta")`` with the
+  model spec's options as keyword arguments. Anything else it returns is an error.
+* ``module.example_inputs(batch_size, device, **kw) -> dict | Tensor`` — the batch. A dict
+  maps forward keyword names to tensors; keys starting with ``_`` are loss-only (labels).
+  A bare tensor is passed as the first forward argument. If the method accepts them (or
+  ``**kwargs``), ``seq_len=`` and ``image_size=`` from the step are passed too.
+  Without this method, ``image_size`` must be given: the batch is one image tensor
+  ``(batch, 3, image_size, image_size)`` for the first forward argument.
+* ``module.loss(outputs, inputs) -> Tensor`` — the training loss; by default the sum of the
+  means of every floating-point output tensor (every output receives a gradient).
+* Checkpointing wraps the blocks found by :func:`boom_ml.zoo.checkpointing.find_blocks`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.checkpointing import checkpoint_generic
+from boom_ml.zoo.common import build_on_device, ensure_meta, generic_loss, guess_family
+
+
+def parse(name: str) -> tuple[Path, str]:
+    """``path.py:factory`` -> (path, factory); the factory is after the *last* colon."""
+    path, sep, factory = name.rpartition(":")
+    if not sep or not path or not factory or factory.endswith(".py"):
+        where = name if name.endswith(".py") else path or name
+        raise UnknownModelError(
+            f"file:{name} names no factory; write file:{where}:<function returning an nn.Module>"
+            + _functions_hint(Path(where))
+        )
+    return Path(path).expanduser(), factory
+
+
+def _functions_hint(path: Path) -> str:
+    """' (functions in it: a, b)' from a cheap parse, without running the file."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ""
+    funcs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return f" (defined in it: {', '.join(funcs)})" if funcs else ""
+
+
+def _import(path: Path, what: str) -> ModuleType:
+    if not path.is_file():
+        raise UnknownModelError(f"{what}: no such file {str(path)!r}")
+    resolved = path.resolve()
+    # A unique, stable module name per file: two user files both called model.py must not
+    # collide, and registering it in sys.modules lets dataclasses/pickle inside it work.
+    mod_name = "boom_user_" + hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(mod_name, resolved)
+    if spec is None or spec.loader is None:
+        raise InvalidInputError(f"{what}: cannot import {path} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        sys.modules.pop(mod_name, None)
+        raise InvalidInputError(
+            f"{what}: importing {path} raised {type(err).__name__}: {err}"
+        ) from err
+    return module
+
+
+def _first_forward_arg(module: nn.Module) -> str:
+    params = [
+        p
+        for p in inspect.signature(module.forward).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not params:
+        raise InvalidInputError(
+            f"{type(module).__name__}.forward takes no named argument; define example_inputs()"
+        )
+    if params[0].kind is params[0].POSITIONAL_ONLY:
+        raise InvalidInputError(
+            f"{type(module).__name__}.forward's first argument is positional-only; "
+            "define example_inputs() returning a dict of keyword arguments"
+        )
+    return params[0].name
+
+
+def _call_example_inputs(module: nn.Module, step: StepSpec, dev: torch.device) -> Any:
+    fn = module.example_inputs  # type: ignore[attr-defined]
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    extra = {
+        k: v
+        for k, v in (("seq_len", step.seq_len), ("image_size", step.image_size))
+        if v is not None and (takes_any or k in params)
+    }
+    return fn(step.batch_size, dev, **extra)
+
+
+def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
+    path, factory_name = parse(name)
+    what = f"file:{name}"
+    user = _import(path, what)
+    factory = getattr(user, factory_name, None)
+    if factory is None:
+        raise UnknownModelError(
+            f"{what}: {path} defines no {factory_name!r}" + _functions_hint(path)
+        )
+    if not callable(factory):
+        raise InvalidInputError(f"{what}: {factory_name!r} is not callable")
+    try:
+        module = build_on_device(lambda: factory(**spec.options), device)
+    except Exception as err:
+        raise InvalidInputError(f"{what} raised {type(err).__name__}: {err}") from err
+    if not isinstance(module, nn.Module):
+        raise InvalidInputError(
+            f"{what} returned {type(module).__name__}, expected a torch.nn.Module"
+        )
+    if torch.device(device).type == "meta":
+        module = ensure_meta(module)
+
+    has_example = callable(getattr(module, "example_inputs", None))
+    user_loss = getattr(module, "loss", None)
+    input_name = None if has_example else _first_forward_arg(module)
+
+    def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
+        if has_example:
+            # Called on the live module the tracer is using, so it may read its attributes.
+            batch = _call_example_inputs(module, step, dev)
+            if isinstance(batch, torch.Tensor):
+                batch = {_first_forward_arg(module): batch}
+            if not isinstance(batch, dict):
+                raise InvalidInputError(
+                    f"{what}: example_inputs returned {type(batch).__name__}, expected a dict"
+                )
+            return batch
+        if step.image_size is None:
+            raise InvalidInputError(
+                f"{what}: cannot synthesise inputs; pass image_size for a (batch, 3, S, S) "
+                "image input, or define example_inputs(batch_size, device) on the module"
+            )
+        s = step.image_size
+        return {input_name: torch.randn(step.batch_size, 3, s, s, device=dev)}
+
+    def compute_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        if callable(user_loss):
+            return user_loss(outputs, inputs)
+        return generic_loss(outputs, inputs)
+
+    return BuiltModel(
+        spec=spec,
+        module=module,
+        family=guess_family(module),
+        make_inputs=make_inputs,
+        compute_loss=compute_loss,
+        enable_checkpointing=checkpoint_generic(what),
+        source="file",
+        info={"name": name, "path": str(path), "factory": factory_name},
+    )

@@ -1,0 +1,238 @@
+"""``hf:<id-or-path>``: Hugging Face transformers built from a config, never from the hub.
+
+The config is a local ``config.json`` (or a folder holding one) or one of the configs
+shipped in ``hf_configs/`` (``<org>--<name>.json``). The model class is the config's
+``architectures[0]``; without one, the natural head for the config (seq2seq LM, masked
+LM, causal LM, image classifier, else the bare model).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.common import build_on_device, closest, generic_loss
+
+# Belt and braces: nothing here needs the hub, so no transformers call may reach it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CONFIG_DIR = Path(__file__).with_name("hf_configs")
+# Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
+ENCODER_SEQ_LEN = 512
+DECODER_SEQ_LEN = 2048
+
+
+def safe_name(model_id: str) -> str:
+    """File stem of a shipped config: ``meta-llama/Llama-3.2-1B`` -> ``meta-llama--Llama-3.2-1B``."""
+    return model_id.replace("/", "--")
+
+
+@functools.cache
+def shipped() -> dict[str, Path]:
+    """Model id -> shipped config path."""
+    found = {p.stem.replace("--", "/"): p for p in CONFIG_DIR.glob("*.json")}
+    return {k: found[k] for k in sorted(found, key=str.lower)}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(shipped())
+
+
+def _lookup(name: str) -> str | None:
+    """The shipped id for ``name``: exact, safe-name or case-insensitive spelling."""
+    table = shipped()
+    if name in table:
+        return name
+    wanted = name.replace("--", "/").lower()
+    hits = [mid for mid in table if mid.lower() == wanted]
+    return hits[0] if len(hits) == 1 else None
+
+
+def has(name: str) -> bool:
+    """Shipped ids only: a bare name never means a file path."""
+    return _lookup(name) is not None
+
+
+def config_path(name: str) -> Path:
+    """A shipped id, a ``config.json`` path, or a folder containing ``config.json``."""
+    mid = _lookup(name)
+    if mid is not None:
+        return shipped()[mid]
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"
+    if path.is_file():
+        return path
+    hits = closest(name, list(shipped()))
+    hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
+    raise UnknownModelError(
+        f"unknown hf model {name!r}{hint}; boom-ml never downloads, so pass a local "
+        "config.json (or a folder holding one) or one of: " + ", ".join(shipped())
+    )
+
+
+def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
+    """Parse a config.json into a transformers config (overrides applied first)."""
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidInputError(f"malformed HF config {path}: {err}") from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
+    raw.update(overrides or {})
+    try:
+        return AutoConfig.for_model(**raw)
+    except (ValueError, TypeError, KeyError) as err:
+        raise InvalidInputError(f"HF config {path}: {err}") from err
+
+
+def _in_mapping(mapping: Any, config: Any) -> bool:
+    try:
+        return type(config) in mapping
+    except Exception:  # lazy mappings import model code; treat any failure as absent
+        return False
+
+
+def model_class(config: Any) -> tuple[type, bool]:
+    """(class, from_architectures): ``architectures[0]`` when transformers has it."""
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    archs = getattr(config, "architectures", None) or []
+    if archs and isinstance(getattr(transformers, archs[0], None), type):
+        return getattr(transformers, archs[0]), True
+    # No (known) architecture: the natural head. Order matters: BERT also has a causal
+    # head (BertLMHeadModel), but masked LM is what it is trained with.
+    for mapping in (
+        auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING if config.is_encoder_decoder else {},
+        auto.MODEL_FOR_MASKED_LM_MAPPING,
+        auto.MODEL_FOR_CAUSAL_LM_MAPPING,
+        auto.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+        auto.MODEL_MAPPING,
+    ):
+        if _in_mapping(mapping, config):
+            return mapping[type(config)], False
+    raise InvalidInputError(f"transformers has no model class for model_type {config.model_type!r}")
+
+
+def _instantiate(cls: type, config: Any) -> nn.Module:
+    # fp32 master weights whatever the config's dtype: AMP casts at run time.
+    try:
+        return cls._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    except ValueError as err:
+        # Architectures without an SDPA path (GPT-Neo, ...) say so; they train with eager.
+        text = str(err).lower()
+        if "sdpa" not in text and "scaled_dot_product_attention" not in text:
+            raise
+        return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+
+
+def _rope(config: Any) -> bool:
+    return bool(getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None))
+
+
+def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
+    path = config_path(name)
+    config = load_config(path, spec.options)
+    # A training step keeps no KV cache (checkpointing turns it off anyway): the same
+    # graph with and without recomputation.
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    cls, from_arch = model_class(config)
+    what = f"hf:{name}"
+    try:
+        module = build_on_device(lambda: _instantiate(cls, config), device)
+    except (ValueError, TypeError, AttributeError) as err:
+        raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
+
+    params = set(inspect.signature(module.forward).parameters)
+    head = cls.__name__
+    vision = "pixel_values" in params and "input_ids" not in params
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    decoder = not seq2seq and (
+        head.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(config, "is_decoder", False))
+    )
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if vision:
+        seq_default = None
+    elif decoder:
+        seq_default = min(max_pos or DECODER_SEQ_LEN, DECODER_SEQ_LEN)
+    else:
+        seq_default = min(max_pos or ENCODER_SEQ_LEN, ENCODER_SEQ_LEN)
+    # Learned absolute positions cannot index past their table (fake tensors would not
+    # notice, a GPU would); rotary models extrapolate, so they get no limit.
+    seq_limit = max_pos if max_pos and not _rope(config) else None
+    image_size = int(getattr(config, "image_size", 224)) if vision else None
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    num_labels = int(getattr(config, "num_labels", 2))
+
+    def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
+        b = step.batch_size
+        if vision:
+            size = step.image_size or image_size
+            chans = int(getattr(config, "num_channels", 3))
+            batch: dict[str, Any] = {"pixel_values": torch.randn(b, chans, size, size, device=dev)}
+            if "labels" in params:
+                batch["labels"] = torch.randint(0, num_labels, (b,), device=dev)
+            return batch
+        seq = step.seq_len or seq_default
+        if seq_limit is not None and seq > seq_limit:
+            raise InvalidInputError(
+                f"{what}: seq_len {seq} exceeds its {seq_limit} learned positions"
+            )
+        batch = {"input_ids": torch.randint(0, vocab, (b, seq), device=dev)}
+        if "labels" in params:
+            if head.endswith(("ForSequenceClassification", "ForMultipleChoice")):
+                batch["labels"] = torch.randint(0, num_labels, (b,), device=dev)
+            elif head.endswith("ForTokenClassification"):
+                batch["labels"] = torch.randint(0, num_labels, (b, seq), device=dev)
+            else:  # language-model heads: one target token per position
+                batch["labels"] = torch.randint(0, vocab, (b, seq), device=dev)
+        if "next_sentence_label" in params:  # BertForPreTraining's second objective
+            batch["next_sentence_label"] = torch.randint(0, 2, (b,), device=dev)
+        if "start_positions" in params:  # question answering
+            batch["start_positions"] = torch.randint(0, seq, (b,), device=dev)
+            batch["end_positions"] = torch.randint(0, seq, (b,), device=dev)
+        return batch
+
+    def compute_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        loss = getattr(outputs, "loss", None)
+        return loss if isinstance(loss, torch.Tensor) else generic_loss(outputs, inputs)
+
+    def enable_checkpointing(m: nn.Module) -> None:
+        if not getattr(m, "supports_gradient_checkpointing", False):
+            raise InvalidInputError(f"{what}: {type(m).__name__} does not support checkpointing")
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    return BuiltModel(
+        spec=spec,
+        module=module,
+        family="transformer",
+        make_inputs=make_inputs,
+        compute_loss=compute_loss,
+        enable_checkpointing=enable_checkpointing,
+        default_seq_len=seq_default,
+        default_image_size=image_size,
+        source="hf",
+        info={
+            "name": name,
+            "config_path": str(path),
+            "model_type": config.model_type,
+            "class": head,
+            "class_from_architectures": from_arch,
+            "vocab_size": vocab or None,
+            "max_positions": max_pos,
+        },
+    )

@@ -1,0 +1,375 @@
+"""The model zoo: naming, building on meta, synthesised inputs, losses, checkpointing."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.zoo import build_model, list_models, resolve_name
+from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.checkpointing import find_blocks
+from boom_ml.zoo.hf_models import CONFIG_DIR, shipped
+
+CPU = torch.device("cpu")
+REQUIRED_HF = [
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "bert-base-uncased",
+    "bert-large-uncased",
+    "facebook/opt-1.3b",
+    "meta-llama/Llama-3.2-1B",
+    "meta-llama/Meta-Llama-3-8B",
+    "google/vit-base-patch16-224",
+    "t5-base",
+    "EleutherAI/gpt-neo-125M",
+    "cerebras/Cerebras-GPT-111M",
+    "distilbert/distilgpt2",
+    "t5-small",
+    "facebook/opt-125m",
+]
+# Published parameter counts (millions, rounded): the configs are the real architectures.
+PUBLISHED_M = {"gpt2": 124, "bert-base-uncased": 110, "meta-llama/Meta-Llama-3-8B": 8030}
+
+USER_FILE = """
+import torch
+from dataclasses import dataclass
+from torch import nn
+
+
+@dataclass
+class Cfg:  # dataclasses need the module registered in sys.modules
+    width: int = 8
+
+
+class Net(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.Sequential(
+            *[nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU()) for _ in range(3)]
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, img):
+        return self.head(self.blocks(self.stem(img)).mean((2, 3)))
+
+
+class Tok(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 16)
+        self.out = nn.Linear(16, 100)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+    def example_inputs(self, batch_size, device, seq_len=None):
+        n = seq_len or 8
+        return {
+            "ids": torch.randint(0, 100, (batch_size, n), device=device),
+            "_target": torch.randint(0, 100, (batch_size, n), device=device),
+        }
+
+    def loss(self, outputs, inputs):
+        return nn.functional.cross_entropy(outputs.flatten(0, 1), inputs["_target"].flatten())
+
+
+def make(width=8):
+    return Net(Cfg(width).width)
+
+
+def make_tok():
+    return Tok()
+
+
+def broken():
+    raise ValueError("bad width")
+
+
+def not_a_module():
+    return 3
+"""
+
+
+@pytest.fixture(scope="module")
+def user_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("user") / "my_model.py"
+    path.write_text(textwrap.dedent(USER_FILE))
+    return path
+
+
+def all_on_meta(built: BuiltModel) -> bool:
+    tensors = [*built.module.parameters(), *built.module.buffers()]
+    return bool(tensors) and all(t.device.type == "meta" for t in tensors)
+
+
+def fake_step(built: BuiltModel, step: StepSpec, checkpointing: bool = False) -> dict:
+    """Forward + backward on fake tensors, as the tracer runs it; returns the batch."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built.materialize("cpu")
+        built.module.train()
+        if checkpointing:
+            built.enable_checkpointing(built.module)
+        batch = built.make_inputs(built.resolve_step(step), CPU)
+        outputs = built.module(**built.forward_kwargs(batch))
+        loss = built.compute_loss(outputs, batch)
+        assert loss.dim() == 0
+        loss.backward()
+        assert all(p.grad is not None for p in built.module.parameters())
+    return batch
+
+
+# ---- every scheme builds on meta and steps on fake tensors ------------------------------
+
+
+def test_torchvision_resnet18() -> None:
+    built = build_model("torchvision:resnet18")
+    assert built.source == "torchvision" and built.family == "cnn"
+    assert all_on_meta(built) and built.default_image_size == 224
+    batch = built.make_inputs(StepSpec(batch_size=4, image_size=64), CPU)
+    assert batch["x"].shape == (4, 3, 64, 64) and batch["x"].dtype == torch.float32
+    assert batch["_labels"].shape == (4,) and batch["_labels"].dtype == torch.int64
+    assert set(built.forward_kwargs(batch)) == {"x"}  # labels are loss-only
+    fake_step(built, StepSpec(batch_size=2, image_size=64), checkpointing=True)
+
+
+def test_timm_model() -> None:
+    built = build_model("timm:resnet18")
+    assert built.source == "timm" and all_on_meta(built)
+    assert built.default_image_size == 224
+    fake_step(built, StepSpec(batch_size=2, image_size=64), checkpointing=True)
+
+
+def test_hf_gpt2_small_seq() -> None:
+    built = build_model("hf:gpt2")
+    assert built.source == "hf" and built.family == "transformer" and all_on_meta(built)
+    assert built.default_seq_len == 1024
+    batch = built.make_inputs(StepSpec(batch_size=3, seq_len=16), CPU)
+    assert set(batch) == {"input_ids", "labels"}
+    assert batch["input_ids"].shape == (3, 16) and batch["input_ids"].dtype == torch.int64
+    assert batch["labels"].shape == (3, 16)
+    fake_step(built, StepSpec(batch_size=2, seq_len=16), checkpointing=True)
+
+
+def test_materialize_keeps_tied_weights() -> None:
+    built = build_model("hf:gpt2", device="meta")
+    n_before = len(list(built.module.parameters()))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        m = built.materialize("cpu")
+    assert m.lm_head.weight is m.transformer.wte.weight
+    assert len(list(m.parameters())) == n_before
+
+
+def test_file_factory(user_file: Path) -> None:
+    built = build_model(ModelSpec(f"file:{user_file}:make", {"width": 4}))
+    assert built.source == "file" and built.family == "cnn" and all_on_meta(built)
+    assert built.module.stem.out_channels == 4  # options reach the factory
+    with pytest.raises(InvalidInputError, match="image_size"):
+        built.make_inputs(StepSpec(batch_size=2), CPU)
+    batch = fake_step(built, StepSpec(batch_size=2, image_size=16), checkpointing=True)
+    assert set(batch) == {"img"}  # named after forward's first argument
+
+
+def test_file_example_inputs_and_loss(user_file: Path) -> None:
+    built = build_model(f"file:{user_file}:make_tok")
+    batch = built.make_inputs(StepSpec(batch_size=2, seq_len=5), CPU)
+    assert batch["ids"].shape == (2, 5) and set(built.forward_kwargs(batch)) == {"ids"}
+    fake_step(built, StepSpec(batch_size=2, seq_len=5))
+    with pytest.raises(InvalidInputError, match="checkpoint"):
+        built.enable_checkpointing(built.module)  # no blocks
+
+
+def test_file_errors(user_file: Path) -> None:
+    with pytest.raises(InvalidInputError, match=r"file:.*:broken raised ValueError: bad width"):
+        build_model(f"file:{user_file}:broken")
+    with pytest.raises(InvalidInputError, match="returned int"):
+        build_model(f"file:{user_file}:not_a_module")
+    with pytest.raises(UnknownModelError, match="defines no 'nope'.*make_tok"):
+        build_model(f"file:{user_file}:nope")
+    with pytest.raises(UnknownModelError, match="no such file"):
+        build_model(f"file:{user_file.parent}/missing.py:make")
+    with pytest.raises(UnknownModelError, match="names no factory"):
+        build_model(f"file:{user_file}")
+
+
+# ---- shipped HF configs ------------------------------------------------------------------
+
+
+def test_required_configs_are_shipped() -> None:
+    assert set(REQUIRED_HF) <= set(shipped())
+    for path in CONFIG_DIR.glob("*.json"):
+        raw = json.loads(path.read_text())
+        assert raw["architectures"] and raw["model_type"]
+
+
+@pytest.mark.parametrize("model_id", sorted(shipped()))
+def test_shipped_config_builds_on_meta(model_id: str) -> None:
+    built = build_model(f"hf:{model_id}")
+    assert all_on_meta(built)
+    arch = json.loads(shipped()[model_id].read_text())["architectures"][0]
+    assert type(built.module).__name__ == arch
+    assert built.module.config._attn_implementation in ("sdpa", "eager")
+    if model_id in PUBLISHED_M:
+        n = sum(p.numel() for p in built.module.parameters())
+        assert round(n / 1e6) == PUBLISHED_M[model_id]
+    batch = built.make_inputs(StepSpec(batch_size=2, seq_len=8), CPU)
+    key = "pixel_values" if "vit" in model_id else "input_ids"
+    assert batch[key].shape[0] == 2 and "labels" in batch
+
+
+def test_hf_defaults() -> None:
+    assert build_model("hf:bert-base-uncased").default_seq_len == 512
+    assert build_model("hf:meta-llama/Llama-3.2-1B").default_seq_len == 2048
+    assert build_model("hf:facebook/opt-125m").default_seq_len == 2048
+    vit = build_model("hf:google/vit-base-patch16-224")
+    assert vit.default_image_size == 224 and vit.default_seq_len is None
+
+
+@pytest.mark.parametrize("model_id", ["hf:t5-small", "hf:bert-base-uncased"])
+def test_hf_encoder_and_seq2seq_step(model_id: str) -> None:
+    spec = ModelSpec(model_id, {"num_layers": 1} if "t5" in model_id else {"num_hidden_layers": 1})
+    fake_step(build_model(spec), StepSpec(batch_size=2, seq_len=8), checkpointing=True)
+
+
+def test_hf_seq_len_beyond_learned_positions() -> None:
+    built = build_model("hf:gpt2")
+    with pytest.raises(InvalidInputError, match="1024 learned positions"):
+        built.make_inputs(StepSpec(batch_size=1, seq_len=2048), CPU)
+
+
+def test_hf_local_config_and_overrides(tmp_path: Path) -> None:
+    cfg = json.loads(shipped()["gpt2"].read_text())
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    for name in (str(tmp_path), str(tmp_path / "config.json")):
+        built = build_model(ModelSpec(f"hf:{name}", {"n_layer": 2}))
+        assert len(built.module.transformer.h) == 2
+
+
+def test_hf_without_architectures_uses_natural_head(tmp_path: Path) -> None:
+    path = tmp_path / "bert.json"
+    path.write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 1}))
+    assert type(build_model(f"hf:{path}").module).__name__ == "BertForMaskedLM"
+
+
+def test_malformed_hf_config(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    with pytest.raises(InvalidInputError, match="broken.json"):
+        build_model(f"hf:{bad}")
+    untyped = tmp_path / "untyped.json"
+    untyped.write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(InvalidInputError, match="model_type"):
+        build_model(f"hf:{untyped}")
+
+
+# ---- names ---------------------------------------------------------------------------------
+
+
+def test_bare_names() -> None:
+    assert resolve_name("alexnet") == "torchvision:alexnet"  # not in timm
+    assert resolve_name("gpt2") == "hf:gpt2"
+    assert resolve_name("meta-llama/Llama-3.2-1B") == "hf:meta-llama/Llama-3.2-1B"
+    assert build_model("gpt2").spec.text == "hf:gpt2"
+
+
+def test_ambiguous_bare_name() -> None:
+    with pytest.raises(
+        InvalidInputError, match=r"'resnet50' is ambiguous: torchvision:resnet50, timm:resnet50"
+    ):
+        build_model("resnet50")
+
+
+def test_unknown_names_suggest() -> None:
+    with pytest.raises(UnknownModelError, match=r"did you mean: .*torchvision:resnet50"):
+        build_model("resnt50")
+    with pytest.raises(UnknownModelError, match="did you mean: hf:gpt2"):
+        build_model("hf:gpt-2")
+    with pytest.raises(UnknownModelError, match="timm:resnet18"):
+        build_model("timm:resnet-18")
+    with pytest.raises(UnknownModelError, match="scheme"):
+        build_model("tv:resnet50")
+
+
+def test_list_models() -> None:
+    hf = list_models("hf")
+    assert "hf:gpt2" in hf and all(n.startswith("hf:") for n in hf)
+    assert "torchvision:resnet50" in list_models("torchvision")
+    assert list_models("file") == []
+    with pytest.raises(InvalidInputError):
+        list_models("pip")
+
+
+# ---- vision details ------------------------------------------------------------------------
+
+
+def test_native_image_sizes() -> None:
+    assert build_model("torchvision:inception_v3").default_image_size == 299
+    assert build_model("torchvision:efficientnet_b3").default_image_size == 300
+    assert build_model("timm:vit_base_patch16_384").default_image_size == 384
+
+
+def test_inception_aux_loss_and_batch_one() -> None:
+    built = build_model("torchvision:inception_v3")
+    with pytest.raises(InvalidInputError, match="batch_size >= 2"):
+        built.make_inputs(StepSpec(batch_size=1), CPU)
+    fake_step(built, StepSpec(batch_size=2))  # aux head gets gradients too (all params)
+
+
+def test_fixed_size_vit_explains_option() -> None:
+    built = build_model("torchvision:vit_b_16")
+    with pytest.raises(InvalidInputError, match='"image_size": 384'):
+        built.make_inputs(StepSpec(batch_size=1, image_size=384), CPU)
+    assert (
+        build_model(ModelSpec("torchvision:vit_b_16", {"image_size": 384})).default_image_size
+        == 384
+    )
+
+
+def test_non_classifier_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="not an image classifier"):
+        build_model("torchvision:fasterrcnn_resnet50_fpn")
+
+
+def test_regnet_builds_on_meta_despite_value_reads() -> None:
+    assert all_on_meta(build_model("torchvision:regnet_y_400mf"))
+
+
+def test_checkpoint_blocks_rule() -> None:
+    m = build_model("torchvision:resnet18").module
+    paths = {id(mod): name for name, mod in m.named_modules()}
+    assert [paths[id(b)] for b in find_blocks(m)] == [
+        f"layer{i}.{j}" for i in range(1, 5) for j in range(2)
+    ]
+    vit = build_model("torchvision:vit_b_16").module
+    assert len(find_blocks(vit)) == 12
+
+
+def test_vgg_checkpointing_recomputes_segments() -> None:
+    """VGG's features are plain layers: checkpointed as segments ending at each pool."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountConvs(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is torch.ops.aten.convolution.default:
+                CountConvs.n += 1
+            return func(*args, **(kwargs or {}))
+
+    built = build_model(ModelSpec("torchvision:vgg11", {"num_classes": 10}))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built.materialize("cpu")
+        built.enable_checkpointing(built.module)
+        batch = built.make_inputs(StepSpec(batch_size=1, image_size=32), CPU)
+        with CountConvs():  # entered inside the fake mode, so it sees every aten call
+            built.compute_loss(built.module(**built.forward_kwargs(batch)), batch).backward()
+    assert CountConvs.n == 2 * 8  # every conv of vgg11 runs again in backward
