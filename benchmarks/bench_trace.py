@@ -18,13 +18,26 @@ from boom_ml.zoo import build_model
 CASES = [
     ("torchvision:resnet50", StepSpec(batch_size=64)),
     ("hf:gpt2-large", StepSpec(batch_size=4, seq_len=1024)),
-    ("hf:meta-llama/Meta-Llama-3-8B", StepSpec(batch_size=1, seq_len=2048, amp="bf16", checkpointing="full")),
+    (
+        "hf:meta-llama/Meta-Llama-3-8B",
+        StepSpec(batch_size=1, seq_len=2048, amp="bf16", checkpointing="full"),
+    ),
 ]
 
 
 def main() -> None:
     table = Table(title="trace one training step (fake tensors, CPU)")
-    for col in ("model", "batch", "amp", "ckpt", "ops", "TFLOP", "build s", "trace s", "max RSS GiB"):
+    for col in (
+        "model",
+        "batch",
+        "amp",
+        "ckpt",
+        "ops",
+        "TFLOP",
+        "build s",
+        "trace s",
+        "max RSS GiB",
+    ):
         table.add_column(col)
     for model, step in CASES:
         t0 = time.perf_counter()

@@ -6,11 +6,46 @@ from collections.abc import Sequence
 
 from boom_ml.estimates import GpuPrediction, Prediction
 from boom_ml.gpus import parse_gpu_list
+from boom_ml.gpus.spec import GpuSpec
 from boom_ml.memory.estimate import estimate_memory
+from boom_ml.report.advisor import advise
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.timing.estimate import estimate_time
+from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 from boom_ml.zoo import build_model
+
+
+class Session:
+    """One model under study: traces cached per step configuration.
+
+    Tracing dominates the cost of a prediction, and the advisor asks about several
+    variants of the same step, so each distinct StepSpec is traced once.
+    """
+
+    def __init__(self, model: str) -> None:
+        self.model = ModelSpec(model)
+        build_model(self.model)  # fail fast on an unknown or broken model
+        self._graphs: dict[StepSpec, OpGraph] = {}
+
+    def graph(self, step: StepSpec) -> OpGraph:
+        if step not in self._graphs:
+            # trace_step materialises and may checkpoint the module: build a fresh one
+            self._graphs[step] = trace_step(build_model(self.model), step)
+        return self._graphs[step]
+
+    def evaluate(self, step: StepSpec, gpus: list[GpuSpec]) -> list[GpuPrediction]:
+        graph = self.graph(step)
+        return [
+            GpuPrediction(
+                gpu=spec.id,
+                name=spec.name,
+                memory=estimate_memory(graph, spec),
+                time=estimate_time(graph, spec, tf32=step.tf32),
+                price_usd_per_hour=spec.price_usd_per_hour,
+            )
+            for spec in gpus
+        ]
 
 
 def predict(
@@ -23,10 +58,12 @@ def predict(
     amp: str = "none",
     checkpointing: str = "none",
     tf32: bool = False,
+    advice: bool = True,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
-    ``gpu`` is an id, alias, YAML path, a list of those, or ``"all"``.
+    ``gpu`` is an id, alias, YAML path, a list of those, or ``"all"``. With ``advice``,
+    every GPU where the step does not fit gets the cheapest changes that make it fit.
     """
     step = StepSpec(
         batch_size=batch_size,
@@ -38,20 +75,16 @@ def predict(
         tf32=tf32,
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
-    built = build_model(ModelSpec(model))
-    graph = trace_step(built, step)
-    results = [
-        GpuPrediction(
-            gpu=spec.id,
-            name=spec.name,
-            memory=estimate_memory(graph, spec),
-            time=estimate_time(graph, spec, tf32=tf32),
-            price_usd_per_hour=spec.price_usd_per_hour,
-        )
-        for spec in gpus
-    ]
+    session = Session(model)
+    results = session.evaluate(step, gpus)
+    graph = session.graph(step)
+    resolved = StepSpec(**graph.meta["step"])
+    advised = {}
+    if advice:
+        failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
+        advised = advise(resolved, failing, session.evaluate)
     return Prediction(
-        model=built.spec.text,
+        model=session.model.text,
         batch_size=batch_size,
         step=graph.meta["step"],
         graph={
@@ -61,4 +94,5 @@ def predict(
             "trace_seconds": graph.meta["trace_seconds"],
         },
         gpus=results,
+        advice=advised,
     )

@@ -20,6 +20,8 @@ class MemoryEstimate:
     peak_phase: str = ""
     fragmentation: float = 0.0
     max_batch_size: int | None = None
+    by_module: list[dict[str, Any]] = field(default_factory=list)  # top modules at the peak
+    peak_module: str = ""  # module of the op running at the peak
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -32,6 +34,7 @@ class TimeEstimate:
     p10_ms: float | None = None
     p90_ms: float | None = None
     by_family: dict[str, float] = field(default_factory=dict)  # ms per op family
+    by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase (forward, ...)
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
 
@@ -69,6 +72,7 @@ class Prediction:
     step: dict[str, Any]
     graph: dict[str, Any]
     gpus: list[GpuPrediction]
+    advice: dict[str, list[Any]] = field(default_factory=dict)  # gpu id → [Advice]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,4 +81,5 @@ class Prediction:
             "step": self.step,
             "graph": self.graph,
             "gpus": [g.to_dict() for g in self.gpus],
+            "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
         }

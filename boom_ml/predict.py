@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
-from boom_ml.errors import BoomError, InvalidInputError
+from boom_ml.errors import BoomError, InvalidInputError, suggest
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 OUTPUTS = ("table", "json")
@@ -40,8 +41,25 @@ def run(cfg: Any) -> str:
     return render_table(prediction)
 
 
+def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
+    """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error."""
+    import yaml
+
+    known = set(yaml.safe_load((Path(CONFIG_DIR) / f"{config_name}.yaml").read_text()))
+    for arg in argv:
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if "=" in arg and not arg.startswith("-") and key.split(".")[0] not in known | {"hydra"}:
+            raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
+
+
 def main() -> None:
     import hydra
+
+    try:
+        check_override_keys(sys.argv[1:])
+    except BoomError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
 
     @hydra.main(config_path=CONFIG_DIR, config_name="predict", version_base="1.3")
     def _entry(cfg: Any) -> None:
@@ -53,6 +71,21 @@ def main() -> None:
 
     _entry()
 
+
+class _CallableModule(types.ModuleType):
+    """Lets ``boom_ml.predict(model=..., gpu=...)`` call :func:`boom_ml.api.predict`.
+
+    The CLI contract fixes the module name ``boom_ml.predict`` and the Python API fixes
+    the call ``boom_ml.predict(...)``; a callable module satisfies both.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from boom_ml.api import predict
+
+        return predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from boom_ml.errors import BoomError, InvalidInputError, TraceError, UnknownGpuError, UnknownModelError
+from boom_ml.errors import (
+    BoomError,
+    InvalidInputError,
+    TraceError,
+    UnknownGpuError,
+    UnknownModelError,
+)
 from boom_ml.predict import run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,7 +123,9 @@ def test_cli_errors_are_one_line_exit_2(args):
 
 
 def test_cli_prints_valid_json():
-    proc = cli("model=torchvision:resnet18", "gpu=[l4,t4]", "batch_size=2", "image_size=32", "output=json")
+    proc = cli(
+        "model=torchvision:resnet18", "gpu=[l4,t4]", "batch_size=2", "image_size=32", "output=json"
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert {g["gpu"] for g in doc["gpus"]} == {"l4", "t4"}

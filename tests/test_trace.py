@@ -30,7 +30,9 @@ def test_flops_equal_flop_counter_mode(factory, amp):
 def test_matmul_flops_exact():
     # Linear(32→96) on 2×16 tokens: 2·M·N·K = 2·32·32·96 forward.
     graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="none"))
-    qkv = graph.nodes[graph.nodes["module"].str.endswith("qkv.0") & (graph.nodes["phase"] == "forward")]
+    qkv = graph.nodes[
+        graph.nodes["module"].str.endswith("qkv.0") & (graph.nodes["phase"] == "forward")
+    ]
     assert qkv["flops"].sum() == 2 * 32 * 32 * 96
 
 
@@ -55,7 +57,9 @@ def test_fp32_attention_uses_memory_efficient_kernel():
 
 def saved_activation_bytes(graph: OpGraph) -> int:
     ev = graph.mem_events
-    alive = ev[(ev["category"] == "activation") & (ev["action"] == "alloc") & (ev["phase"] == "forward")]
+    alive = ev[
+        (ev["category"] == "activation") & (ev["action"] == "alloc") & (ev["phase"] == "forward")
+    ]
     return int(alive["bytes"].sum())
 
 

@@ -95,5 +95,11 @@ def tiny_transformer() -> BuiltModel:
         return F.cross_entropy(out.flatten(0, 1), inp["input_ids"].flatten())
 
     return BuiltModel(
-        ModelSpec("test:tiny-transformer"), module, "transformer", inputs, loss, _enable, default_seq_len=16
+        ModelSpec("test:tiny-transformer"),
+        module,
+        "transformer",
+        inputs,
+        loss,
+        _enable,
+        default_seq_len=16,
     )

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from boom_ml.errors import TraceError
@@ -33,6 +34,21 @@ AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 def _deepest(parents: set[str]) -> str:
     names = [p for p in parents if p != "Global"]
     return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
+
+
+class _HostScalars(TorchDispatchMode):
+    """Answers ``tensor.item()`` with 1.0 inside the optimizer step.
+
+    Some optimizers read a scalar off the device to scale their update (Adafactor's
+    parameter RMS). Fake tensors have no values; the scalar only scales the update and
+    changes no shape or kernel, so any value traces the same step. Model code outside the
+    optimizer still fails on ``.item()``, as it should: there a value can change shapes.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return 1.0 if args[0].is_floating_point() else 1
+        return func(*args, **(kwargs or {}))
 
 
 class _StepRunner:
@@ -90,7 +106,7 @@ class _StepRunner:
             }
         if self.optimizer is None:
             return
-        with self.phase("optimizer"):
+        with self.phase("optimizer"), _HostScalars():
             if self.scaler is not None:
                 # GradScaler.step() reads found_inf with .item(), impossible on fake
                 # tensors; unscale_ + step + update launch the same kernels.

@@ -1,0 +1,158 @@
+"""Advisor: for a GPU where the step does not fit, the cheapest changes that make it fit.
+
+Candidates are the usual levers, each predicted with the same memory and time models:
+autocast, activation checkpointing, an optimizer with less state, and a smaller
+micro-batch with gradient accumulation (same effective batch). Single changes come
+first; if none fits, they are stacked in that order, which is roughly the order of what
+they cost in speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from boom_ml.estimates import GpuPrediction
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.specs import StepSpec
+
+# The optimizer to suggest instead, and why it needs less memory.
+LIGHTER_OPTIMIZER = {
+    "adam": ("adafactor", "Adafactor keeps factored second moments, no first moment"),
+    "adamw": ("adafactor", "Adafactor keeps factored second moments, no first moment"),
+    "adagrad": ("adafactor", "Adafactor keeps factored second moments"),
+    "rmsprop": ("sgd", "SGD keeps no optimizer state"),
+    "sgd-momentum": ("sgd", "SGD without momentum keeps no optimizer state"),
+}
+MAX_ADVICE = 4
+
+
+@dataclass
+class Advice:
+    change: str  # human-readable, e.g. "amp=bf16 + checkpointing=full"
+    settings: dict[str, Any]  # the StepSpec fields that change
+    accumulation_steps: int  # micro-batches per optimizer step
+    fits: bool
+    total_bytes: int  # what nvidia-smi would show at the peak
+    capacity_bytes: int
+    step_ms: float  # time per effective (accumulated) step
+    samples_per_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# evaluate(step, gpus) -> one GpuPrediction per GPU, for that step configuration
+Evaluate = Callable[[StepSpec, list[GpuSpec]], list[GpuPrediction]]
+
+
+def _amp_for(gpu: GpuSpec) -> str:
+    return "bf16" if gpu.bf16_tflops else "fp16"
+
+
+def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
+    """(label, changed step, accumulation) for every lever still available."""
+    out: list[tuple[str, StepSpec, int]] = []
+    if step.amp == "none":
+        amp = _amp_for(gpu)
+        out.append((f"amp={amp}", replace(step, amp=amp), 1))
+    if step.checkpointing == "none":
+        out.append(("checkpointing=full", replace(step, checkpointing="full"), 1))
+    if step.optimizer in LIGHTER_OPTIMIZER:
+        name, why = LIGHTER_OPTIMIZER[step.optimizer]
+        out.append((f"optimizer={name} ({why})", replace(step, optimizer=name), 1))
+    accumulation = 2
+    while step.batch_size // accumulation >= 1 and accumulation <= 8:
+        micro = step.batch_size // accumulation
+        out.append(
+            (
+                f"batch_size={micro} x {accumulation} accumulation steps",
+                replace(step, batch_size=micro),
+                accumulation,
+            )
+        )
+        if step.batch_size % accumulation:
+            break
+        accumulation *= 2
+    return out
+
+
+def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
+    """Levers applied one on top of the other, cheapest first."""
+    out: list[tuple[str, StepSpec, int]] = []
+    labels: list[str] = []
+    current, accumulation = step, 1
+    for label, changed, acc in single_changes(step, gpu):
+        if acc > 1:  # only the smallest micro-batch still needed is stacked, below
+            continue
+        current = replace(current, **_diff(step, changed))
+        labels.append(label.split(" (")[0])
+        if len(labels) > 1:
+            out.append((" + ".join(labels), current, accumulation))
+    micro = step.batch_size
+    while micro > 1:
+        micro //= 2
+        accumulation = step.batch_size // micro
+        out.append(
+            (
+                " + ".join([*labels, f"batch_size={micro} x {accumulation} accumulation steps"]),
+                replace(current, batch_size=micro),
+                accumulation,
+            )
+        )
+    return out
+
+
+def _diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
+    a, b = base.to_dict(), changed.to_dict()
+    return {k: v for k, v in b.items() if a[k] != v}
+
+
+def advise(
+    step: StepSpec,
+    failing: list[tuple[GpuSpec, GpuPrediction]],
+    evaluate: Evaluate,
+) -> dict[str, list[Advice]]:
+    """For each GPU where ``step`` does not fit, the changes that make it fit.
+
+    Each candidate configuration is evaluated once for all GPUs that need it, since
+    evaluating one means tracing the step again.
+    """
+    pending = [spec for spec, result in failing if not result.fits]
+    found: dict[str, list[Advice]] = {spec.id: [] for spec in pending}
+    for make in (single_changes, stacked_changes):
+        wanted: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
+        for spec in pending:
+            for label, changed, accumulation in make(step, spec):
+                wanted.setdefault(changed, []).append((spec, label, accumulation))
+        for changed, asks in wanted.items():
+            results = evaluate(changed, [spec for spec, _, _ in asks])
+            for (spec, label, accumulation), result in zip(asks, results, strict=True):
+                if result.fits:
+                    found[spec.id].append(_advice(label, step, changed, accumulation, result))
+        pending = [spec for spec in pending if not found[spec.id]]
+        if not pending:
+            break
+    return {
+        gpu: sorted(items, key=lambda a: a.step_ms)[:MAX_ADVICE] for gpu, items in found.items()
+    }
+
+
+def _advice(
+    label: str, step: StepSpec, changed: StepSpec, accumulation: int, result: GpuPrediction
+) -> Advice:
+    by_phase = result.time.by_phase
+    optimizer_ms = by_phase.get("optimizer", 0.0)
+    # Forward and backward run once per micro-batch; the optimizer once per step.
+    step_ms = accumulation * (result.time.step_ms - optimizer_ms) + optimizer_ms
+    return Advice(
+        change=label,
+        settings=_diff(step, changed),
+        accumulation_steps=accumulation,
+        fits=result.fits,
+        total_bytes=result.memory.total_bytes,
+        capacity_bytes=result.memory.capacity_bytes,
+        step_ms=step_ms,
+        samples_per_s=step.batch_size / step_ms * 1e3 if step_ms > 0 else 0.0,
+    )
