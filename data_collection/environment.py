@@ -1,0 +1,225 @@
+"""Who measured: device identity, software versions and NVML memory for collected rows.
+
+Every collected row names the device and the software stack, because a latency is only
+comparable with others measured on the same GPU, driver, CUDA and cuDNN. Rows measured on
+the CPU (the ``device=cpu`` dry run) get ``gpu_id="cpu"`` and ``device_kind="cpu"`` so the
+training code can never mistake them for GPU measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Identity columns shared by every row kind."""
+
+    device: torch.device
+    gpu_id: str
+    device_name: str
+    device_kind: str  # "gpu" | "cpu"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def columns(self) -> dict[str, str]:
+        return {
+            "gpu_id": self.gpu_id,
+            "device_name": self.device_name,
+            "device_kind": self.device_kind,
+        }
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cuda``/``cuda:N``/``cpu`` → a device; asking for CUDA without one is an error.
+
+    Falling back to the CPU silently would label CPU timings with a GPU run's intent, so
+    the harness refuses instead and the user passes ``device=cpu`` explicitly.
+    """
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "device=cuda but no CUDA device is visible; use device=cpu for a dry run"
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+    elif dev.type != "cpu":
+        raise ValueError(f"unsupported device {name!r}: use cuda, cuda:N or cpu")
+    return dev
+
+
+def device_info(dev: torch.device) -> DeviceInfo:
+    """gpu_id / device_name / device_kind for ``dev``."""
+    if dev.type != "cuda":
+        return DeviceInfo(dev, "cpu", _cpu_name(), "cpu")
+    name = torch.cuda.get_device_name(dev)
+    return DeviceInfo(dev, gpu_id_for(name), name, "gpu")
+
+
+def gpu_id_for(name: str) -> str:
+    """The canonical GPU id for a CUDA device name (boom_ml.gpus), else a slug of the name.
+
+    The slug keeps a new GPU's rows usable (and grouped) before the GPU table knows it.
+    """
+    try:
+        from boom_ml.gpus import resolve_gpu_id  # type: ignore[attr-defined]
+
+        resolved = resolve_gpu_id(name)
+        if resolved:
+            return str(resolved)
+    except Exception:  # noqa: BLE001 - unknown GPU or table not importable: fall back
+        pass
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
+    return slug or "unknown-gpu"
+
+
+def _cpu_name() -> str:
+    text = platform.processor() or platform.machine() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    text = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return text
+
+
+def software_versions() -> dict[str, str | None]:
+    """torch / CUDA / cuDNN / driver versions (None where not applicable)."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    have_gpu = torch.cuda.is_available()
+    return {
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if have_gpu else None,
+        "cudnn_version": str(cudnn) if (cudnn and have_gpu) else None,
+        "driver_version": _driver_version() if have_gpu else None,
+    }
+
+
+def _nvml() -> Any | None:
+    """The pynvml module (nvidia-ml-py), initialised, or None when it is not installed."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - no NVML library / no driver
+        return None
+
+
+def _driver_version() -> str | None:
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        version = nvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class NvmlMemory:
+    """Device memory as NVML sees it: this process's usage, or the device's used-memory delta.
+
+    NVML counts what the caching allocator reserved *plus* the CUDA context and library
+    workspaces, which is what decides an out-of-memory on a shared GPU. Sandboxed
+    machines (containers, gVisor) often hide process ids from NVML; then the reading is the
+    device's used memory minus what was used when the sweep started (the same quantity when
+    this process is the only user), and ``method`` says so.
+    """
+
+    def __init__(self, dev: torch.device) -> None:
+        self.nvml = _nvml() if dev.type == "cuda" else None
+        self.handle = None
+        self.baseline = 0
+        self.method = "none"
+        if self.nvml is None:
+            return
+        try:
+            # NVML indexes physical devices while CUDA_VISIBLE_DEVICES renumbers them; the
+            # UUID names the same GPU in both.
+            uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
+            try:
+                self.handle = self.nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except Exception:  # noqa: BLE001 - older torch without uuid: trust the index
+                self.handle = self.nvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
+            self.baseline = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        except Exception:  # noqa: BLE001
+            self.handle = None
+
+    def read(self) -> int | None:
+        """Bytes this process holds on the device now (see class doc), or None."""
+        if self.handle is None:
+            return None
+        nvml, pid = self.nvml, os.getpid()
+        try:
+            for fn in (
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetComputeRunningProcesses",
+            ):
+                if hasattr(nvml, fn):
+                    for proc in getattr(nvml, fn)(self.handle):
+                        if proc.pid == pid and proc.usedGpuMemory:
+                            self.method = "nvml-process"
+                            return int(proc.usedGpuMemory)
+                    break
+            used = int(nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+            self.method = "nvml-device-delta"
+            return max(0, used - self.baseline)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def job_id(prefix: str = "") -> str:
+    """A job id unique among concurrent writers: host, process, and Slurm/submitit ids."""
+    parts = [prefix] if prefix else []
+    parts.append(socket.gethostname().split(".")[0])
+    slurm = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        parts.append(f"slurm{slurm}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}")
+    parts.append(f"p{os.getpid()}")
+    return "-".join(parts)
+
+
+def set_tf32(enabled: bool) -> None:
+    """Allow (or forbid) TF32 in both cuBLAS matmuls and cuDNN convolutions.
+
+    cuDNN allows TF32 by default while cuBLAS does not, so both flags are set explicitly:
+    a float32 row must really be IEEE fp32 and a tf32 row must really use TF32.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+@contextlib.contextmanager
+def cpu_threads(dev: torch.device, n: int | None) -> Iterator[None]:
+    """Run a CPU sweep with ``n`` intra-op threads, restoring the setting afterwards.
+
+    CPU rows only test the pipeline, and on a shared machine OpenMP threads spinning
+    against other processes made a 0.2 s dry-run step take 3 s; one thread avoids that.
+    GPU sweeps are left alone (their host threads only launch kernels).
+    """
+    if dev.type != "cpu" or not n:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

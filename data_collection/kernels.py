@@ -1,0 +1,499 @@
+"""Kernel harness: time single ops in isolation over shapes, dtypes and directions.
+
+``python -m data_collection.kernels`` (Hydra; config ``configs/collect/kernels.yaml``)::
+
+    python -m data_collection.kernels device=cpu dry_run=true out=/tmp/shards   # CI-sized
+    python -m data_collection.kernels out=/shared/shards                        # a GPU
+    python -m data_collection.kernels -m num_shards=2 shard_index=0,1 hydra/launcher=submitit_slurm
+
+A configuration is one op, one dtype (float32, tf32, float16, bfloat16), one direction
+(forward, or backward through ``torch.autograd.grad`` on the forward's graph) and one
+shape. On CUDA it is timed with CUDA events after a warm-up, as the median of N repeats,
+optionally flushing the L2 cache before each repeat so small ops are timed from DRAM as
+they run inside a real step; the kernel names come from one extra profiled call. On the
+CPU (``device=cpu``) ``time.perf_counter`` times the same calls, and rows say
+``device_kind="cpu"``: they test the pipeline and are never GPU training data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from data_collection import environment as env
+from data_collection import schema
+from data_collection.shards import ShardWriter, SweepStats, config_key, my_share, run_configs
+
+log = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "tf32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+Run = Callable[[], Any]
+Builder = Callable[[dict[str, int], torch.dtype, torch.device], "Case"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """A built op: ``run()`` launches it; ``leaves`` get gradients in a backward row."""
+
+    run: Run
+    leaves: tuple[torch.Tensor, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """How to build one op from a shape list, and which schema columns describe it."""
+
+    family: str
+    params: tuple[str, ...]  # names of the shape list's entries, in order
+    build: Callable[[dict[str, int], torch.dtype, torch.device], Case]
+    columns: Callable[[dict[str, int]], dict[str, int]]
+    backward: bool = True
+    tf32: bool = False  # TF32 changes its arithmetic (matmuls, convolutions)
+    half_only_cuda: bool = False  # flash attention has no fp32 kernel on CUDA
+    numel_params: tuple[str, ...] = ()  # capped at cap**2 in a dry run, not at cap
+
+
+def _t(
+    shape: Sequence[int], dtype: torch.dtype, dev: torch.device, grad: bool = True
+) -> torch.Tensor:
+    # Random data, never zeros: zeros can run faster than real data on tensor cores.
+    return torch.randn(*shape, dtype=dtype, device=dev).requires_grad_(grad)
+
+
+def _gemm(kind: str) -> Builder:
+    # Canonical convention (NeuSight / DeepBench importers): (b, m, n) x (b, n, k); n reduces.
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        b, m, n, k = p.get("b", 1), p["m"], p["n"], p["k"]
+        if kind == "mm":
+            x, w = _t((m, n), dt, dev), _t((n, k), dt, dev)
+            return Case(lambda: torch.mm(x, w), (x, w))
+        if kind == "bmm":
+            x, w = _t((b, m, n), dt, dev), _t((b, n, k), dt, dev)
+            return Case(lambda: torch.bmm(x, w), (x, w))
+        x, w, bias = _t((b * m, n), dt, dev), _t((k, n), dt, dev), _t((k,), dt, dev)
+        return Case(lambda: F.linear(x, w, bias), (x, w, bias))
+
+    return build
+
+
+def _conv(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+    x = _t((p["batch"], p["in_channels"], p["input_h"], p["input_w"]), dt, dev)
+    w = _t((p["out_channels"], p["in_channels"], p["kernel_size"], p["kernel_size"]), dt, dev)
+    return Case(lambda: F.conv2d(x, w, None, p["stride"], p["padding"]), (x, w))
+
+
+def _sdpa(backend: str) -> Builder:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = SDPBackend.FLASH_ATTENTION if backend == "flash" else SDPBackend.MATH
+
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        shape = (p["batch"], p["heads"], p["seq"], p["head_dim"])
+        q, k, v = (_t(shape, dt, dev) for _ in range(3))
+
+        def run() -> torch.Tensor:
+            # Pinning the backend makes "flash" fail loudly instead of silently falling back.
+            with sdpa_kernel(chosen):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(p["causal"]))
+
+        return Case(run, (q, k, v))
+
+    return build
+
+
+def _norm(kind: str) -> Builder:
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        if kind == "batch_norm":
+            x = _t((p["batch"], p["channels"], p["h"], p["w"]), dt, dev)
+            c = p["channels"]
+            w, b = _t((c,), dt, dev), _t((c,), dt, dev)
+            mean = torch.zeros(c, dtype=dt, device=dev)
+            var = torch.ones(c, dtype=dt, device=dev)
+            return Case(lambda: F.batch_norm(x, mean, var, w, b, training=True), (x, w, b))
+        x, w = _t((p["rows"], p["cols"]), dt, dev), _t((p["cols"],), dt, dev)
+        if kind == "rms_norm":
+            return Case(lambda: F.rms_norm(x, (p["cols"],), w), (x, w))
+        if kind == "softmax":
+            return Case(lambda: torch.softmax(x, dim=-1), (x,))
+        if kind == "cross_entropy":
+            target = torch.randint(0, p["cols"], (p["rows"],), device=dev)
+            return Case(lambda: F.cross_entropy(x, target), (x,))
+        b = _t((p["cols"],), dt, dev)
+        return Case(lambda: F.layer_norm(x, (p["cols"],), w, b), (x, w, b))
+
+    return build
+
+
+# fmt: off
+_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "dropout": lambda x: F.dropout(x, 0.1, training=True),
+}
+# fmt: on
+
+
+def _elementwise(kind: str) -> Builder:
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        x = _t((p["numel"],), dt, dev)
+        if kind in ("add", "mul"):
+            y = _t((p["numel"],), dt, dev)
+            op = torch.add if kind == "add" else torch.mul
+            return Case(lambda: op(x, y), (x, y))
+        fn = _UNARY[kind]
+        return Case(lambda: fn(x), (x,))
+
+    return build
+
+
+def _embedding(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+    w = _t((p["num_embeddings"], p["dim"]), dt, dev)
+    idx = torch.randint(0, p["num_embeddings"], (p["tokens"],), device=dev)
+    return Case(lambda: F.embedding(idx, w), (w,))
+
+
+def _optimizer(kind: str) -> Builder:
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        params = [
+            torch.nn.Parameter(_t((p["numel"],), dt, dev, False)) for _ in range(p["tensors"])
+        ]
+        for q in params:
+            q.grad = torch.randn_like(q)
+        # foreach=True: the multi-tensor kernels PyTorch picks by default for CUDA params.
+        if kind == "sgd":
+            opt: torch.optim.Optimizer = torch.optim.SGD(
+                params, lr=1e-3, momentum=0.9, foreach=True
+            )
+        else:
+            cls = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+            opt = cls(params, lr=1e-3, foreach=True)
+        opt.step()  # create the state (exp_avg, momentum) so timed steps are steady-state
+        return Case(opt.step)
+
+    return build
+
+
+def _copy(kind: str) -> Builder:
+    def build(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+        if kind == "transpose_copy":
+            x = _t((p["rows"], p["cols"]), dt, dev, False)
+            return Case(lambda: x.t().contiguous())
+        x = _t((p["numel"],), dt, dev, False)
+        if kind == "copy_":
+            dst = torch.empty_like(x)
+            return Case(lambda: dst.copy_(x))
+        # Autocast's casts: fp32 master weights to half, half activations back to fp32.
+        target = torch.bfloat16 if dt == torch.float32 else torch.float32
+        return Case(lambda: x.to(target))
+
+    return build
+
+
+def _op(family: str, params: str, build: Builder, cols: str = "", **kw: Any) -> OpDef:
+    """An OpDef from space-separated names; ``cols`` maps schema columns to params.
+
+    ``"rows cols numel=rows*cols"``: a bare name copies the param of that name, ``a=x*y``
+    multiplies params (or integer literals). Empty ``cols`` copies every param.
+    """
+    names = tuple(params.split())
+    spec = [t.partition("=") for t in (cols or params).split()]
+    mapping = {c: (expr or c).split("*") for c, _, expr in spec}
+
+    def columns(p: dict[str, int]) -> dict[str, int]:
+        return {
+            c: math.prod(int(f) if f.isdigit() else p[f] for f in fs) for c, fs in mapping.items()
+        }
+
+    return OpDef(family, names, build, columns, **kw)
+
+
+_ROWS = "rows cols numel=rows*cols"
+_ATTN = "batch heads seq_q=seq seq_kv=seq head_dim"
+_BN = "batch in_channels=channels input_h=h input_w=w rows=batch*h*w cols=channels numel=batch*channels*h*w"
+_SDPA = "batch heads seq head_dim causal"
+_CONV = "batch in_channels out_channels kernel_size input_h input_w stride padding"
+_NUMEL = ("numel",)
+# fmt: off
+REGISTRY: dict[str, OpDef] = {
+    "mm": _op("gemm", "m n k", _gemm("mm"), "b=1 m n k", tf32=True),
+    "bmm": _op("gemm", "b m n k", _gemm("bmm"), tf32=True),
+    "linear": _op("gemm", "b m n k", _gemm("linear"), tf32=True),
+    "conv2d": _op("conv", _CONV, _conv, tf32=True),
+    "sdpa_flash": _op("attention", _SDPA, _sdpa("flash"), _ATTN, half_only_cuda=True),
+    "sdpa_math": _op("attention", _SDPA, _sdpa("math"), _ATTN, tf32=True),
+    "layer_norm": _op("norm", "rows cols", _norm("layer_norm"), _ROWS),
+    "rms_norm": _op("norm", "rows cols", _norm("rms_norm"), _ROWS),
+    "batch_norm": _op("norm", "batch channels h w", _norm("batch_norm"), _BN),
+    "softmax": _op("softmax", "rows cols", _norm("softmax"), _ROWS),
+    "cross_entropy": _op("other", "rows cols", _norm("cross_entropy"), _ROWS),
+    "embedding": _op("embedding", "num_embeddings dim tokens", _embedding,
+                     "rows=tokens cols=dim numel=tokens*dim"),
+    **{n: _op("elementwise", "numel", _elementwise(n), numel_params=_NUMEL)
+       for n in ("add", "mul", *_UNARY)},
+    **{n: _op("optimizer", "tensors numel", _optimizer(n), "rows=tensors cols=numel numel=tensors*numel",
+              backward=False, numel_params=_NUMEL) for n in ("sgd", "adam", "adamw")},
+    **{n: _op("copy", "numel", _copy(n), backward=False, numel_params=_NUMEL)
+       for n in ("to_copy", "copy_")},
+    "transpose_copy": _op("copy", "rows cols", _copy("transpose_copy"), _ROWS, backward=False),
+}
+# fmt: on
+
+
+def expand(cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool) -> list[tuple[str, dict[str, Any]]]:
+    """Every (key, config) of the sweep, in config order, without duplicates.
+
+    A group is ``{ops, shapes, dtypes?, directions?}``; combinations an op cannot run
+    (tf32 on a non-matmul op or a CPU, which would repeat its fp32 row; backward of a
+    cast; flash attention in fp32 on CUDA) are dropped here rather than failing later.
+    """
+    cap = int(cfg.get("dry_run_cap", 16)) if cfg.get("dry_run") else None
+    only = set(cfg.get("only_ops") or [])
+    seen: dict[str, dict[str, Any]] = {}
+    for group in cfg["groups"]:
+        dtypes = list(group.get("dtypes") or cfg["dtypes"])
+        directions = list(group.get("directions") or cfg["directions"])
+        for op in group["ops"]:
+            opdef = REGISTRY[op]  # KeyError names an unknown op in the config
+            if only and op not in only:
+                continue
+            for shape in group["shapes"]:
+                if len(shape) != len(opdef.params):
+                    raise ValueError(f"{op}: shape {list(shape)} needs {opdef.params}")
+                params = {n: int(v) for n, v in zip(opdef.params, shape, strict=True)}
+                if cap is not None:  # tiny sizes, same code path
+                    params = {
+                        n: min(v, cap**2 if n in opdef.numel_params else cap)
+                        for n, v in params.items()
+                    }
+                for dtype in dtypes:
+                    if dtype == "tf32" and not (opdef.tf32 and on_cuda):
+                        continue  # TF32 is a tensor-core mode: on a CPU it would be fp32
+                    if opdef.half_only_cuda and on_cuda and dtype in ("float32", "tf32"):
+                        continue
+                    for direction in directions:
+                        if direction == "backward" and not opdef.backward:
+                            continue
+                        # fmt: off
+                        config = {"op": op, "dtype": dtype, "direction": direction,
+                                  "params": params, "gpu_id": gpu_id,
+                                  "l2_flush": bool(cfg.get("l2_flush")) and on_cuda}
+                        # fmt: on
+                        seen.setdefault(config_key(config), config)
+    return list(seen.items())
+
+
+class Timer:
+    """Times a callable: CUDA events (median of N after warm-up) or perf_counter on CPU."""
+
+    def __init__(self, dev: torch.device, warmup: int, repeats: int, l2_flush: bool) -> None:
+        self.dev, self.warmup, self.repeats = dev, warmup, repeats
+        self.flush_buf: torch.Tensor | None = None
+        if l2_flush and dev.type == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 64 << 20
+            # Writing twice the L2 evicts every line the previous repeat left behind.
+            self.flush_buf = torch.empty(2 * l2 // 4, dtype=torch.float32, device=dev)
+
+    def __call__(self, fn: Run) -> list[float]:
+        for _ in range(self.warmup):
+            fn()
+        if self.dev.type != "cuda":
+            times = []
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            return times
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(self.repeats)
+        ]
+        torch.cuda.synchronize(self.dev)
+        for start, end in events:
+            if self.flush_buf is not None:
+                self.flush_buf.zero_()  # outside the timed region
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize(self.dev)
+        return [s.elapsed_time(e) for s, e in events]
+
+
+def kernel_names(fn: Run, dev: torch.device, limit: int = 2000) -> str | None:
+    """Distinct CUDA kernel names one call of ``fn`` launches, in launch order.
+
+    A profiler failure costs the names, never the row: the timing was already taken.
+    """
+    if dev.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize(dev)
+        events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    except Exception as err:  # noqa: BLE001
+        log.warning("kernel names unavailable: %s", err)
+        return None
+    names: dict[str, None] = {}
+    for evt in events:  # kernels hang off the op that launched them, or stand alone
+        for k in getattr(evt, "kernels", []):
+            names.setdefault(k.name, None)
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            names.setdefault(evt.name, None)
+    return ";".join(names)[:limit] or None
+
+
+def spread(times: list[float]) -> float:
+    """Interquartile range: robust to the odd slow repeat, like the median it goes with."""
+    if len(times) < 4:
+        return max(times) - min(times)
+    q = statistics.quantiles(times, n=4)
+    return q[2] - q[0]
+
+
+def measure_kernel(
+    config: dict[str, Any],
+    dev: torch.device,
+    timer: Timer,
+    base: dict[str, Any],
+    profile_kernels: bool,
+) -> dict[str, list[dict[str, Any]]]:
+    """One row for one configuration, or ``{}`` when it cannot run on this device."""
+    op, params, dtype = config["op"], config["params"], config["dtype"]
+    opdef = REGISTRY[op]
+    env.set_tf32(dtype == "tf32")
+    try:
+        times, names = _time_case(opdef, config, dev, timer, profile_kernels)
+    except (torch.cuda.OutOfMemoryError, RuntimeError, NotImplementedError) as err:
+        # Unsupported here (a dtype without a kernel, too big): no row — nothing was measured.
+        log.warning("skip %s %s %s %s: %s", op, dtype, config["direction"], params, str(err)[:200])
+        return {}
+    finally:
+        if dev.type == "cuda":  # the case's tensors died with _time_case's frame
+            torch.cuda.empty_cache()
+    row: dict[str, Any] = {c: None for c in schema.columns("kernels")}
+    row.update(base)
+    row.update(
+        op=op,
+        family=opdef.family,
+        dtype=dtype,
+        direction=config["direction"],
+        **opdef.columns(params),
+        latency_ms=max(statistics.median(times), 1e-6),
+        latency_stat="median",
+        latency_spread_ms=spread(times),
+        latency_spread_stat="iqr",
+        n_repeats=len(times),
+        kernel_names=names,
+        # Params with no schema column (causal, num_embeddings) and how it was timed.
+        context=json.dumps({"params": params, "l2_flush": config["l2_flush"]}, sort_keys=True),
+    )
+    return {"kernels": [row]}
+
+
+def _time_case(
+    opdef: OpDef, config: dict[str, Any], dev: torch.device, timer: Timer, profile: bool
+) -> tuple[list[float], str | None]:
+    """Build the op's inputs, time forward or backward, and name its kernels."""
+    case = opdef.build(config["params"], DTYPES[config["dtype"]], dev)
+    if config["direction"] == "forward":
+
+        def fn() -> Any:
+            with torch.no_grad():  # the kernels of a training forward, without the graph
+                return case.run()
+    else:
+        out = case.run()
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = tuple(torch.randn_like(o) for o in outs)
+
+        def fn() -> Any:
+            # retain_graph: every repeat runs the same backward kernels on the same graph.
+            return torch.autograd.grad(outs, case.leaves, grads, retain_graph=True)
+
+    times = timer(fn)
+    return times, kernel_names(fn, dev) if profile else None
+
+
+def run_kernel_sweep(cfg: Mapping[str, Any]) -> str:
+    """Run the kernel sweep ``cfg`` (see configs/collect/kernels.yaml); returns the shard root."""
+    dev = env.resolve_device(str(cfg.get("device", "cuda")))
+    info = env.device_info(dev)
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    dry = bool(cfg.get("dry_run"))
+    warmup = min(int(cfg["warmup"]), 1) if dry else int(cfg["warmup"])
+    repeats = min(int(cfg["repeats"]), 3) if dry else int(cfg["repeats"])
+    configs = [
+        (k, c)
+        for k, c in expand(cfg, info.gpu_id, info.is_cuda)
+        if my_share(k, int(cfg.get("num_shards", 1)), int(cfg.get("shard_index", 0)))
+    ]
+    base = {"source": cfg["source"], "split": "", **info.columns(), **env.software_versions()}
+    timer = Timer(dev, warmup, repeats, bool(cfg.get("l2_flush")))
+    root = str(cfg["out"])
+    job = env.job_id(f"s{cfg.get('shard_index', 0)}of{cfg.get('num_shards', 1)}")
+    writer = ShardWriter(root, "kernels", job, flush_every=None)
+    budget = cfg.get("time_budget_min")
+    with env.cpu_threads(dev, cfg.get("cpu_threads")):
+        stats: SweepStats = run_configs(
+            configs,
+            {"kernels": writer},
+            "kernels",
+            lambda c: measure_kernel(c, dev, timer, base, bool(cfg.get("profile_kernels", True))),
+            flush_every=int(cfg.get("flush_every", 50)),
+            time_budget_s=float(budget) * 60 if budget is not None else None,
+            fail_after=cfg.get("fail_after"),
+            desc=f"kernels[{info.gpu_id}]",
+        )
+    log.info("kernels: %s", stats)
+    print(
+        f"kernels: {stats.measured} measured, {stats.already_done} already done, "
+        f"{stats.skipped} skipped, budget stop={stats.stopped_by_budget} -> {root}"
+    )
+    return root
+
+
+def hydra_task(cfg: Any) -> None:
+    """The Hydra task: resolve the config to plain containers and run the sweep."""
+    from omegaconf import OmegaConf
+
+    run_kernel_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+
+def _hydra_main() -> None:
+    # Hydra is imported here, not at module level, so the plain functions run where only
+    # torch is installed (the GPU machine's image has no hydra-core).
+    import warnings
+
+    import hydra
+
+    # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
+    # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
+    warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
+    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
+    hydra.main(version_base="1.3", config_path=config_dir, config_name="collect/kernels")(
+        hydra_task
+    )()
+
+
+if __name__ == "__main__":
+    # Re-import under the package name: submitit pickles the task by reference to
+    # data_collection.kernels; a function of ``__main__`` would be pickled by value, torch and all.
+    from data_collection.kernels import _hydra_main as main
+
+    main()

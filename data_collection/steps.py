@@ -1,0 +1,441 @@
+"""Step harness: whole training steps of zoo models, timed and measured for memory.
+
+``python -m data_collection.steps`` (Hydra; config ``configs/collect/steps.yaml``)::
+
+    python -m data_collection.steps device=cpu dry_run=true out=/tmp/shards   # CI-sized
+    python -m data_collection.steps out=/shared/shards                        # a GPU
+
+A configuration is model x batch size x AMP x checkpointing x optimizer (x TF32). The step
+is the one the tracer (:func:`boom_ml.trace.step.trace_step`) models: zero_grad, make the
+batch, forward and loss under autocast, (scaled) backward, optimizer step. After warm-up
+steps, the peak-memory counters are reset so ``peak_allocated_bytes`` is the steady-state
+peak the tracer predicts; ``peak_reserved_bytes`` is what the caching allocator holds by
+then, and ``peak_nvml_bytes`` what the driver sees (context and workspaces included).
+An out-of-memory is a data point (``oom=True``), not a crash.
+
+For configurations chosen by ``profile_ops`` one more step runs under ``torch.profiler``
+and its aten ops are mapped onto the traced OpGraph's nodes (``op_profiles`` rows: kernel
+names and device time per node; CPU time in a ``device=cpu`` dry run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import gc
+import json
+import logging
+import statistics
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.optimizers import make_optimizer
+from boom_ml.zoo import build_model
+from data_collection import environment as env
+from data_collection import schema
+from data_collection.kernels import Timer, spread
+from data_collection.shards import ShardWriter, config_key, my_share, run_configs
+
+log = logging.getLogger(__name__)
+
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_KEYED = ("model", "options", "batch_size", "seq_len", "image_size", "amp", "checkpointing",
+          "optimizer", "tf32", "channels_last", "gpu_id")  # fmt: skip
+
+
+def expand(
+    cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool = True
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every (key, config): each model entry crosses its batch sizes with the step options.
+
+    A model entry may override the ``amp``, ``checkpointing``, ``optimizers`` and ``tf32``
+    lists and ``profile_ops``: ``first`` profiles the entry's first batch size of every
+    other combination, ``all`` every config, ``none`` none (it is not part of the key).
+    """
+    dry = bool(cfg.get("dry_run"))
+    mode = str(cfg.get("profile_ops", "first"))
+    seen: dict[str, dict[str, Any]] = {}
+    for entry in cfg["models"]:
+        entry = dict(entry)
+        sizes = [int(b) for b in entry["batch_sizes"]]
+        seq, image = entry.get("seq_len"), entry.get("image_size")
+        if dry:  # the same path at toy sizes
+            sizes = sorted({min(b, int(cfg.get("dry_run_batch", 2))) for b in sizes})
+            seq = min(int(seq), 32) if seq else seq
+            image = min(int(image), 32) if image else image
+        entry_mode = str(entry.get("profile_ops", mode))
+        for i, batch in enumerate(sizes):
+            for amp in entry.get("amp") or cfg["amp"]:
+                for ckpt in entry.get("checkpointing") or cfg["checkpointing"]:
+                    for opt in entry.get("optimizers") or cfg["optimizers"]:
+                        for tf32 in entry.get("tf32") or cfg["tf32"]:
+                            if tf32 and not on_cuda:
+                                continue  # no TF32 on a CPU: it would be an fp32 row
+                            config = {
+                                "model": entry["name"], "options": dict(entry.get("options") or {}),
+                                "batch_size": batch, "seq_len": seq, "image_size": image,
+                                "amp": amp, "checkpointing": ckpt, "optimizer": opt,
+                                "tf32": bool(tf32), "gpu_id": gpu_id,
+                                "channels_last": bool(entry.get("channels_last", False)),
+                            }  # fmt: skip
+                            key = config_key({k: config[k] for k in _KEYED})
+                            config["profile"] = entry_mode == "all" or (
+                                entry_mode == "first" and i == 0
+                            )
+                            seen.setdefault(key, config)
+    return list(seen.items())
+
+
+class StepRunner:
+    """A real training step of one configuration on ``dev`` (the tracer's step, for real)."""
+
+    def __init__(self, config: Mapping[str, Any], dev: torch.device) -> None:
+        self.dev = dev
+        spec = ModelSpec(config["model"], dict(config["options"]))
+        self.built = build_model(spec, device=dev)  # the constructors' own initialisation
+        self.step = self.built.resolve_step(
+            StepSpec(batch_size=config["batch_size"], seq_len=config["seq_len"],
+                     image_size=config["image_size"], optimizer=config["optimizer"],
+                     amp=config["amp"], checkpointing=config["checkpointing"],
+                     tf32=config["tf32"])
+        )  # fmt: skip
+        self.module = self.built.module
+        _check_initialised(self.module, config["model"])
+        self.module.train()
+        if config["channels_last"]:
+            self.module.to(memory_format=torch.channels_last)
+        if config["checkpointing"] == "full":
+            self.built.enable_checkpointing(self.module)
+        self.optimizer = make_optimizer(config["optimizer"], list(self.module.parameters()))
+        amp = config["amp"]
+        self.scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
+        self.amp_dtype = AMP_DTYPES.get(amp)
+        self.marks: Callable[[str], contextlib.AbstractContextManager] = _no_mark
+
+    def __call__(self) -> None:
+        mark = self.marks
+        with mark("zero_grad"):
+            if self.optimizer is not None:
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.module.zero_grad(set_to_none=True)
+        with mark("input"):
+            batch = self.built.make_inputs(self.step, self.dev)
+        autocast = (torch.autocast(self.dev.type, dtype=self.amp_dtype)
+                    if self.amp_dtype else contextlib.nullcontext())  # fmt: skip
+        with mark("forward"), autocast:
+            outputs = self.module(**self.built.forward_kwargs(batch))
+            loss = self.built.compute_loss(outputs, batch)
+        del outputs
+        with mark("backward"):
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        del loss, batch
+        if self.optimizer is None:
+            return
+        with mark("optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+
+
+def _check_initialised(module: torch.nn.Module, what: str) -> None:
+    """Re-initialise parameters holding NaN/inf (N(0, 0.02), the usual transformer init).
+
+    The zoo's real-device build runs the constructors' own initialisation; this guard
+    only makes sure no garbage reaches a timed step, where NaNs run on slow paths.
+    """
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+                log.warning("%s: %s was not finite; re-initialised", what, name)
+                p.normal_(0.0, 0.02)
+
+
+def _no_mark(name: str) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def measure_step(
+    config: dict[str, Any], key: str, dev: torch.device, base: dict[str, Any],
+    nvml: env.NvmlMemory, warmup: int, iterations: int,
+) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """The steps row (and op-profile rows) of one configuration; ``{}`` if it cannot run."""
+    env.set_tf32(bool(config["tf32"]))
+    cuda = dev.type == "cuda"
+    _release(dev)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    row: dict[str, Any] = {c: None for c in schema.columns("steps")}
+    row.update(base)
+    row.update(
+        num_gpus=1, model=config["model"], batch_size=config["batch_size"],
+        global_batch_size=config["batch_size"], precision="float32", amp=config["amp"],
+        checkpointing=config["checkpointing"], optimizer=config["optimizer"],
+        tf32=bool(config["tf32"]), channels_last=bool(config["channels_last"]),
+        phase_scope="fwd+bwd" if config["optimizer"] == "none" else "fwd+bwd+opt",
+        variant=json.dumps(config["options"], sort_keys=True) if config["options"] else "",
+        run_id=key, oom=False,
+    )  # fmt: skip
+    profile: list[dict[str, Any]] = []
+    runner: StepRunner | None = None
+    oom_at, stage = None, "setup"
+    try:
+        # A meta build (no memory) names the family and default sizes even if the real
+        # build runs out of memory.
+        meta = build_model(ModelSpec(config["model"], dict(config["options"])))
+        resolved = meta.resolve_step(StepSpec(batch_size=config["batch_size"], seq_len=config["seq_len"],
+                                              image_size=config["image_size"]))  # fmt: skip
+        row.update(model_family=_family(meta.family), seq_len=resolved.seq_len,
+                   image_size=resolved.image_size)  # fmt: skip
+        stage = "build"
+        runner = StepRunner(config, dev)
+        stage = "warm-up"
+        for _ in range(warmup):
+            runner()
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)  # steady state: what the tracer models
+        stage = "timed steps"
+        times = Timer(dev, warmup=0, repeats=iterations, l2_flush=False)(runner)
+        row.update(step_time_ms=max(statistics.median(times), 1e-6), step_time_stat="median",
+                   step_time_spread_ms=spread(times), step_time_spread_stat="iqr",
+                   n_iterations=len(times))  # fmt: skip
+        if cuda:
+            row.update(peak_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)),
+                       peak_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)),
+                       peak_nvml_bytes=nvml.read())  # fmt: skip
+        notes = [f"nvml={nvml.method}"] if cuda else []
+        if config.get("profile"):
+            stage = "profile"
+            try:
+                profile, coverage = profile_rows(runner, config, key, dev, base, row)
+            except Exception as err:  # noqa: BLE001 - the step row is measured (OOM too); keep it
+                log.warning("op profile of %s failed: %s", config["model"], err)
+                profile, coverage = [], f"op_profile failed: {type(err).__name__}"
+            notes.append(coverage)
+        row["notes"] = "; ".join(notes) or None
+    except torch.cuda.OutOfMemoryError as err:
+        oom_at = f"oom during {stage}: {str(err).splitlines()[0][:160]}"
+    except Exception as err:  # noqa: BLE001 - a model that cannot run here: log, no row
+        log.warning("skip %s bs=%s: %s: %s", config["model"], config["batch_size"],
+                    type(err).__name__, str(err)[:300])  # fmt: skip
+        return {}
+    finally:
+        runner = None
+        _release(dev)
+    if oom_at is not None:
+        # The OOM is the measurement: this config does not fit. Peaks stay null (no step
+        # completed, so there is no steady-state peak to report).
+        row.update(oom=True, notes=oom_at, step_time_ms=None)
+        profile = []
+    return {"steps": [row], "op_profiles": profile}
+
+
+MARK = "boom::"  # record_function prefix of the step's phase markers
+SEGMENTS = {"zero_grad": ("zero_grad",), "input": ("input",), "forward": ("forward", "loss"),
+            "backward": ("backward", "recompute"), "optimizer": ("optimizer",)}  # fmt: skip
+
+
+def canon(name: str) -> str:
+    """One spelling for ops that CPU traces and CUDA runs name differently."""
+    name = name.removeprefix("aten::").removeprefix("aten.").split(".")[0]
+    if name.startswith(("_scaled_dot_product_", "_flash_attention", "_efficient_attention")):
+        return "sdpa_backward" if "backward" in name else "sdpa"  # flash/efficient/cudnn/cpu
+    if "batch_norm" in name:  # native_/cudnn_/_native_..._legit/_with_update
+        return "batch_norm_backward" if "backward" in name else "batch_norm"
+    return name
+
+
+def align(
+    nodes: Any, events: list[Any], cuda: bool
+) -> tuple[dict[int, tuple[float, list[str]]], float]:
+    """Map profiled aten ops onto OpGraph nodes: ``{node id: (us, kernel names)}``, total us.
+
+    The profiler sees a tree (``aten::linear`` > ``aten::matmul`` > ``aten::mm``) while the
+    tracer saw only the ops below autograd. Per phase (from the markers the step records),
+    the tree is flattened in time order, stopping at the first op whose name some node of
+    that phase has (it takes its whole subtree's kernels); then the two name sequences are
+    aligned as a diff, so ops only one side has (a mask built another way, a sync) leave
+    their neighbours' matches intact.
+    """
+    start = lambda e: e.time_range.start  # noqa: E731
+    marks = sorted((e.time_range.start, e.time_range.end, e.name[len(MARK):])
+                   for e in events if e.name.startswith(MARK))  # fmt: skip
+    wanted: dict[str, list[tuple[int, str]]] = {seg: [] for seg in SEGMENTS}
+    for node in nodes.itertuples():
+        seg = next((s for s, phases in SEGMENTS.items() if node.phase in phases), None)
+        if seg is not None:
+            wanted[seg].append((int(node.id), canon(node.aten_op)))
+    known = {seg: {name for _, name in pairs} for seg, pairs in wanted.items()}
+    seen: dict[str, list[Any]] = {seg: [] for seg in SEGMENTS}
+
+    def visit(e: Any) -> None:
+        seg = next((m[2] for m in marks if m[0] <= start(e) <= m[1]), None)
+        if seg in seen and e.name.startswith("aten::") and canon(e.name) in known[seg]:
+            seen[seg].append(e)
+            return
+        for child in sorted(e.cpu_children, key=start):
+            visit(child)
+
+    for root in sorted((e for e in events if e.cpu_parent is None), key=start):
+        if root.device_type == torch.autograd.DeviceType.CPU:
+            visit(root)
+    found: dict[int, tuple[float, list[str]]] = {}
+    for seg, pairs in wanted.items():
+        got = seen[seg]
+        diff = difflib.SequenceMatcher(None, [n for _, n in pairs], [canon(e.name) for e in got],
+                                       autojunk=False)  # fmt: skip
+        for a, b, size in diff.get_matching_blocks():
+            for i in range(size):
+                found[pairs[a + i][0]] = _cost(got[b + i], cuda)
+    if cuda:
+        total = sum(k.duration for e in events for k in e.kernels)
+    else:  # CPU: the step's own time, i.e. the markers' spans
+        total = sum(e.cpu_time_total for e in events if e.name.startswith(MARK))
+    return found, float(total)
+
+
+def _cost(e: Any, cuda: bool) -> tuple[float, list[str]]:
+    """Device time (us) and kernel names of an op's subtree; CPU time on the CPU."""
+    if not cuda:
+        return float(e.cpu_time_total), []
+    us, names = float(sum(k.duration for k in e.kernels)), [k.name for k in e.kernels]
+    for child in e.cpu_children:
+        c_us, c_names = _cost(child, cuda)
+        us, names = us + c_us, names + c_names
+    return us, names
+
+
+def profile_rows(
+    runner: StepRunner, config: Mapping[str, Any], key: str, dev: torch.device,
+    base: Mapping[str, Any], step_row: Mapping[str, Any],
+) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
+    """op_profiles rows of one profiled step, and a note on how much time they cover."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from boom_ml.trace.step import trace_step
+
+    graph = trace_step(
+        build_model(ModelSpec(config["model"], dict(config["options"]))), runner.step
+    )
+    cuda = dev.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    runner.marks = lambda name: record_function(MARK + name)
+    try:
+        with profile(activities=activities) as prof:
+            runner()
+            if cuda:
+                torch.cuda.synchronize(dev)
+    finally:
+        runner.marks = _no_mark
+    found, total = align(graph.nodes, list(prof.events()), cuda)
+    rows = []
+    for node in graph.nodes.itertuples():
+        if int(node.id) not in found:
+            continue
+        us, names = found[int(node.id)]
+        out_dtypes = json.loads(node.output_dtypes)
+        rows.append({
+            **{c: None for c in schema.columns("op_profiles")},
+            "source": base["source"], "step_key": key, "gpu_id": base["gpu_id"],
+            "device_name": base["device_name"], "device_kind": base["device_kind"],
+            "model": step_row["model"], "batch_size": step_row["batch_size"],
+            "seq_len": step_row["seq_len"], "image_size": step_row["image_size"],
+            "phase_scope": step_row["phase_scope"], "variant": step_row["variant"],
+            "scope": "step", "node_index": int(node.id), "node_name": f"{node.module}/{node.op}",
+            "node_kind": "call_function", "op": node.op, "input_shapes": node.input_shapes,
+            "output_shape": node.output_shapes, "dtype": out_dtypes[0] if out_dtypes else None,
+            "kernel_names": ";".join(dict.fromkeys(names))[:2000] or None,
+            "duration_ms": us / 1e3,
+            # Harness columns beyond the canonical schema (kept in shards, dropped on merge):
+            "phase": node.phase, "module": node.module, "family": node.family,
+            "amp": config["amp"], "checkpointing": config["checkpointing"],
+        })  # fmt: skip
+    mapped = sum(found[i][0] for i in found)
+    share = mapped / total if total else 0.0
+    note = f"op_profile: {len(found)}/{graph.num_ops} nodes, {share:.0%} of {'kernel' if cuda else 'cpu'} time"
+    return rows, note
+
+
+def _family(family: str) -> str:
+    return family if family in schema.MODEL_FAMILIES else "other"
+
+
+def _release(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_step_sweep(cfg: Mapping[str, Any]) -> str:
+    """Run the step sweep ``cfg`` (see configs/collect/steps.yaml); returns the shard root."""
+    dev = env.resolve_device(str(cfg.get("device", "cuda")))
+    info = env.device_info(dev)
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    dry = bool(cfg.get("dry_run"))
+    warmup = min(int(cfg["warmup"]), 1) if dry else int(cfg["warmup"])
+    iterations = min(int(cfg["iterations"]), 2) if dry else int(cfg["iterations"])
+    shards, index = int(cfg.get("num_shards", 1)), int(cfg.get("shard_index", 0))
+    configs = [
+        (k, c) for k, c in expand(cfg, info.gpu_id, info.is_cuda) if my_share(k, shards, index)
+    ]
+    base = {"source": cfg["source"], **info.columns(), **env.software_versions()}
+    nvml = env.NvmlMemory(dev)
+    root, job = str(cfg["out"]), env.job_id(f"s{index}of{shards}")
+    writers = {
+        kind: ShardWriter(root, kind, job, flush_every=None) for kind in ("steps", "op_profiles")
+    }
+    budget = cfg.get("time_budget_min")
+    with env.cpu_threads(dev, cfg.get("cpu_threads")):
+        stats = run_configs(
+            configs, writers, "steps",
+            lambda c: measure_step(c, _key(c), dev, base, nvml, warmup, iterations),
+            flush_every=int(cfg.get("flush_every", 10)),
+            time_budget_s=float(budget) * 60 if budget is not None else None,
+            fail_after=cfg.get("fail_after"), desc=f"steps[{info.gpu_id}]",
+        )  # fmt: skip
+    log.info("steps: %s", stats)
+    print(f"steps: {stats.measured} measured, {stats.already_done} already done, "
+          f"{stats.skipped} skipped, budget stop={stats.stopped_by_budget} -> {root}")  # fmt: skip
+    return root
+
+
+def _key(config: Mapping[str, Any]) -> str:
+    return config_key({k: config[k] for k in _KEYED})
+
+
+def hydra_task(cfg: Any) -> None:
+    """The Hydra task: resolve the config to plain containers and run the sweep."""
+    from omegaconf import OmegaConf
+
+    run_step_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+
+def _hydra_main() -> None:
+    # Hydra is imported here, not at module level, so the plain functions run where only
+    # torch is installed (the GPU machine's image has no hydra-core).
+    import warnings
+
+    import hydra
+
+    # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
+    # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
+    warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
+    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
+    hydra.main(version_base="1.3", config_path=config_dir, config_name="collect/steps")(
+        hydra_task
+    )()
+
+
+if __name__ == "__main__":
+    # Re-import under the package name: submitit pickles the task by reference to
+    # data_collection.steps; a function of ``__main__`` would be pickled by value, torch and all.
+    from data_collection.steps import _hydra_main as main
+
+    main()

@@ -1,0 +1,102 @@
+"""Run the prepared GPU sweep (kernels, then steps) end to end, without Hydra.
+
+    python data_collection/sweeps/run_gpu_sweep.py OUTDIR [--budget-min 7.5] [--device cuda]
+
+The GPU machine's image has torch, pyarrow, pandas, tqdm, fsspec, PyYAML and nvidia-ml-py
+but no hydra-core, so the sweep YAMLs are read with PyYAML: a ``defaults`` list names base
+configs under ``configs/`` (merged first, this file's keys on top; lists replace), and
+``${...}`` interpolations are not needed because ``out`` comes from the command line.
+Both sweeps run in one process (one torch import, one CUDA context) under one overall
+time budget: the kernel sweep keeps its own budget, the step sweep gets what is left
+minus a margin for the configuration that is running when the budget ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge dicts like OmegaConf does for a defaults list (lists are replaced)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A sweep YAML with its ``defaults`` (``collect/steps``, ``_self_``) resolved."""
+    doc = yaml.safe_load(path.read_text()) or {}
+    result: dict[str, Any] = {}
+    for item in doc.pop("defaults", []) or []:
+        if item == "_self_":
+            continue
+        name = str(item).split("@")[0].lstrip("/")
+        result = merge(result, load_config(REPO / "configs" / f"{name}.yaml"))
+    result = merge(result, doc)
+    result.pop("hydra", None)  # Hydra's own settings (run dirs) mean nothing here
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("outdir", help="folder (or fsspec URL) for the shards")
+    parser.add_argument("--budget-min", type=float, default=7.5, help="whole run, minutes")
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes (with --device cpu)")
+    parser.add_argument("--kernels", default=str(HERE / "h200_kernels.yaml"))
+    parser.add_argument("--steps", default=str(HERE / "h200_steps.yaml"))
+    parser.add_argument("--margin-min", type=float, default=1.0,
+                        help="left for the step config running when the budget ends")  # fmt: skip
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from data_collection.kernels import run_kernel_sweep
+    from data_collection.shards import read_shards
+    from data_collection.steps import run_step_sweep
+
+    started = time.monotonic()
+    common = {"out": args.outdir, "device": args.device, "dry_run": args.dry_run}
+    print(f"torch {torch.__version__}, cuda {torch.version.cuda}, "
+          f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
+    kernels = merge(load_config(Path(args.kernels)), common)
+    run_kernel_sweep(kernels)
+
+    steps = merge(load_config(Path(args.steps)), common)
+    left = args.budget_min - (time.monotonic() - started) / 60 - args.margin_min
+    own = steps.get("time_budget_min")
+    steps["time_budget_min"] = max(0.0, min(left, float(own)) if own is not None else left)
+    print(f"step sweep budget: {steps['time_budget_min']:.1f} min")
+    run_step_sweep(steps)
+
+    summary = {
+        kind: len(read_shards(args.outdir, kind)) for kind in ("kernels", "steps", "op_profiles")
+    }
+    steps_df = read_shards(args.outdir, "steps")
+    if len(steps_df):
+        cols = ["model", "batch_size", "amp", "checkpointing", "tf32", "oom", "step_time_ms",
+                "peak_allocated_bytes", "peak_reserved_bytes"]  # fmt: skip
+        print(steps_df[cols].to_string(index=False))
+    summary["minutes"] = round((time.monotonic() - started) / 60, 2)
+    print("SUMMARY " + json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

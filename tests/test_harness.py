@@ -1,0 +1,164 @@
+"""Collection harnesses end to end on the CPU (``device=cpu`` dry runs, tiny sizes).
+
+Every row here is measured on the CPU and marked ``device_kind="cpu"``; the tests check
+the pipeline (configs -> measurements -> validated shards -> resume -> fan-out), never
+the numbers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+
+from data_collection import kernels, schema, steps
+from data_collection.shards import KEY, SimulatedCrash, read_shards, shard_files
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEPS = REPO / "data_collection" / "sweeps"
+
+
+def _runner() -> Any:
+    """data_collection/sweeps/run_gpu_sweep.py (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("run_gpu_sweep", SWEEPS / "run_gpu_sweep.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNER = _runner()
+# One tiny shape per registered op: 4 for every param is valid for all of them.
+ALL_OPS = [{"ops": [op], "shapes": [[4] * len(d.params)]} for op, d in kernels.REGISTRY.items()]
+TINY_MODELS = [
+    {"name": "torchvision:resnet18", "batch_sizes": [2], "image_size": 32},
+    {"name": "hf:gpt2", "options": {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 128},
+     "batch_sizes": [2], "seq_len": 16},
+]  # fmt: skip
+
+
+def kernel_cfg(out: Path, **over: Any) -> dict[str, Any]:
+    base = RUNNER.load_config(REPO / "configs" / "collect" / "kernels.yaml")
+    return RUNNER.merge(base, {"out": str(out), "device": "cpu", "dry_run": True, **over})
+
+
+def step_cfg(out: Path, **over: Any) -> dict[str, Any]:
+    base = RUNNER.load_config(REPO / "configs" / "collect" / "steps.yaml")
+    return RUNNER.merge(base, {"out": str(out), "device": "cpu", "dry_run": True,
+                               "models": TINY_MODELS, **over})  # fmt: skip
+
+
+def test_kernel_harness_every_op_on_cpu(tmp_path: Path) -> None:
+    cfg = kernel_cfg(tmp_path, groups=ALL_OPS, dtypes=["float32", "bfloat16", "tf32"])
+    kernels.run_kernel_sweep(cfg)
+    df = read_shards(tmp_path, "kernels")
+    schema.validate(df, "kernels", "test")
+    assert set(df["op"]) == set(kernels.REGISTRY)
+    assert set(df["device_kind"]) == {"cpu"} and set(df["gpu_id"]) == {"cpu"}
+    assert set(df["direction"]) == {"forward", "backward"}
+    assert (df["latency_ms"] > 0).all() and (df["n_repeats"] == 3).all()
+    # No TF32 rows on a CPU (they would be fp32); never a backward row for a cast.
+    assert "tf32" not in set(df["dtype"])
+    assert not ((df["family"] == "copy") & (df["direction"] == "backward")).any()
+    mm = df[(df["op"] == "mm")].iloc[0]
+    assert (mm["b"], mm["m"], mm["n"], mm["k"]) == (1, 4, 4, 4)
+
+
+def test_kernel_sweep_killed_midway_resumes(tmp_path: Path) -> None:
+    cfg = kernel_cfg(tmp_path, only_ops=["mm", "add", "layer_norm"], dtypes=["float32"],
+                     flush_every=2)  # fmt: skip
+    expected = {k for k, _ in kernels.expand(cfg, "cpu", on_cuda=False)}
+    with pytest.raises(SimulatedCrash):
+        kernels.run_kernel_sweep({**cfg, "fail_after": 5})
+    assert len(read_shards(tmp_path, "kernels")) == 4  # flushed before the kill
+    kernels.run_kernel_sweep(cfg)
+    keys = read_shards(tmp_path, "kernels", keep_extra=True)[KEY]
+    assert keys.is_unique and set(keys) == expected
+
+
+def test_step_harness_on_cpu_with_op_profiles_and_resume(tmp_path: Path) -> None:
+    cfg = step_cfg(tmp_path, amp=["bf16"], checkpointing=["none", "full"], flush_every=1)
+    expected = {k for k, _ in steps.expand(cfg, "cpu", on_cuda=False)}
+    assert len(expected) == 4
+    with pytest.raises(SimulatedCrash):  # killed after the 2nd config, before its flush
+        steps.run_step_sweep({**cfg, "fail_after": 2})
+    assert len(read_shards(tmp_path, "steps")) == 1
+    steps.run_step_sweep(cfg)
+
+    rows = read_shards(tmp_path, "steps", keep_extra=True)
+    assert rows[KEY].is_unique and set(rows[KEY]) == expected
+    df = schema.validate(rows[schema.columns("steps")], "steps", "test")
+    assert set(df["device_kind"]) == {"cpu"} and not df["oom"].any()
+    assert (df["step_time_ms"] > 0).all() and set(df["checkpointing"]) == {"none", "full"}
+    assert set(df["model_family"]) == {"cnn", "transformer"}
+    assert df["peak_allocated_bytes"].isna().all()  # CUDA counters: nothing invented on CPU
+
+    prof = read_shards(tmp_path, "op_profiles", keep_extra=True)
+    schema.validate(prof[schema.columns("op_profiles")], "op_profiles", "test")
+    assert set(prof["step_key"]) == expected  # one profile per config, never duplicated
+    assert not prof.duplicated(["step_key", "node_index"]).any()
+    assert {"forward", "backward", "optimizer"} <= set(prof["phase"])
+    assert "recompute" in set(prof["phase"])  # checkpointing's re-run forward is mapped
+    assert (prof["duration_ms"] >= 0).all()
+
+
+def test_oom_is_a_data_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def out_of_memory(self: steps.StepRunner) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(steps.StepRunner, "__call__", out_of_memory)
+    steps.run_step_sweep(step_cfg(tmp_path, models=TINY_MODELS[:1], amp=["none"],
+                                  checkpointing=["none"]))  # fmt: skip
+    df = read_shards(tmp_path, "steps")
+    assert len(df) == 1 and bool(df["oom"].iloc[0]) and pd.isna(df["step_time_ms"].iloc[0])
+    assert "oom during warm-up" in df["notes"].iloc[0]
+    assert read_shards(tmp_path, "op_profiles").empty
+
+
+def test_gpu_sweep_files_load_and_runner_dry_run(tmp_path: Path) -> None:
+    kcfg = RUNNER.load_config(SWEEPS / "h200_kernels.yaml")
+    scfg = RUNNER.load_config(SWEEPS / "h200_steps.yaml")
+    assert kcfg["time_budget_min"] and scfg["time_budget_min"]  # the < 8 min guard
+    assert len(kernels.expand(kcfg, "h200", on_cuda=True)) > 100
+    plan = [c for _, c in steps.expand(scfg, "h200")]
+    assert {c["amp"] for c in plan} >= {"fp16", "bf16"} and any(c["profile"] for c in plan)
+    assert {c["checkpointing"] for c in plan} == {"none", "full"}
+    # The runner end to end on tiny sweeps of the same shape (its own YAMLs, on the CPU).
+    (tmp_path / "k.yaml").write_text(
+        "defaults: [collect/kernels, _self_]\ndirections: [forward]\n"
+        "groups: [{ops: [mm], shapes: [[4, 4, 4]]}]\n"
+    )
+    (tmp_path / "s.yaml").write_text(
+        "defaults: [collect/steps, _self_]\namp: [fp16]\ncheckpointing: [none]\n"
+        "models: [{name: 'hf:gpt2', options: {n_layer: 1, n_embd: 32, n_head: 2, vocab_size: 128},"
+        " batch_sizes: [2], seq_len: 16}]\n"
+    )
+    out = tmp_path / "out"
+    argv = [str(out), "--device", "cpu", "--dry-run", "--kernels", str(tmp_path / "k.yaml"),
+            "--steps", str(tmp_path / "s.yaml"), "--budget-min", "5", "--margin-min", "0"]  # fmt: skip
+    assert RUNNER.main(argv) == 0
+    assert sorted(read_shards(out, "kernels")["dtype"]) == ["bfloat16", "float16", "float32"]
+    assert read_shards(out, "steps")["amp"].tolist() == ["fp16"]
+
+
+def test_two_job_multirun_through_submitit_local(tmp_path: Path) -> None:
+    out, sweep = tmp_path / "shards", tmp_path / "hydra"
+    cmd = [sys.executable, "-m", "data_collection.kernels", "-m", "device=cpu", "dry_run=true",
+           f"out={out}", "dtypes=[float32]", "only_ops=[mm,add,layer_norm,softmax]",
+           "num_shards=2", "shard_index=0,1", "hydra/launcher=submitit_local",
+           f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "BOOM_HYDRA_DIR": str(tmp_path)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = [Path(f).name for f in shard_files(out, "kernels")]
+    assert any("-s0of2-" in f for f in files) and any("-s1of2-" in f for f in files)
+    keys = read_shards(out, "kernels", keep_extra=True)[KEY]
+    cfg = kernel_cfg(out, dtypes=["float32"], only_ops=["mm", "add", "layer_norm", "softmax"])
+    assert keys.is_unique and set(keys) == {k for k, _ in kernels.expand(cfg, "cpu", False)}
