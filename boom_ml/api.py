@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from boom_ml.estimates import GpuPrediction, Prediction
 from boom_ml.gpus import parse_gpu_list
@@ -34,13 +35,20 @@ class Session:
             self._graphs[step] = trace_step(build_model(self.model), step)
         return self._graphs[step]
 
-    def evaluate(self, step: StepSpec, gpus: list[GpuSpec]) -> list[GpuPrediction]:
+    def evaluate(
+        self, step: StepSpec, gpus: list[GpuSpec], max_batch: bool = False
+    ) -> list[GpuPrediction]:
+        """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search."""
         graph = self.graph(step)
+
+        def trace_at(batch: int) -> OpGraph:
+            return self.graph(replace(step, batch_size=batch))
+
         return [
             GpuPrediction(
                 gpu=spec.id,
                 name=spec.name,
-                memory=estimate_memory(graph, spec),
+                memory=estimate_memory(graph, spec, max_batch=max_batch, trace_at=trace_at),
                 time=estimate_time(graph, spec, tf32=step.tf32),
                 price_usd_per_hour=spec.price_usd_per_hour,
             )
@@ -76,7 +84,7 @@ def predict(
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     session = Session(model)
-    results = session.evaluate(step, gpus)
+    results = session.evaluate(step, gpus, max_batch=True)
     graph = session.graph(step)
     resolved = StepSpec(**graph.meta["step"])
     advised = {}

@@ -35,6 +35,7 @@ class TimeEstimate:
     p90_ms: float | None = None
     by_family: dict[str, float] = field(default_factory=dict)  # ms per op family
     by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase (forward, ...)
+    overhead_ms: float = 0.0  # step time not attributed to any op (GNN overhead term)
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
 

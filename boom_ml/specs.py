@@ -7,7 +7,16 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor", "none")
+OPTIMIZERS = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adagrad",
+    "rmsprop",
+    "adafactor",
+    "none",
+)
 AMP_MODES = ("none", "fp16", "bf16")
 CHECKPOINTING_MODES = ("none", "full")
 

@@ -116,26 +116,48 @@ def advise(
 ) -> dict[str, list[Advice]]:
     """For each GPU where ``step`` does not fit, the changes that make it fit.
 
-    Each candidate configuration is evaluated once for all GPUs that need it, since
-    evaluating one means tracing the step again.
+    Every single change is tried; stacked changes only until one fits (they are ordered
+    by what they cost in speed). Each candidate configuration is evaluated once for all
+    GPUs that need it, since evaluating one means tracing the step again. A GPU where
+    nothing fits gets the candidate that came closest, marked ``fits=False``.
     """
     pending = [spec for spec, result in failing if not result.fits]
     found: dict[str, list[Advice]] = {spec.id: [] for spec in pending}
-    for make in (single_changes, stacked_changes):
-        wanted: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
-        for spec in pending:
-            for label, changed, accumulation in make(step, spec):
-                wanted.setdefault(changed, []).append((spec, label, accumulation))
-        for changed, asks in wanted.items():
-            results = evaluate(changed, [spec for spec, _, _ in asks])
-            for (spec, label, accumulation), result in zip(asks, results, strict=True):
+    closest: dict[str, Advice] = {}
+
+    def try_level(asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]]) -> None:
+        for changed, group in asks.items():
+            results = evaluate(changed, [spec for spec, _, _ in group])
+            for (spec, label, accumulation), result in zip(group, results, strict=True):
+                advice = _advice(label, step, changed, accumulation, result)
                 if result.fits:
-                    found[spec.id].append(_advice(label, step, changed, accumulation, result))
-        pending = [spec for spec in pending if not found[spec.id]]
-        if not pending:
+                    found[spec.id].append(advice)
+                elif spec.id not in closest or advice.total_bytes < closest[spec.id].total_bytes:
+                    closest[spec.id] = advice
+
+    singles: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
+    for spec in pending:
+        for label, changed, accumulation in single_changes(step, spec):
+            singles.setdefault(changed, []).append((spec, label, accumulation))
+    try_level(singles)
+    pending = [spec for spec in pending if not found[spec.id]]
+    stacks = {spec.id: stacked_changes(step, spec) for spec in pending}
+    level = 0
+    while pending:
+        asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
+        for spec in pending:
+            if level < len(stacks[spec.id]):
+                label, changed, accumulation = stacks[spec.id][level]
+                asks.setdefault(changed, []).append((spec, label, accumulation))
+        if not asks:
             break
+        try_level(asks)
+        pending = [spec for spec in pending if not found[spec.id]]
+        level += 1
     return {
-        gpu: sorted(items, key=lambda a: a.step_ms)[:MAX_ADVICE] for gpu, items in found.items()
+        gpu: sorted(items, key=lambda a: a.step_ms)[:MAX_ADVICE]
+        or ([closest[gpu]] if gpu in closest else [])
+        for gpu, items in found.items()
     }
 
 

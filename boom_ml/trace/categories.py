@@ -10,7 +10,7 @@ from typing import Any
 
 from boom_ml.trace.recorder import OpRecorder
 
-FORWARD_PHASES = {"forward", "loss", "recompute"}
+FORWARD_PHASES = {"forward", "loss", "recompute", "autocast_exit"}
 FIXED = {
     "parameter": "parameter",
     "gradient": "gradient",

@@ -24,4 +24,9 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.O
         return torch.optim.Adam(params, lr=1e-3, foreach=True)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+    if name == "adagrad":
+        # Its "sum" state is created in the constructor (not lazily at the first step).
+        return torch.optim.Adagrad(params, lr=1e-3, foreach=True)
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=1e-3, foreach=True)
     return torch.optim.Adafactor(params, lr=1e-2, foreach=True)

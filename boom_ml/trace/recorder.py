@@ -160,7 +160,9 @@ class OpRecorder(TorchDispatchMode):
                 "flops": flops_of(func, args, kwargs, out),
                 "bytes_read": sum(_view_bytes(t) for t in inputs),
                 "bytes_written": sum(
-                    _view_bytes(t) for t, b in zip(outputs, out_blocks, strict=True) if b not in in_blocks
+                    _view_bytes(t)
+                    for t, b in zip(outputs, out_blocks, strict=True)
+                    if b not in in_blocks
                 )
                 + sum(_view_bytes(t) for t in mutated),
             }

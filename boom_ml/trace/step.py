@@ -78,6 +78,27 @@ class _StepRunner:
         # every op whose CPU policy differs follow the CUDA one.
         return torch.autocast("cpu", dtype=AMP_DTYPES[self.step.amp])
 
+    def warm_up(self) -> None:
+        """Leave behind what a previous step would, without running one.
+
+        A steady-state step starts with every trainable parameter's gradient and the
+        optimizer's state allocated (optimizers create state lazily, in their first
+        step). Creating them directly costs a fraction of a traced step; parameters that
+        turn out to get no gradient are pruned after the recorded step (``trace_step``).
+        """
+        for p in self.module.parameters():
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+        if self.optimizer is not None:
+            with _HostScalars():
+                self.optimizer.step()
+
+    def blocks_of_param(self, p: torch.nn.Parameter) -> list[torch.Tensor]:
+        """The gradient and optimizer-state tensors that belong to ``p``."""
+        state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
+        owned = [t for k, t in state.items() if isinstance(t, torch.Tensor) and k != "step"]
+        return owned + ([p.grad] if p.grad is not None else [])
+
     def run(self) -> None:
         device = torch.device("cpu")
         with self.phase("zero_grad"):
@@ -92,6 +113,12 @@ class _StepRunner:
                 outputs = self.module(**self.built.forward_kwargs(inputs))
             with self.phase("loss"):
                 loss = self.built.compute_loss(outputs, inputs)
+            # Leaving autocast frees its cache of low-precision weight copies: a phase of
+            # its own, so those frees are not mistaken for the outputs the loop releases.
+            with self.phase("autocast_exit"):
+                pass
+        with self.phase("loss"):
+            pass
         del outputs
         with self.phase("backward"):
             if self.scaler is not None:
@@ -157,7 +184,8 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     step = built.resolve_step(step)
     started = time.perf_counter()
     with _materialised(built, step) as runner:
-        runner.run()  # warm-up: creates gradients and optimizer state
+        runner.warm_up()
+        params = [p for p in built.module.parameters() if p.requires_grad]
         tracker = ModTracker()
         recorder = OpRecorder(module_of=lambda: _deepest(tracker.parents))
         runner.recorder = recorder
@@ -171,9 +199,17 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             recorder.adopt(_state_tensors(runner, host), "optimizer_state")
             recorder.adopt(runner.host_tensors(), "host")
             recorder.recording = True
+            # block ids only: holding the tensors would keep the old gradients alive
+            owned_blocks = {
+                id(p): [recorder.block_of(t) for t in runner.blocks_of_param(p)] for p in params
+            }
             with tracker:
                 runner.run()
             recorder.recording = False
+        # A parameter without a gradient after a real step (unused by this model's
+        # forward) never had a gradient or optimizer state in a real run either.
+        unused = {b for p in params if p.grad is None for b in owned_blocks[id(p)]}
+        recorder.events = [e for e in recorder.events if e["block"] not in unused]
     events = assign_categories(recorder, runner.grad_blocks, runner.state_blocks)
     return OpGraph.from_records(
         recorder.nodes,
@@ -197,7 +233,7 @@ def reference_flops(built: BuiltModel, step: StepSpec) -> int:
     """
     step = built.resolve_step(step)
     with _materialised(built, step) as runner:
-        runner.run()
+        runner.warm_up()
         counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FLOP_SHAPE_FORMULAS)
         with counter:
             runner.run()

@@ -1,0 +1,104 @@
+"""What holds the memory at the peak: bytes by category, by module, and the running op.
+
+Works on the multi-step replay of ``estimate.py``: the live blocks just after the peak
+event are walked back to the traced events (and through them to the op and module that
+allocated them). Bytes are counted after the allocator's 512-byte rounding; the rest
+of the reserved peak is "fragmentation" (cached but unused bytes of reserved segments,
+plus each block's rounding slack inside large segments).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from boom_ml.memory.live import round_block
+from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
+
+if TYPE_CHECKING:
+    from boom_ml.memory.estimate import Replay
+
+PARAMETER_STATE = ("parameter", "gradient", "optimizer_state")
+CATEGORIES = (*MEMORY_CATEGORIES, "workspace", "fragmentation")
+
+
+@dataclass
+class PeakAttribution:
+    by_category: dict[str, int]  # category → bytes at the peak (sums to peak_reserved)
+    by_module: list[dict[str, Any]] = field(default_factory=list)  # top-N, largest first
+    op: str = ""
+    phase: str = ""
+    module: str = ""
+    step: int = 0  # which replayed step the peak falls in (1 = first)
+
+
+def live_at(replay: Replay, index: int) -> dict[int, int]:
+    """Replay-event index of each block's alloc, for the blocks alive just after ``index``."""
+    live: dict[int, int] = {}
+    alloc = replay.is_alloc[: index + 1].tolist()
+    blocks = replay.block[: index + 1].tolist()
+    for i, (a, b) in enumerate(zip(alloc, blocks, strict=True)):
+        if a:
+            live[b] = i
+        else:
+            live.pop(b, None)
+    return live
+
+
+def attribute_peak(
+    graph: OpGraph, replay: Replay, index: int | None, peak_reserved: int, top_n: int = 10
+) -> PeakAttribution:
+    """Break the reserved peak reached at replay event ``index`` down."""
+    if index is None or index < 0 or not len(replay.block):
+        return PeakAttribution({c: 0 for c in CATEGORIES})
+    ev = graph.mem_events
+    categories = ev["category"].to_numpy().astype(str)
+    ev_nodes = ev["node_id"].to_numpy()
+    node_module = graph.nodes["module"].astype(str).to_numpy() if len(graph.nodes) else np.array([])
+    by_cat = dict.fromkeys(CATEGORIES, 0)
+    by_mod: dict[str, dict[str, int]] = {}
+    for block, i in live_at(replay, index).items():
+        size = int(round_block(int(replay.nbytes[i])))
+        src = int(replay.src[i])
+        if src < 0:
+            cat, module = replay.synthetic.get(block, "workspace"), "(workspace)"
+        else:
+            cat = categories[src]
+            nid = int(ev_nodes[src])
+            if cat in PARAMETER_STATE:
+                module = "(parameters, gradients, optimizer state)"
+            else:
+                module = str(node_module[nid]) if 0 <= nid < len(node_module) else ""
+        by_cat[cat] = by_cat.get(cat, 0) + size
+        entry = by_mod.setdefault(module or "(top level)", {})
+        entry[cat] = entry.get(cat, 0) + size
+    by_cat["fragmentation"] = max(peak_reserved - sum(by_cat.values()), 0)
+    modules = sorted(by_mod.items(), key=lambda kv: -sum(kv[1].values()))[:top_n]
+    op, phase, module = _op_at(graph, replay, index)
+    return PeakAttribution(
+        by_category=by_cat,
+        by_module=[
+            {"module": m, "bytes": sum(c.values()), "by_category": dict(c)} for m, c in modules
+        ],
+        op=op,
+        phase=phase,
+        module=module,
+        step=int(replay.step[index]),
+    )
+
+
+def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
+    """Op, phase and module running at replay event ``index`` (nearest traced event)."""
+    src = replay.src[: index + 1]
+    traced = np.flatnonzero(src >= 0)
+    if not len(traced):
+        return "", "", ""
+    row = int(src[traced[-1]])
+    event = graph.mem_events.iloc[row]
+    node_id = int(event["node_id"])
+    if node_id < 0 or node_id >= len(graph.nodes):
+        return "", str(event["phase"]), ""
+    node = graph.nodes.iloc[node_id]
+    return str(node["op"]), str(node["phase"]), str(node["module"])

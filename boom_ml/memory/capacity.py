@@ -1,0 +1,305 @@
+"""Capacity questions: does a step fit, and what is the largest batch size that fits.
+
+Tracing is the slow part (seconds per batch size), replaying is fast. Most models'
+memory events keep the same structure when only the batch size changes, with every
+event's size affine in the batch (``bytes = a + b * batch``: activations scale, weights
+and optimizer state do not). :class:`BatchScaling` takes ``a`` and ``b`` from traces at
+two batch sizes (the structure must be identical and every slope an integer number of
+bytes per sample) and then writes the event list of any batch size without tracing.
+Where that check fails (data-dependent shapes, batch-dependent kernel choices), every
+probe of the search is traced instead.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.memory.allocator import AllocatorConfig
+from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
+from boom_ml.memory.overheads import OverheadTable, load_overheads
+from boom_ml.trace.graph import OpGraph
+
+# Event columns that must agree between traces for their sizes to be comparable.
+STRUCTURE = ("action", "block", "category", "phase", "node_id")
+MAX_BATCH = 1 << 16
+
+TraceFn = Callable[[int], OpGraph]
+
+
+class BatchScaling:
+    """Per-event ``bytes = intercept + slope * batch`` from traces at two batch sizes."""
+
+    def __init__(self, g1: OpGraph, b1: int, g2: OpGraph, b2: int) -> None:
+        if b1 == b2 or not same_structure(g1, g2):
+            raise ValueError("traces differ in structure; sizes cannot be interpolated")
+        s1 = g1.mem_events["bytes"].to_numpy(dtype=np.int64)
+        s2 = g2.mem_events["bytes"].to_numpy(dtype=np.int64)
+        diff = s2 - s1
+        if np.any(diff % (b2 - b1)):
+            raise ValueError("event sizes are not affine in the batch size")
+        self.slope = diff // (b2 - b1)
+        self.intercept = s1 - self.slope * b1
+        self.template = g1
+        self.batch_dependent = bool(np.any(self.slope))
+
+    def bytes_at(self, batch: int) -> np.ndarray:
+        return self.intercept + self.slope * int(batch)
+
+    def matches(self, graph: OpGraph, batch: int) -> bool:
+        """Whether ``graph`` (traced at ``batch``) is exactly what the model predicts."""
+        return same_structure(self.template, graph) and bool(
+            np.array_equal(graph.mem_events["bytes"].to_numpy(dtype=np.int64), self.bytes_at(batch))
+        )
+
+    def graph_at(self, batch: int) -> OpGraph:
+        """The template graph with its memory events resized to ``batch``.
+
+        Only ``mem_events`` is rescaled; nodes (shapes, FLOPs) stay the template's, so
+        use the result for memory only.
+        """
+        sizes = self.bytes_at(batch)
+        if np.any(sizes < 0):
+            raise ValueError(f"batch size {batch} gives negative event sizes")
+        events = self.template.mem_events.copy()
+        events["bytes"] = sizes
+        meta = dict(self.template.meta)
+        meta["step"] = {**meta.get("step", {}), "batch_size": int(batch)}
+        return OpGraph(self.template.nodes, self.template.edges, events, meta)
+
+
+def same_structure(g1: OpGraph, g2: OpGraph) -> bool:
+    e1, e2 = g1.mem_events, g2.mem_events
+    if len(e1) != len(e2):
+        return False
+    return all(np.array_equal(e1[c].to_numpy(), e2[c].to_numpy()) for c in STRUCTURE)
+
+
+@dataclass
+class MaxBatch:
+    batch_size: int  # largest batch that fits (0: not even batch size 1)
+    scaled: bool  # whether probes used affine scaling instead of traces
+    probes: dict[int, bool] = field(default_factory=dict)  # batch size → fits
+    capped: bool = False  # True when the search stopped at its upper limit
+
+
+@dataclass
+class BatchSearch:
+    """Traces, scaling and replays of one model/step over batch sizes, shared by GPUs."""
+
+    graph: OpGraph  # traced at ``batch``
+    batch: int
+    trace_at: TraceFn | None
+    allocator_config: AllocatorConfig | None = None
+    table: OverheadTable | None = None
+    hold_outputs: bool = True
+    steps: int = DEFAULT_STEPS
+    traced: dict[int, OpGraph] = field(default_factory=dict)
+    _scaling: BatchScaling | None = None
+    _scaling_tried: bool = False
+    _unbounded: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.traced[self.batch] = self.graph
+        self.table = self.table if self.table is not None else load_overheads()
+
+    def scaling(self) -> BatchScaling | None:
+        """The affine model, from one more trace (at twice the batch, or half of it)."""
+        if not self._scaling_tried and self.trace_at is not None:
+            self._scaling_tried = True
+            other = self.batch * 2 if self.batch < MAX_BATCH else self.batch // 2
+            try:
+                self._scaling = BatchScaling(self.graph, self.batch, self._traced(other), other)
+            except ValueError:
+                self._scaling = None
+        return self._scaling
+
+    def _traced(self, batch: int) -> OpGraph:
+        if batch not in self.traced:
+            if self.trace_at is None:
+                raise ValueError("no tracer to trace another batch size")
+            self.traced[batch] = self.trace_at(batch)
+        return self.traced[batch]
+
+    def graph_at(self, batch: int) -> OpGraph:
+        if batch in self.traced:
+            return self.traced[batch]
+        scaling = self.scaling()
+        return scaling.graph_at(batch) if scaling is not None else self._traced(batch)
+
+    def _unbounded_peaks(self, batch: int, gpu: GpuSpec) -> tuple[int, int, int]:
+        """(reserved, allocated, outside) of an unbounded replay, shared by GPUs with the
+        same architecture major and outside terms."""
+        assert self.table is not None
+        graph = self.graph_at(batch)
+        outside = self.table.outside_allocator(gpu, graph)
+        key = (batch, gpu.sm_version // 10, tuple(sorted(outside.items())))
+        if key not in self._unbounded:
+            sm = simulate_step(
+                graph, gpu, self.allocator_config, self.steps, self.hold_outputs, self.table, False
+            )
+            res = sm.result
+            self._unbounded[key] = (res.peak_reserved, res.peak_allocated, sum(outside.values()))
+        return self._unbounded[key]
+
+    def need(self, batch: int, gpu: GpuSpec) -> int:
+        """What ``batch`` needs on ``gpu`` with an unbounded allocator (nvidia-smi bytes)."""
+        reserved, _, outside = self._unbounded_peaks(batch, gpu)
+        return reserved + outside
+
+    def fits(self, batch: int, gpu: GpuSpec) -> bool:
+        """Whether ``batch`` runs on ``gpu`` without OOM.
+
+        The unbounded replay decides when it stays within the GPU (the capped replay
+        would be identical) or when even its allocated peak does not; in between, the
+        capped replay (the allocator frees its cache and retries before giving up) does.
+        """
+        reserved, allocated, outside = self._unbounded_peaks(batch, gpu)
+        if reserved + outside <= gpu.memory_bytes:
+            return True
+        if allocated + outside > gpu.memory_bytes:
+            return False
+        graph = self.graph_at(batch)
+        sm = simulate_step(
+            graph, gpu, self.allocator_config, self.steps, self.hold_outputs, self.table
+        )
+        return not sm.result.oom and sm.result.peak_reserved + outside <= gpu.memory_bytes
+
+    def max_batch(self, gpu: GpuSpec, limit: int = MAX_BATCH) -> MaxBatch:
+        """Largest batch size that fits on ``gpu``.
+
+        1. The last batch whose unbounded need fits (bracket by doubling or halving from
+           the traced batch, then interpolation: memory is close to affine in the batch).
+           These replays are shared by all GPUs of the same architecture.
+        2. The first batch whose *allocated* peak alone does not fit: past it nothing can.
+        3. Bisection in between with the capped replay, where the allocator frees its
+           cache and retries before giving up (it can fit a little more).
+        Probes are replays of scaled events when scaling holds.
+        """
+        cap = gpu.memory_bytes
+        scaled = lambda: self._scaling is not None  # noqa: E731 - read after tracing
+
+        def need_ok(b: int) -> bool:
+            return self.need(b, gpu) <= cap
+
+        def alloc_ok(b: int) -> bool:
+            _, allocated, outside = self._unbounded_peaks(b, gpu)
+            return allocated + outside <= cap
+
+        b0 = min(self.batch, limit)
+        if need_ok(b0):
+            if self.scaling() is not None and not self._scaling.batch_dependent:  # type: ignore[union-attr]
+                return MaxBatch(limit, True, {b0: True}, capped=True)
+            lo, hi = b0, min(b0 * 2, limit)
+            while hi > lo and need_ok(hi):
+                lo, hi = hi, min(hi * 2, limit)
+            if hi == lo:
+                return MaxBatch(lo, scaled(), {lo: True}, capped=True)
+            lo = self._narrow(lo, hi, gpu)
+        else:
+            hi = b0
+            while hi > 1 and not need_ok(hi // 2):
+                hi //= 2
+            lo = hi // 2
+            lo = self._narrow(lo, hi, gpu) if lo > 0 else 0
+        probes = {lo: lo > 0}
+        step, hi = 1, lo + 1
+        while hi < limit and alloc_ok(hi):
+            step *= 2
+            hi = min(lo + step, limit)
+        if hi >= limit and alloc_ok(limit) and self.fits(limit, gpu):
+            return MaxBatch(limit, scaled(), probes | {limit: True}, capped=True)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            probes[mid] = self.fits(mid, gpu)
+            lo, hi = (mid, hi) if probes[mid] else (lo, mid)
+        probes[hi] = False
+        return MaxBatch(lo, scaled(), probes)
+
+    def _narrow(self, lo: int, hi: int, gpu: GpuSpec) -> int:
+        """The last batch in [lo, hi) whose unbounded need fits (need(lo) fits, need(hi)
+        does not): interpolation, falling back to bisection when it does not halve."""
+        cap = gpu.memory_bytes
+        interpolate = True
+        while hi - lo > 1:
+            width = hi - lo
+            guess = (lo + hi) // 2
+            if interpolate:
+                n_lo, n_hi = self.need(lo, gpu), self.need(hi, gpu)
+                if n_hi > n_lo:
+                    guess = lo + int((cap - n_lo) / (n_hi - n_lo) * width)
+                    guess = min(max(guess, lo + 1), hi - 1)
+            if self.need(guess, gpu) <= cap:
+                lo = guess
+                if guess + 1 < hi and self.need(guess + 1, gpu) > cap:
+                    hi = guess + 1
+            else:
+                hi = guess
+            interpolate = hi - lo <= width // 2
+        return lo
+
+
+# The last few searches, so that the GPUs of one prediction share traces and replays.
+# Bounded (a search holds its graphs alive); entries are checked by identity.
+_SEARCHES: OrderedDict[tuple, BatchSearch] = OrderedDict()
+_MAX_SEARCHES = 8
+
+
+def search_for(
+    graph: OpGraph,
+    trace_at: TraceFn | None = None,
+    allocator_config: AllocatorConfig | None = None,
+    table: OverheadTable | None = None,
+    hold_outputs: bool = True,
+    steps: int = DEFAULT_STEPS,
+) -> BatchSearch:
+    """The (cached) :class:`BatchSearch` of ``graph``; ``trace_at`` defaults to re-tracing
+    the model named in ``graph.meta`` (built without options) at other batch sizes."""
+    key = (id(graph), id(trace_at), allocator_config, id(table), hold_outputs, steps)
+    hit = _SEARCHES.get(key)
+    if hit is not None and hit.graph is graph:
+        _SEARCHES.move_to_end(key)
+        return hit
+    batch = int(graph.meta.get("step", {}).get("batch_size", 1))
+    search = BatchSearch(
+        graph, batch, trace_at or _retracer(graph), allocator_config, table, hold_outputs, steps
+    )
+    _SEARCHES[key] = search
+    while len(_SEARCHES) > _MAX_SEARCHES:
+        _SEARCHES.popitem(last=False)
+    return search
+
+
+def _retracer(graph: OpGraph) -> TraceFn | None:
+    """Trace the graph's model again at another batch size, from what ``meta`` records."""
+    model, step = graph.meta.get("model"), graph.meta.get("step")
+    if not model or not isinstance(step, dict):
+        return None
+
+    def trace_at(batch: int) -> OpGraph:
+        from boom_ml.specs import ModelSpec, StepSpec
+        from boom_ml.trace.step import trace_step
+        from boom_ml.zoo import build_model
+
+        spec = replace(StepSpec(**step), batch_size=int(batch))
+        return trace_step(build_model(ModelSpec(str(model))), spec)
+
+    return trace_at
+
+
+def max_batch_size(
+    graph: OpGraph,
+    gpu: GpuSpec,
+    trace_at: TraceFn | None = None,
+    allocator_config: AllocatorConfig | None = None,
+    table: OverheadTable | None = None,
+    hold_outputs: bool = True,
+    limit: int = MAX_BATCH,
+) -> MaxBatch:
+    """Largest batch size of ``graph``'s model and step that fits on ``gpu``."""
+    search = search_for(graph, trace_at, allocator_config, table, hold_outputs)
+    return search.max_batch(gpu, limit)

@@ -1,0 +1,99 @@
+"""Report plots. ``memory_timeline``: allocated and reserved bytes over the replayed steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.trace.graph import OpGraph
+
+GIB = float(1 << 30)
+# Band colours per phase; phases not listed (zero_grad, input) are left white.
+PHASE_COLOURS = {
+    "forward": "#cfe2f3",
+    "loss": "#d9d2e9",
+    "backward": "#fce5cd",
+    "recompute": "#fff2cc",
+    "optimizer": "#d9ead3",
+}
+
+
+def _phase_runs(phases: np.ndarray) -> list[tuple[str, int, int]]:
+    """(phase, first index, last index + 1) of each run of equal phases."""
+    if not len(phases):
+        return []
+    cuts = np.flatnonzero(phases[1:] != phases[:-1]) + 1
+    starts = np.concatenate([[0], cuts])
+    ends = np.concatenate([cuts, [len(phases)]])
+    return [(str(phases[s]), int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
+
+
+def memory_timeline(
+    graph: OpGraph,
+    gpu: GpuSpec,
+    path: str | Path,
+    steps: int | None = None,
+    title: str | None = None,
+) -> Path:
+    """Write a PNG of allocated and reserved memory over the replayed training steps.
+
+    Shaded bands mark forward, loss, backward, recompute and optimizer phases; dashed
+    lines mark the peak as nvidia-smi would show it (reserved plus the terms outside the
+    allocator) and the GPU's capacity.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
+
+    sm = simulate_step(graph, gpu, steps=steps or DEFAULT_STEPS, capacity=False)
+    res, replay = sm.result, sm.replay
+    ev_phase = graph.mem_events["phase"].to_numpy().astype(str)
+    src = replay.src[: len(res.timeline_allocated)]
+    # Synthetic events (workspaces) take the phase of the traced event before them.
+    filled = np.maximum.accumulate(np.where(src >= 0, np.arange(len(src)), 0))
+    phases = ev_phase[np.maximum(src[filled], 0)] if len(src) else np.array([], dtype=str)
+    # Optimizer state created lazily inside step 1's optimizer.step() belongs to that band
+    # (state created with the optimizer, before any step, does not).
+    pre = np.isin(phases, ("parameter", "gradient", "optimizer_state"))
+    started = np.cumsum(~pre) > 0
+    phases = np.where((phases == "optimizer_state") & started, "optimizer", phases)
+    step_of = replay.step[: len(src)]
+    x = np.arange(len(src))
+
+    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
+    labelled: set[str] = set()
+    for phase, a, b in _phase_runs(np.char.add(phases, step_of.astype(str))):
+        name = phase.rstrip("0123456789")
+        colour = PHASE_COLOURS.get(name)
+        if colour is None:
+            continue
+        label = name if name not in labelled else None
+        labelled.add(name)
+        ax.axvspan(a, b, color=colour, lw=0, label=label)
+    for k in np.unique(step_of)[1:]:
+        ax.axvline(int(np.argmax(step_of == k)), color="grey", lw=0.6, ls=":")
+    ax.plot(x, res.timeline_reserved / GIB, color="#c0392b", lw=1.2, label="reserved")
+    ax.plot(x, res.timeline_allocated / GIB, color="#1f4e79", lw=1.0, label="allocated")
+    outside = sum(sm.outside_bytes.values())
+    ax.axhline((res.peak_reserved + outside) / GIB, color="#c0392b", lw=0.8, ls="--",
+               label=f"peak as nvidia-smi ({outside / GIB:.2f} GiB outside the allocator)")  # fmt: skip
+    ax.axhline(gpu.memory_bytes / GIB, color="black", lw=0.8, ls="--", label=f"{gpu.id} capacity")
+    ax.set_xlim(0, max(len(x) - 1, 1))
+    ax.set_ylim(0, max(gpu.memory_bytes, res.peak_reserved + outside) / GIB * 1.05)
+    ax.set_xlabel(f"allocator event ({int(step_of.max()) if len(step_of) else 0} training steps)")
+    ax.set_ylabel("GiB")
+    model = graph.meta.get("model", "")
+    batch = graph.meta.get("step", {}).get("batch_size", "")
+    ax.set_title(title or f"{model} batch {batch} on {gpu.id}: memory over the step")
+    ax.legend(loc="upper left", fontsize=7, ncols=2)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

@@ -1,0 +1,73 @@
+"""PNG plots of predicted time: by op family, by module, and across GPUs (time and cost)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and laptops alike
+import matplotlib.pyplot as plt  # noqa: E402
+
+from boom_ml.estimates import GpuPrediction, Prediction  # noqa: E402
+
+
+def _barh(ax, labels: list[str], values: list[float], xlabel: str) -> None:
+    ax.barh(labels[::-1], values[::-1], color="#4477aa")
+    ax.set_xlabel(xlabel)
+    for y, v in enumerate(values[::-1]):
+        ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)
+    ax.margins(x=0.15)
+
+
+def plot_time_breakdown(result: GpuPrediction, path: Path, title: str) -> Path:
+    """Two panels: predicted ms by op family and by module (top 10) on one GPU."""
+    t = result.time
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    families = sorted(t.by_family.items(), key=lambda kv: -kv[1])[:10]
+    _barh(left, [k for k, _ in families], [v for _, v in families], "ms per step")
+    left.set_title("by op family")
+    modules = t.top_modules[:10]
+    _barh(right, [_short(m["module"]) for m in modules], [m["ms"] for m in modules], "ms per step")
+    right.set_title("by module (top 10)")
+    fig.suptitle(f"{title} on {result.gpu}: {t.step_ms:.1f} ms ({t.method})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:
+    """Step time per GPU with its p10–p90 interval, and cost per 1,000 steps where priced."""
+    gpus = sorted(prediction.gpus, key=lambda g: g.time.step_ms)
+    names = [g.gpu for g in gpus]
+    ms = [g.time.step_ms for g in gpus]
+    low = [g.time.step_ms - (g.time.p10_ms or g.time.step_ms) for g in gpus]
+    high = [(g.time.p90_ms or g.time.step_ms) - g.time.step_ms for g in gpus]
+    colors = ["#4477aa" if g.fits else "#cccccc" for g in gpus]
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, max(3.0, 0.3 * len(gpus) + 1.5)), sharey=True
+    )
+    left.barh(names[::-1], ms[::-1], xerr=[low[::-1], high[::-1]], color=colors[::-1])
+    left.set_xlabel("predicted step time, ms (grey: does not fit)")
+    cost = [_cost_per_1000(g) for g in gpus]
+    right.barh(names[::-1], [c or 0 for c in cost[::-1]], color=colors[::-1])
+    for y, c in enumerate(cost[::-1]):
+        right.text(c or 0, y, f" ${c:.2f}" if c else " no price", va="center", fontsize=8)
+    right.set_xlabel("USD per 1,000 steps (on-demand price)")
+    right.margins(x=0.2)
+    fig.suptitle(f"{prediction.model}, batch {prediction.batch_size}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _cost_per_1000(result: GpuPrediction) -> float | None:
+    if result.price_usd_per_hour is None:
+        return None
+    return result.price_usd_per_hour * result.time.step_ms * 1000 / 3.6e6
+
+
+def _short(module: str, width: int = 40) -> str:
+    return module if len(module) <= width else "…" + module[-(width - 1) :]

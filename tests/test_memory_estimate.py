@@ -1,0 +1,180 @@
+"""Memory model: multi-step replay, overhead terms, attribution, capacity search, plot.
+
+The models are the synthetic ones of ``tiny_models.py`` and the GPUs are the packaged
+ones with their memory shrunk where a test needs an OOM; no number here is a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pytest
+from tiny_models import tiny_cnn, tiny_transformer
+
+from boom_ml.gpus import get_gpu
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.memory.capacity import BatchScaling, BatchSearch, max_batch_size
+from boom_ml.memory.estimate import build_replay, estimate_memory, simulate_step
+from boom_ml.memory.live import live_peak
+from boom_ml.memory.overheads import TABLE_PATH, load_overheads
+from boom_ml.specs import StepSpec
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.step import trace_step
+
+MiB = 1 << 20
+
+
+def cnn(batch: int = 4, optimizer: str = "adamw", **kw) -> OpGraph:
+    return trace_step(tiny_cnn(), StepSpec(batch, image_size=16, optimizer=optimizer, **kw))
+
+
+def transformer(batch: int = 2, optimizer: str = "adamw", **kw) -> OpGraph:
+    return trace_step(tiny_transformer(), StepSpec(batch, seq_len=16, optimizer=optimizer, **kw))
+
+
+def shrunk(gpu_id: str, memory_bytes: int) -> GpuSpec:
+    return dataclasses.replace(get_gpu(gpu_id), memory_bytes=memory_bytes)
+
+
+@pytest.fixture(scope="module")
+def graph() -> OpGraph:
+    return transformer()
+
+
+def test_replay_is_balanced_and_ids_are_unique(graph):
+    replay = build_replay(graph, steps=3)
+    live: set[int] = set()
+    for alloc, block in zip(replay.is_alloc.tolist(), replay.block.tolist(), strict=True):
+        if alloc:
+            assert block not in live, f"block {block} allocated twice while alive"
+            live.add(block)
+        else:
+            assert block in live, f"block {block} freed while not alive"
+            live.remove(block)
+    assert set(replay.step.tolist()) == {1, 2, 3}
+
+
+def test_first_step_has_no_gradients_to_free_and_creates_state_lazily(graph):
+    ev = graph.mem_events
+    replay = build_replay(graph, steps=2, hold_outputs=False)
+    phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
+    step1 = replay.step == 1
+    assert not ((phase == "zero_grad") & step1 & ~replay.is_alloc).any()
+    # AdamW state appears inside step 1, right before its first optimizer event.
+    state = np.flatnonzero((phase == "optimizer_state") & step1)
+    first_opt = np.flatnonzero((phase == "optimizer") & step1)[0]
+    assert (
+        len(state)
+        and state.max() < first_opt
+        and state.min() > np.flatnonzero(phase == "backward")[0]
+    )
+    # Step 2 frees exactly the gradients step 1 created.
+    freed = replay.nbytes[(phase == "zero_grad") & (replay.step == 2)]
+    grads = ev[(ev["category"] == "gradient") & (ev["phase"] == "backward")]["bytes"]
+    assert Counter(freed.tolist()) == Counter(grads.tolist())
+
+
+def test_adagrad_state_exists_before_the_first_step():
+    g = cnn(optimizer="adagrad")
+    replay = build_replay(g, steps=1)
+    phase = g.mem_events["phase"].to_numpy()[np.maximum(replay.src, 0)]
+    first_forward = np.flatnonzero(phase == "forward")[0]
+    assert (phase[:first_forward] == "optimizer_state").any()
+
+
+@pytest.mark.parametrize("optimizer,states", [("adagrad", 1), ("rmsprop", 1), ("adam", 2)])
+def test_new_optimizers_trace_their_state(optimizer, states):
+    g = cnn(optimizer=optimizer)
+    ev = g.mem_events
+    params = ev[ev["category"] == "parameter"]["bytes"].sum()
+    state = ev[ev["category"] == "optimizer_state"]["bytes"].sum()
+    buffers = 2 * 8 * 4 * 2 + 2 * 8  # BatchNorm running stats and counters are not state
+    assert state == states * (params - buffers)
+    assert (g.nodes["phase"] == "optimizer").any()
+
+
+def test_held_outputs_die_after_the_next_forward(graph):
+    ev = graph.mem_events
+    logits = int(ev[(ev["phase"] == "loss") & (ev["action"] == "free")]["bytes"].max())
+    held = simulate_step(graph, get_gpu("a100-80gb-sxm"), hold_outputs=True, capacity=False)
+    dropped = simulate_step(graph, get_gpu("a100-80gb-sxm"), hold_outputs=False, capacity=False)
+    assert held.result.peak_allocated >= dropped.result.peak_allocated
+    assert held.result.peak_allocated - dropped.result.peak_allocated <= logits + 512
+
+
+def test_estimate_adds_terms_and_breakdown_sums(graph):
+    gpu = get_gpu("a100-80gb-sxm")
+    est = estimate_memory(graph, gpu, max_batch=False)
+    live = live_peak(graph.mem_events).peak_bytes
+    assert est.method == "allocator-sim"
+    assert est.peak_reserved_bytes >= est.peak_allocated_bytes >= live
+    outside = sum(v for k, v in est.overheads.items() if k in est.breakdown and k != "workspace")
+    assert est.total_bytes == est.peak_reserved_bytes + outside
+    assert sum(est.breakdown.values()) == est.total_bytes
+    assert est.breakdown["workspace"] > 0 and est.breakdown["cuda_context"] > 0
+    assert est.peak_op and est.peak_phase in ("forward", "loss", "backward", "optimizer")
+    assert est.by_module and est.by_module[0]["bytes"] >= est.by_module[-1]["bytes"]
+    assert est.fits and est.to_dict()["breakdown"] == est.breakdown
+
+
+def test_cublas_workspace_two_handles_sized_by_architecture(graph):
+    table = load_overheads()
+    small = table.allocator_extras(get_gpu("a100-80gb-sxm"), graph)
+    big = table.allocator_extras(get_gpu("h100-sxm"), graph)
+    assert [x.nbytes for x in small] == [4096 * 1024 * 2 + 16 * 1024 * 8] * 2
+    assert [x.nbytes for x in big] == [32 * MiB] * 2
+    assert all(x.persistent for x in small + big)
+
+
+def test_overhead_table_rows_name_their_source():
+    table = load_overheads(TABLE_PATH)
+    assert {t.term for t in table.terms} >= {"cuda_context", "cublas_workspace", "lazy_kernels"}
+    for t in table.terms:
+        assert t.provenance.split(":")[0] in ("derived", "fitted", "prior"), t
+
+
+def test_oom_on_a_small_gpu(graph):
+    need = estimate_memory(graph, get_gpu("a100-80gb-sxm"), max_batch=False).total_bytes
+    tiny = shrunk("a100-80gb-sxm", need - 1)
+    est = estimate_memory(graph, tiny, max_batch=False)
+    assert not est.fits
+    assert est.total_bytes >= need - 2 * MiB  # unbounded replay: what the step needs
+
+
+def test_batch_scaling_is_exact_on_a_third_trace():
+    g2, g4, g3 = cnn(2), cnn(4), cnn(3)
+    scaling = BatchScaling(g2, 2, g4, 4)
+    assert scaling.batch_dependent and scaling.matches(g3, 3)
+    assert np.array_equal(scaling.graph_at(3).mem_events["bytes"], g3.mem_events["bytes"])
+    with pytest.raises(ValueError):
+        BatchScaling(g2, 2, transformer(), 4)
+
+
+def test_max_batch_size_is_the_boundary():
+    def trace_at(b: int) -> OpGraph:
+        return cnn(b)
+
+    base = cnn(4)
+    need8 = estimate_memory(cnn(8), get_gpu("a100-80gb-sxm"), max_batch=False).total_bytes
+    gpu = shrunk("a100-80gb-sxm", need8 + 1)  # batch 8 fits, the answer is 8 or a bit more
+    found = max_batch_size(base, gpu, trace_at=trace_at)
+    assert found.batch_size >= 8 and found.scaled
+    search = BatchSearch(base, 4, trace_at)
+    assert search.fits(found.batch_size, gpu) and not search.fits(found.batch_size + 1, gpu)
+    # The scaled answer agrees with real traces at the boundary.
+    assert estimate_memory(cnn(found.batch_size), gpu, max_batch=False).fits
+    assert not estimate_memory(cnn(found.batch_size + 1), gpu, max_batch=False).fits
+
+
+def test_estimate_reports_max_batch(graph):
+    est = estimate_memory(graph, get_gpu("a100-80gb-sxm"), trace_at=lambda b: transformer(b))
+    assert est.max_batch_size is not None and est.max_batch_size >= 2
+
+
+def test_timeline_png(tmp_path, graph):
+    from boom_ml.report.plots import memory_timeline
+
+    out = memory_timeline(graph, get_gpu("l4"), tmp_path / "timeline.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

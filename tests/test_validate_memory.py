@@ -1,0 +1,126 @@
+"""The xMem validation pipeline: fitting, per-run prediction, tables, table update.
+
+Ground truths here are synthetic (built from the simulator's own output), except in
+``test_xmem_runs_load``, which only checks the shape of the shared dataset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from tiny_models import tiny_cnn
+
+from boom_ml.gpus import get_gpu
+from boom_ml.memory import overheads
+from boom_ml.memory.overheads import load_overheads
+from boom_ml.specs import StepSpec
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.step import trace_step
+from training import validate_memory as vm
+
+MiB = 1 << 20
+
+
+class TinyTraces(vm.Traces):
+    """Traces the synthetic CNN whatever the config names."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def trace(self, cfg: vm.Config, batch: int) -> OpGraph:
+        self.traced += 1
+        return trace_step(tiny_cnn(), StepSpec(batch, image_size=16, optimizer=cfg.optimizer))
+
+
+def synthetic_runs(batches: list[int], offset: int, traces: vm.Traces) -> pd.DataFrame:
+    """Runs whose 'measured' peak is the replay's reserved peak plus ``offset``."""
+    gpu = get_gpu("rtx-3060")
+    table = load_overheads().with_values(lazy_kernels=0)
+    base = pd.DataFrame(
+        {
+            "model": "test:tiny-cnn", "num_classes": 10, "optimizer": "adamw",
+            "image_size": 16, "seq_len": None, "batch_size": batches,
+            "n_optimizer_steps": 4, "real_oom": False, "xmem_oom": False,
+            "xmem_error": 0.03, "dnnmem_error": 0.2, "schedtune_error": 0.2,
+        }
+    )  # fmt: skip
+    sims = vm.simulate_configs(base.assign(ground_truth_peak_bytes=1), gpu, table, traces)
+    reserved = base.merge(sims, on=["model", "optimizer", "batch_size"])["reserved"]
+    return base.assign(ground_truth_peak_bytes=reserved + offset), sims, table
+
+
+def test_fit_recovers_a_known_offset():
+    traces = TinyTraces()
+    runs, sims, _ = synthetic_runs([2, 3, 4, 5, 6], 100 * MiB, traces)
+    data = runs.merge(sims.drop(columns=["graph"]), on=["model", "optimizer", "batch_size"])
+    assert vm.fit_lazy_kernels(data) == 100 * MiB
+    # Five batch sizes: three traced, two written by the affine batch scaling.
+    assert traces.traced == 3
+
+
+def test_prediction_and_summary():
+    traces = TinyTraces()
+    runs, sims, table = synthetic_runs([2, 4], 64 * MiB, traces)
+    gpu = get_gpu("rtx-3060")
+    pred = vm.predict(runs, sims, gpu, table, 64 * MiB)
+    context = table.outside_allocator(gpu, sims["graph"].iloc[0])["cuda_context"]
+    assert np.allclose(pred["err"], 0)
+    assert (pred["pred_total"] - pred["pred_measured"] == context).all()
+    assert not pred["pred_oom"].any()
+    s = vm.summary(pred, "test")
+    assert list(s["model"]) == ["test:tiny-cnn", "ALL"]
+    assert s["ours_%"].iloc[-1] == 0 and s["xMem_%"].iloc[-1] == pytest.approx(3.0)
+    assert s["oom_agree"].iloc[-1] == "2/2"
+
+
+def test_oom_verdict_on_a_device_too_small():
+    import dataclasses
+
+    traces = TinyTraces()
+    runs, sims, table = synthetic_runs([4], 0, traces)
+    small = dataclasses.replace(get_gpu("rtx-3060"), memory_bytes=320 * MiB)
+    pred = vm.predict(runs, sims, small, table, 0)
+    assert pred["pred_oom"].all()
+
+
+def test_write_fitted_term(tmp_path, monkeypatch):
+    path = tmp_path / "overheads.csv"
+    path.write_text(overheads.TABLE_PATH.read_text())
+    monkeypatch.setattr(vm, "TABLE_PATH", path)
+    before = {t.term: t for t in load_overheads(path).terms}
+    vm.write_fitted_term(123 * MiB, 42)
+    after = {t.term: t for t in load_overheads(path).terms}
+    fitted = after[vm.FITTED_TERM]
+    assert fitted.nbytes == 123 * MiB and fitted.provenance.startswith("fitted:")
+    assert "42 non-OOM" in fitted.provenance
+    assert fitted.version == before[vm.FITTED_TERM].version + (
+        before[vm.FITTED_TERM].nbytes != 123 * MiB
+    )
+    assert {k: v for k, v in after.items() if k != vm.FITTED_TERM} == {
+        k: v for k, v in before.items() if k != vm.FITTED_TERM
+    }
+
+
+def test_xmem_workload_turns_on_the_cache_and_eager_t5():
+    from boom_ml.specs import ModelSpec
+    from boom_ml.zoo import build_model
+
+    built = build_model(ModelSpec("hf:t5-small"))
+    vm.xmem_workload(built)
+    m = built.module
+    assert m.config._attn_implementation == "eager"
+    assert m.decoder.config.use_cache and not m.encoder.config.use_cache
+    cnn = build_model(ModelSpec("torchvision:mnasnet1_0", options={"num_classes": 10}))
+    vm.xmem_workload(cnn)  # nothing to change for a torchvision model
+
+
+def test_xmem_runs_load():
+    try:
+        runs = vm.load_runs()
+    except FileNotFoundError:
+        pytest.skip("shared xMem data not available")
+    assert len(runs) == 229 and runs["real_oom"].sum() == 40
+    assert set(runs["model"]) >= set(vm.FIT_MODELS)
+    needed = {"ground_truth_peak_bytes", "n_optimizer_steps", "xmem_error", "dnnmem_error"}
+    assert needed <= set(runs.columns)
