@@ -10,6 +10,7 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.report.advisor import advise
+from boom_ml.report.figures import check_plot_dir, write_plots
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.timing.estimate import estimate_time
 from boom_ml.trace.graph import OpGraph
@@ -67,11 +68,13 @@ def predict(
     checkpointing: str = "none",
     tf32: bool = False,
     advice: bool = True,
+    plot: str | None = None,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
     ``gpu`` is an id, alias, YAML path, a list of those, or ``"all"``. With ``advice``,
     every GPU where the step does not fit gets the cheapest changes that make it fit.
+    With ``plot``, PNG figures are written to that directory (``Prediction.plots``).
     """
     step = StepSpec(
         batch_size=batch_size,
@@ -83,6 +86,8 @@ def predict(
         tf32=tf32,
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
+    if plot is not None:
+        check_plot_dir(plot)
     session = Session(model)
     results = session.evaluate(step, gpus, max_batch=True)
     graph = session.graph(step)
@@ -91,7 +96,7 @@ def predict(
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
         advised = advise(resolved, failing, session.evaluate)
-    return Prediction(
+    prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,
         step=graph.meta["step"],
@@ -104,3 +109,6 @@ def predict(
         gpus=results,
         advice=advised,
     )
+    if plot is not None:
+        prediction.plots = [str(p) for p in write_plots(prediction, graph, gpus, plot)]
+    return prediction

@@ -74,6 +74,7 @@ class Prediction:
     graph: dict[str, Any]
     gpus: list[GpuPrediction]
     advice: dict[str, list[Any]] = field(default_factory=dict)  # gpu id → [Advice]
+    plots: list[str] = field(default_factory=list)  # PNG files written (plot=<dir>)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,4 +84,5 @@ class Prediction:
             "graph": self.graph,
             "gpus": [g.to_dict() for g in self.gpus],
             "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
+            "plots": self.plots,
         }

@@ -29,6 +29,7 @@ def run(cfg: Any) -> str:
 
     options = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     output = options.pop("output", "table")
+    explain = bool(options.pop("explain", False))
     if output not in OUTPUTS:
         raise InvalidInputError(f"unknown output {output!r}; choose one of: {', '.join(OUTPUTS)}")
     known = set(predict.__code__.co_varnames[: predict.__code__.co_argcount])
@@ -38,7 +39,10 @@ def run(cfg: Any) -> str:
     prediction = predict(**options)
     if output == "json":
         return json.dumps(prediction.to_dict(), indent=2)
-    return render_table(prediction)
+    text = render_table(prediction, explain=explain)
+    if prediction.plots:
+        text += "\nplots: " + ", ".join(prediction.plots)
+    return text
 
 
 def check_override_keys(argv: list[str], config_name: str = "predict") -> None:

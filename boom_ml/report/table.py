@@ -1,4 +1,4 @@
-"""Terminal rendering of a Prediction."""
+"""Terminal rendering of a Prediction: the GPU table, advice, and (with explain) attributions."""
 
 from __future__ import annotations
 
@@ -7,50 +7,112 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import Prediction
+from boom_ml.estimates import GpuPrediction, Prediction
 
 GIB = 1024**3
 
 
-def render_table(prediction: Prediction) -> str:
-    """One row per GPU, fastest first."""
+def _title(prediction: Prediction) -> str:
     step = prediction.step
-    title = (
+    return (
         f"{prediction.model}  batch={prediction.batch_size}"
         + (f"  seq={step['seq_len']}" if step.get("seq_len") else "")
         + (f"  image={step['image_size']}" if step.get("image_size") else "")
         + f"  opt={step['optimizer']}  amp={step['amp']}  ckpt={step['checkpointing']}"
+        + ("  tf32" if step.get("tf32") else "")
     )
-    table = Table(title=title)
-    for col in (
-        "GPU",
-        "fits",
-        "peak GiB",
-        "nvidia-smi GiB",
-        "capacity GiB",
-        "step ms",
-        "samples/s",
-        "method",
-    ):
-        table.add_column(col, justify="left" if col in ("GPU", "method") else "right")
-    for g in sorted(prediction.gpus, key=lambda g: g.time.step_ms):
+
+
+def cost_per_1000_steps(result: GpuPrediction) -> float | None:
+    if result.price_usd_per_hour is None:
+        return None
+    return result.price_usd_per_hour * result.time.step_ms * 1000 / 3.6e6
+
+
+def gpu_table(prediction: Prediction) -> Table:
+    """One row per GPU, fastest first; GPUs where the step does not fit come last."""
+    table = Table(title=_title(prediction))
+    columns = ("GPU", "fits", "peak / capacity GiB", "step ms (p10–p90)", "samples/s",
+               "$ / 1k steps", "max batch")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="left" if col == "GPU" else "right")
+    for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
+        interval = f" ({t.p10_ms:.0f}–{t.p90_ms:.0f})" if t.p10_ms and t.p90_ms else ""
+        cost = cost_per_1000_steps(g)
         table.add_row(
             g.gpu,
             "yes" if g.fits else "[red]no[/red]",
-            f"{m.peak_allocated_bytes / GIB:.2f}",
-            f"{m.total_bytes / GIB:.2f}",
-            f"{m.capacity_bytes / GIB:.1f}",
-            f"{t.step_ms:.1f}",
-            f"{prediction.batch_size / t.step_ms * 1e3:.1f}",
-            f"{m.method} / {t.method}",
+            f"{m.total_bytes / GIB:.1f} / {m.capacity_bytes / GIB:.0f}",
+            f"{t.step_ms:.1f}{interval}",
+            f"{prediction.batch_size / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
+            f"{cost:.2f}" if cost is not None else "-",
+            str(m.max_batch_size) if m.max_batch_size is not None else "-",
         )
-    graph = prediction.graph
+    return table
+
+
+def advice_lines(prediction: Prediction) -> list[str]:
+    lines: list[str] = []
+    for gpu, items in prediction.advice.items():
+        if not items:
+            lines.append(f"{gpu}: no change tried makes it fit")
+            continue
+        if not items[0].fits:
+            a = items[0]
+            lines.append(
+                f"{gpu}: nothing tried fits; closest: {a.change} needs "
+                f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB "
+                "(consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
+            )
+            continue
+        lines.append(f"{gpu}: to fit, change")
+        for a in items:
+            lines.append(
+                f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
+                f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
+            )
+    return lines
+
+
+def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
+    """Where the time and the peak memory go on one GPU, with the method of each number."""
+    m, t = result.memory, result.time
+    lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
+    lines += [
+        f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']}"
+        for o in t.top_ops[:top_n]
+    ]
+    lines.append("  by module:")
+    lines += [f"    {o['module']:<55} {o['ms']:>9.2f} ms" for o in t.top_modules[:top_n]]
+    lines.append(
+        f"Memory on {result.gpu} at the peak ({m.method}): {m.total_bytes / GIB:.2f} GiB, "
+        f"during {m.peak_op or '-'} ({m.peak_phase or '-'})"
+    )
+    for category, nbytes in sorted(m.breakdown.items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
+    if m.by_module:
+        lines.append("  by module:")
+        for row in m.by_module[:top_n]:
+            lines.append(f"    {row['module'] or '(top level)':<55} {row['bytes'] / GIB:>8.2f} GiB")
+    return lines
+
+
+def render_table(prediction: Prediction, explain: bool = False) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=120, force_terminal=False)
-    console.print(table)
+    console = Console(file=buf, width=130, force_terminal=False)
+    console.print(gpu_table(prediction))
+    graph = prediction.graph
     console.print(
         f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per step, "
-        f"{graph['num_parameters'] / 1e6:.1f} M parameters, traced in {graph['trace_seconds']:.1f} s"
+        f"{graph['num_parameters'] / 1e6:.1f} M parameters, traced in {graph['trace_seconds']:.1f} s. "
+        f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
+    for line in advice_lines(prediction):
+        console.print(line, highlight=False)
+    if explain:
+        fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
+        for line in explain_lines(fastest):
+            console.print(line, highlight=False)
     return buf.getvalue().rstrip()

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mod_tracker import ModTracker
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -23,17 +22,13 @@ from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
 from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.trace.recorder import OpRecorder
 from boom_ml.zoo.base import BuiltModel
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _deepest(parents: set[str]) -> str:
-    names = [p for p in parents if p != "Global"]
-    return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
 
 
 class _HostScalars(TorchDispatchMode):
@@ -186,8 +181,8 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     with _materialised(built, step) as runner:
         runner.warm_up()
         params = [p for p in built.module.parameters() if p.requires_grad]
-        tracker = ModTracker()
-        recorder = OpRecorder(module_of=lambda: _deepest(tracker.parents))
+        module_of = ModuleOf()
+        recorder = OpRecorder(module_of=module_of)
         runner.recorder = recorder
         with recorder:
             recorder.recording = False
@@ -203,7 +198,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             owned_blocks = {
                 id(p): [recorder.block_of(t) for t in runner.blocks_of_param(p)] for p in params
             }
-            with tracker:
+            with module_of.active():
                 runner.run()
             recorder.recording = False
         # A parameter without a gradient after a real step (unused by this model's

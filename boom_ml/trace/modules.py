@@ -1,0 +1,53 @@
+"""Which module an op belongs to, in forward and in backward.
+
+Forward: the deepest module whose forward is running (ModTracker). Backward: the module
+whose forward created the autograd node being executed. ModTracker alone cannot say that
+in backward: a module leaves its "active" set only once the gradients of all its inputs
+are complete, so a residual block's shortcut stays active while the whole main branch
+runs backward. Autograd nodes are matched to modules by sequence number, recorded by a
+node-creation hook during forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.distributed._tools.mod_tracker import ModTracker
+
+_ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateGrad node
+
+
+def _deepest(parents: set[str]) -> str:
+    names = [p for p in parents if p != "Global"]
+    return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
+
+
+class ModuleOf:
+    """Callable returning the module path of the op being dispatched now."""
+
+    def __init__(self) -> None:
+        self.tracker = ModTracker()
+        self.node_module: dict[int, str] = {}
+
+    def _on_node(self, node: torch.autograd.graph.Node) -> None:
+        self.node_module[node._sequence_nr()] = _deepest(self.tracker.parents)
+
+    def __call__(self) -> str:
+        if torch._C._current_graph_task_id() != -1 and not torch.is_grad_enabled():
+            node = torch._C._current_autograd_node()
+            if node is not None and node._sequence_nr() != _ACCUMULATE_GRAD:
+                found = self.node_module.get(node._sequence_nr())
+                if found is not None:
+                    return found
+        return _deepest(self.tracker.parents)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        torch._C._autograd._push_node_creation_hook(self._on_node)
+        try:
+            with self.tracker:
+                yield
+        finally:
+            torch._C._autograd._pop_node_creation_hook()
