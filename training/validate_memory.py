@@ -55,17 +55,16 @@ CACHE_DIR = (
 
 
 def load_runs() -> pd.DataFrame:
-    """xMem's runs from the canonical dataset (importing them in memory if not built)."""
+    """xMem's runs from the canonical dataset (imported first if not built yet)."""
     from data_collection.schema import load_memory
 
     try:
         return load_memory(sources=["xmem"])
     except FileNotFoundError:
-        from data_collection.importers import xmem
-        from data_collection.importers.common import GpuResolver
-        from data_collection.paths import shared_data_dir
+        from data_collection.import_public import import_all
 
-        return xmem.run(shared_data_dir(), GpuResolver(), lambda *a: None).frames["memory"]["xmem"]
+        import_all(only=["xmem"], progress=False)
+        return load_memory(sources=["xmem"])
 
 
 @dataclass(frozen=True)
