@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from boom_ml.estimates import GpuPrediction, Prediction
 from boom_ml.gpus import parse_gpu_list
@@ -37,24 +38,36 @@ class Session:
         return self._graphs[step]
 
     def evaluate(
-        self, step: StepSpec, gpus: list[GpuSpec], max_batch: bool = False
+        self,
+        step: StepSpec,
+        gpus: list[GpuSpec],
+        max_batch: bool = False,
+        time_unless_oom: bool = False,
     ) -> list[GpuPrediction]:
-        """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search."""
+        """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search.
+
+        With ``time_unless_oom`` the time is only predicted where the step fits (the
+        advisor's candidates that do not fit need no time); elsewhere it is ``None``.
+        """
         graph = self.graph(step)
 
         def trace_at(batch: int) -> OpGraph:
             return self.graph(replace(step, batch_size=batch))
 
-        return [
-            GpuPrediction(
-                gpu=spec.id,
-                name=spec.name,
-                memory=estimate_memory(graph, spec, max_batch=max_batch, trace_at=trace_at),
-                time=estimate_time(graph, spec, tf32=step.tf32),
-                price_usd_per_hour=spec.price_usd_per_hour,
+        results = []
+        for spec in gpus:
+            memory = estimate_memory(graph, spec, max_batch=max_batch, trace_at=trace_at)
+            skip_time = time_unless_oom and not memory.fits
+            results.append(
+                GpuPrediction(
+                    gpu=spec.id,
+                    name=spec.name,
+                    memory=memory,
+                    time=None if skip_time else estimate_time(graph, spec, tf32=step.tf32),
+                    price_usd_per_hour=spec.price_usd_per_hour,
+                )
             )
-            for spec in gpus
-        ]
+        return results
 
 
 def predict(
@@ -95,7 +108,7 @@ def predict(
     advised = {}
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
-        advised = advise(resolved, failing, session.evaluate)
+        advised = advise(resolved, failing, partial(session.evaluate, time_unless_oom=True))
     prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,

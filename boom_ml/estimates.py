@@ -48,7 +48,7 @@ class GpuPrediction:
     gpu: str
     name: str
     memory: MemoryEstimate
-    time: TimeEstimate
+    time: TimeEstimate | None  # None only for advisor candidates that do not fit
     price_usd_per_hour: float | None = None
 
     @property
@@ -61,7 +61,7 @@ class GpuPrediction:
             "name": self.name,
             "fits": self.fits,
             "memory": self.memory.to_dict(),
-            "time": self.time.to_dict(),
+            "time": self.time.to_dict() if self.time is not None else None,
             "price_usd_per_hour": self.price_usd_per_hour,
         }
 

@@ -36,7 +36,7 @@ class Advice:
     fits: bool
     total_bytes: int  # what nvidia-smi would show at the peak
     capacity_bytes: int
-    step_ms: float  # time per effective (accumulated) step
+    step_ms: float  # time per effective (accumulated) step; NaN when it does not fit
     samples_per_s: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,10 +164,12 @@ def advise(
 def _advice(
     label: str, step: StepSpec, changed: StepSpec, accumulation: int, result: GpuPrediction
 ) -> Advice:
-    by_phase = result.time.by_phase
-    optimizer_ms = by_phase.get("optimizer", 0.0)
-    # Forward and backward run once per micro-batch; the optimizer once per step.
-    step_ms = accumulation * (result.time.step_ms - optimizer_ms) + optimizer_ms
+    if result.time is None:  # a candidate that does not fit: its time was not predicted
+        step_ms = float("nan")
+    else:
+        optimizer_ms = result.time.by_phase.get("optimizer", 0.0)
+        # Forward and backward run once per micro-batch; the optimizer once per step.
+        step_ms = accumulation * (result.time.step_ms - optimizer_ms) + optimizer_ms
     return Advice(
         change=label,
         settings=_diff(step, changed),
@@ -176,5 +178,5 @@ def _advice(
         total_bytes=result.memory.total_bytes,
         capacity_bytes=result.memory.capacity_bytes,
         step_ms=step_ms,
-        samples_per_s=step.batch_size / step_ms * 1e3 if step_ms > 0 else 0.0,
+        samples_per_s=step.batch_size / step_ms * 1e3 if step_ms > 0 else float("nan"),
     )

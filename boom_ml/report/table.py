@@ -110,9 +110,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
     for line in advice_lines(prediction):
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
     if explain:
         fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
         for line in explain_lines(fastest):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=True)
     return buf.getvalue().rstrip()

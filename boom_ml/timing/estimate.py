@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -12,11 +14,30 @@ from boom_ml.trace.graph import OpGraph
 
 
 def estimate_time(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10
+    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10, model: Any = None
 ) -> TimeEstimate:
-    """Roofline step time of ``graph`` on ``gpu``."""
-    per_node = roofline_ms(graph.nodes, gpu, tf32=tf32)
-    return summarise(graph.nodes, per_node, method="roofline", top_n=top_n)
+    """Step time of ``graph`` on ``gpu``: the sum of per-op predictions.
+
+    Ops of families with a learned head get its prediction; the others a calibrated
+    roofline (``boom_ml.timing.heads``). ``model`` is a PerOpModel (default: the packaged
+    one, or ``$BOOM_PER_OP_MODEL``). Without any per-op model the plain roofline is used.
+    """
+    from boom_ml.errors import ArtifactError
+    from boom_ml.timing.per_op import predict_nodes
+
+    try:
+        pred = predict_nodes(graph.nodes, gpu, tf32=tf32, model=model)
+    except ArtifactError:
+        per_node = roofline_ms(graph.nodes, gpu, tf32=tf32)
+        return summarise(graph.nodes, per_node, method="roofline", top_n=top_n)
+    return summarise(
+        graph.nodes,
+        pred["ms"].to_numpy(),
+        method="per-op",
+        top_n=top_n,
+        p10=pred["p10"].to_numpy(),
+        p90=pred["p90"].to_numpy(),
+    )
 
 
 def summarise(

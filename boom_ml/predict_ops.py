@@ -1,0 +1,211 @@
+"""`python -m boom_ml.predict_ops`: latency of individual operators on one GPU.
+
+    python -m boom_ml.predict_ops input=ops.csv gpu=l4 output=pred.csv
+
+The input CSV has a column ``op`` and the shape columns its op needs (names are
+case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``direction``
+(forward default; backward, with ``grad_wrt`` input|weight for conv). Shape conventions:
+
+- GEMM (bmm, linear, mm, matmul, addmm): NeuSight's ``B,M,N,K``. ``bmm`` multiplies
+  (B,M,N) x (B,N,K); ``linear``/``mm`` apply one N->K weight to B*M rows (B defaults to 1).
+- conv2d: ``batch, in_channels, out_channels, kernel_size, input_h`` (+ optional
+  ``input_w, stride, padding, kernel_w, stride_w, padding_w, groups``).
+- row-wise and elementwise ops (layer_norm, rms_norm, softmax, add, mul, gelu, ... and the
+  ``*_scalar`` forms): ``rows, cols`` (NeuSight's ``B, H``) or ``numel``.
+- embedding: ``rows`` (lookups) and ``cols`` (embedding dim).
+- attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``).
+
+The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` (``per-op``: a
+learned head; ``roofline-calibrated``: no head covers the op). A ``latency_ms`` column, if
+given, is passed through (handy to score the predictions).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from boom_ml.errors import BoomError, InvalidInputError
+from boom_ml.timing.features import ELEMENTWISE
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+GEMM_OPS = {"bmm": "bmm", "baddbmm": "bmm", "linear": "linear", "addmm": "linear", "mm": "mm",
+            "matmul": "mm", "gemm": "mm"}  # fmt: skip
+ROW_OPS = {"layer_norm": "norm", "ln": "norm", "rms_norm": "norm", "batch_norm": "norm",
+           "group_norm": "norm", "softmax": "softmax", "log_softmax": "softmax",
+           "embedding": "embedding"}  # fmt: skip
+FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("m", "n", "k"),
+    "conv": ("batch", "in_channels", "out_channels", "kernel_size", "input_h"),
+    "attention": ("batch", "heads", "seq_q", "head_dim"),
+    "norm": ("rows", "cols"),
+    "softmax": ("rows", "cols"),
+    "embedding": ("rows", "cols"),
+    "elementwise": ("numel",),
+}
+SHAPE_COLUMNS = ("b", "m", "n", "k", "batch", "in_channels", "out_channels", "kernel_size",
+                 "kernel_w", "input_h", "input_w", "stride", "stride_w", "padding", "padding_w",
+                 "groups", "numel", "rows", "cols", "h", "heads", "head_dim", "seq_q", "seq_kv")  # fmt: skip
+OTHER_COLUMNS = ("op", "dtype", "direction", "grad_wrt", "latency_ms")
+DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "fp16": "float16",
+          "float16": "float16", "half": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
+          "tf32": "tf32"}  # fmt: skip
+OUTPUT_COLUMNS = ("pred_ms", "p10_ms", "p90_ms", "method")
+
+
+def _family(op: str) -> str | None:
+    if op in GEMM_OPS:
+        return "gemm"
+    if op in ("conv2d", "conv", "conv1d"):
+        return "conv"
+    if op in ("sdpa", "attention", "scaled_dot_product_attention"):
+        return "attention"
+    if op in ROW_OPS:
+        return ROW_OPS[op]
+    if op in ELEMENTWISE:
+        return "elementwise"
+    return None
+
+
+def known_ops() -> list[str]:
+    return sorted({*GEMM_OPS, "conv2d", "sdpa", *ROW_OPS, *ELEMENTWISE})
+
+
+def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
+    """Validate a user CSV and convert it to canonical kernel rows (raises on the first issue)."""
+    df = raw.rename(columns=lambda c: str(c).strip().lower())
+    unknown = [c for c in df.columns if c not in SHAPE_COLUMNS + OTHER_COLUMNS]
+    if unknown:
+        raise InvalidInputError(
+            f"{where}: unknown column(s): {', '.join(unknown)}; allowed: "
+            f"{', '.join(OTHER_COLUMNS + SHAPE_COLUMNS)}"
+        )
+    if "op" not in df.columns:
+        raise InvalidInputError(f"{where}: missing column: op")
+    df["op"] = df["op"].astype(str).str.strip().str.lower()
+    fam = df["op"].map(_family)
+    if fam.isna().any():
+        bad = df.loc[fam.isna(), "op"].iloc[0]
+        raise InvalidInputError(
+            f"{where}: unknown op {bad!r} (row {int(fam.isna().idxmax()) + 1}); known: {', '.join(known_ops())}"
+        )
+    for col in SHAPE_COLUMNS:
+        if col in df.columns:
+            num = pd.to_numeric(df[col], errors="coerce")
+            if (df[col].notna() & (num.isna() | (num < 0))).any():
+                raise InvalidInputError(f"{where}: column {col} must hold non-negative numbers")
+            df[col] = num
+    rowlike = fam.isin(["norm", "softmax", "embedding", "elementwise"])
+    if "b" in df.columns and "h" in df.columns:  # NeuSight's vector ops: a (B, H) tensor
+        for dst, src in (("rows", "b"), ("cols", "h")):
+            cur = df[dst] if dst in df.columns else pd.Series(np.nan, index=df.index)
+            df[dst] = cur.where(~rowlike | cur.notna(), df[src])
+    if {"rows", "cols"} <= set(df.columns):
+        numel = df["numel"] if "numel" in df.columns else pd.Series(np.nan, index=df.index)
+        df["numel"] = numel.fillna(df["rows"] * df["cols"])
+    if "numel" in df.columns and rowlike.any():
+        for col in ("rows", "cols"):
+            if col not in df.columns:
+                df[col] = np.nan
+        df["cols"] = df["cols"].fillna(df["numel"])
+        df["rows"] = df["rows"].fillna(1)
+    gemm = fam == "gemm"
+    if gemm.any():
+        df["b"] = (df["b"] if "b" in df.columns else pd.Series(np.nan, index=df.index)).fillna(1)
+    for family, needed in FAMILY_NEEDS.items():
+        rows = fam == family
+        if not rows.any():
+            continue
+        missing = [c for c in needed if c not in df.columns or df.loc[rows, c].isna().any()]
+        if missing:
+            first = int(rows.idxmax()) + 1
+            raise InvalidInputError(
+                f"{where}: missing column(s) for {family} ops ({df.loc[rows, 'op'].iloc[0]}, row {first}): {', '.join(missing)}"
+            )
+    dtype = df["dtype"] if "dtype" in df.columns else pd.Series("fp32", index=df.index)
+    dtype = dtype.fillna("fp32").astype(str).str.strip().str.lower()
+    if not dtype.isin(DTYPES).all():
+        bad = dtype[~dtype.isin(DTYPES)].iloc[0]
+        raise InvalidInputError(
+            f"{where}: unknown dtype {bad!r}; choose one of: fp32, fp16, bf16, tf32"
+        )
+    direction = (
+        df["direction"] if "direction" in df.columns else pd.Series("forward", index=df.index)
+    )
+    direction = direction.fillna("forward").astype(str).str.strip().str.lower()
+    if not direction.isin(["forward", "backward"]).all():
+        raise InvalidInputError(f"{where}: direction must be forward or backward")
+    out = df.drop(columns=[c for c in ("h", "latency_ms") if c in df.columns])
+    out["family"] = fam
+    out["op"] = [
+        GEMM_OPS.get(o, "conv2d" if f == "conv" else o) for o, f in zip(df["op"], fam, strict=True)
+    ]
+    out["op"] = out["op"].replace({"ln": "layer_norm"})
+    out["dtype"] = dtype.map(DTYPES)
+    out["direction"] = direction
+    return out
+
+
+def predict_ops(
+    table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
+) -> pd.DataFrame:
+    """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms and method appended."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.heads import load_model
+
+    spec = get_gpu(gpu)
+    rows = canonical_rows(table, where)
+    pred = load_model(model).predict_rows(rows, spec)
+    out = table.copy()
+    for col in OUTPUT_COLUMNS:
+        out[col] = pred[col].to_numpy()
+    for col in ("pred_ms", "p10_ms", "p90_ms"):
+        out[col] = out[col].astype(float).round(6)
+    return out
+
+
+def run(cfg: Any) -> str | None:
+    """Plain function behind the CLI: writes ``output`` (or returns the CSV text)."""
+    from omegaconf import OmegaConf
+
+    o = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    if not o.get("input") or not o.get("gpu"):
+        raise InvalidInputError(
+            "usage: python -m boom_ml.predict_ops input=<csv> gpu=<id> [output=<csv>]"
+        )
+    path = Path(str(o["input"])).expanduser()
+    if not path.exists():
+        raise InvalidInputError(f"input file not found: {path}")
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from exc
+    result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
+    if o.get("output"):
+        result.to_csv(Path(str(o["output"])).expanduser(), index=False)
+        return None
+    return result.to_csv(index=False)
+
+
+def main() -> None:
+    import hydra
+
+    @hydra.main(config_path=CONFIG_DIR, config_name="predict_ops", version_base="1.3")
+    def _entry(cfg: Any) -> None:
+        try:
+            text = run(cfg)
+        except BoomError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(err.exit_code)
+        if text is not None:
+            print(text, end="")
+
+    _entry()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Traced OpGraph nodes -> canonical kernel rows -> per-op time predictions.
+
+A node becomes zero or more rows in the canonical kernel convention (the columns of
+``data_collection/schema.py``), so that :func:`boom_ml.timing.features.kernel_features`
+computes the same features it computes for a measured kernel of that shape. A
+``convolution_backward`` node becomes two rows (input and weight gradients) whose times add.
+
+Shape conventions: ``mm(a[M,K], b[K,N])`` is a single GEMM with b=1, m=M, n=K (reduction),
+k=N (output width); ``bmm(a[B,M,K], b[B,K,N])`` is b=B, m=M, n=K, k=N (NeuSight's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from boom_ml.gpus.spec import GpuSpec
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+NO_TIME_FAMILIES = {"host"}
+# Families whose kernels the shape formulas describe poorly (reductions write far less than
+# they read, losses and optimizers fuse many steps): they bring the traced bytes and FLOPs.
+COUNTED_FAMILIES = {"reduction", "loss", "optimizer", "copy", "fill", "pooling", "other"}
+NORM_OPS = {"native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
+            "cudnn_batch_norm": "batch_norm", "native_batch_norm": "batch_norm",
+            "native_group_norm": "group_norm", "group_norm": "group_norm",
+            "_fused_rms_norm": "rms_norm", "rms_norm": "rms_norm"}  # fmt: skip
+TRANSCENDENTAL_HINTS = ("exp", "log", "tanh", "gelu", "sigmoid", "silu", "erf", "pow", "sqrt",
+                        "sin", "cos", "softplus", "mish", "elu")  # fmt: skip
+
+
+def _numel(shape: list[int]) -> int:
+    return int(math.prod(shape)) if shape else 1
+
+
+def _base(op: str) -> str:
+    """'add_' -> 'add'; backward suffixes stay (they are different kernels)."""
+    return op[:-1] if op.endswith("_") and not op.endswith("__") else op
+
+
+def _dtype(dtypes: list[str], tf32: bool, matrix: bool) -> str:
+    for d in dtypes:
+        if d in FLOAT_DTYPES:
+            if d == "float32" and tf32 and matrix:
+                return "tf32"
+            return "float32" if d == "float64" else d
+    return "float32"
+
+
+def _gemm_row(op: str, shapes: list[list[int]]) -> dict[str, Any] | None:
+    mats = [s for s in shapes if len(s) >= 2]
+    if len(mats) < 2:
+        return None
+    a, b = mats[-2], mats[-1]
+    if len(a) == 2 and len(b) == 2:
+        name = "linear" if op in ("addmm", "_addmm_activation") else "mm"
+        return {"op": name, "b": 1, "m": a[0], "n": a[1], "k": b[1]}
+    batch = _numel(a[:-2])
+    return {"op": "bmm", "b": batch, "m": a[-2], "n": a[-1], "k": b[-1]}
+
+
+def _conv_geometry(x: list[int], w: list[int], out_hw: list[int]) -> dict[str, Any]:
+    """Conv fields from input, weight and output spatial shapes (stride/padding inferred)."""
+    h, wd = (x[2], x[3]) if len(x) >= 4 else (x[2], 1)
+    kh, kw = (w[2], w[3]) if len(w) >= 4 else (w[2], 1)
+    oh, ow = (out_hw + [1, 1])[:2]
+    fields: dict[str, Any] = {"batch": x[0], "in_channels": x[1], "out_channels": w[0],
+                              "kernel_size": kh, "kernel_w": kw, "input_h": h, "input_w": wd,
+                              "groups": max(1, x[1] // max(w[1], 1))}  # fmt: skip
+    for size, k, o, s_key, p_key in ((h, kh, oh, "stride", "padding"),
+                                     (wd, kw, ow, "stride_w", "padding_w")):  # fmt: skip
+        stride = max(1, round(size / max(o, 1)))
+        pad = max(0, math.ceil(((o - 1) * stride + k - size) / 2))
+        fields[s_key], fields[p_key] = stride, pad
+    return fields
+
+
+def _conv_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[dict[str, Any]]:
+    if op == "convolution_backward":
+        if len(shapes) < 3 or len(shapes[1]) not in (3, 4):
+            return []
+        grad, x, w = shapes[0], shapes[1], shapes[2]
+        geo = _conv_geometry(x, w, grad[2:])
+        rows = []
+        if any(o == x for o in outs):
+            rows.append({**geo, "grad_wrt": "input"})
+        if any(o == w for o in outs) or not rows:
+            rows.append({**geo, "grad_wrt": "weight"})
+        return rows
+    if len(shapes) < 2 or len(shapes[0]) not in (3, 4) or not outs:
+        return []
+    return [_conv_geometry(shapes[0], shapes[1], outs[0][2:])]
+
+
+def _rowwise(numel: int, cols: int) -> dict[str, Any]:
+    cols = max(int(cols), 1)
+    return {"numel": numel, "rows": max(numel // cols, 1), "cols": cols}
+
+
+def node_rows(nodes: pd.DataFrame, tf32: bool = False) -> pd.DataFrame:
+    """Canonical kernel rows for ``nodes`` (an OpGraph node table), with ``node_pos``."""
+    out: list[dict[str, Any]] = []
+    for pos, node in enumerate(nodes.itertuples(index=False)):
+        family = str(node.family)
+        if family in NO_TIME_FAMILIES:
+            continue
+        op = str(node.op)
+        shapes = json.loads(node.input_shapes)
+        outs = [s for s in json.loads(node.output_shapes) if s]
+        in_dt, out_dt = json.loads(node.input_dtypes), json.loads(node.output_dtypes)
+        matrix = family in ("gemm", "conv", "attention")
+        base = {
+            "node_pos": pos,
+            "family": family,
+            "dtype": _dtype(in_dt + out_dt, tf32, matrix),
+            "direction": "backward" if node.phase == "backward" else "forward",
+        }
+        for row in _shape_rows(family, op, shapes, outs, node):
+            out.append({**base, **row})
+    return pd.DataFrame(out)
+
+
+def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]]:
+    counted = {"flops": float(node.flops), "bytes": float(node.bytes_read + node.bytes_written)}
+    big = max([_numel(s) for s in outs + shapes] or [1])
+    generic = [{"op": _base(op), "numel": big, **counted, "family": family}]
+    if family == "gemm":
+        row = _gemm_row(op, shapes)
+        return [row] if row else generic
+    if family == "conv":
+        return [{"op": "conv2d", **r} for r in _conv_rows(op, shapes, outs)] or generic
+    if family == "attention":
+        q = next((s for s in shapes if len(s) == 4), None)
+        ks = [s for s in shapes if len(s) == 4]
+        if q is None:
+            return generic
+        kv = ks[2] if op.endswith("_backward") and len(ks) > 2 else (ks[1] if len(ks) > 1 else q)
+        return [{"op": "sdpa", "batch": q[0], "heads": q[1], "seq_q": q[2], "seq_kv": kv[2],
+                 "head_dim": q[3]}]  # fmt: skip
+    if family == "norm":
+        name = NORM_OPS.get(op.removesuffix("_backward"), op)
+        x = max(shapes, key=_numel) if shapes else [1]
+        if name == "batch_norm":  # per-channel statistics over N*H*W
+            c = x[1] if len(x) > 1 else 1
+            return [{"op": name, **_rowwise(_numel(x), _numel(x) // max(c, 1))}]
+        params = [s for s in shapes if len(s) >= 1 and s != x and _numel(s) > 1]
+        cols = _numel(params[0]) if params else (x[-1] if x else 1)
+        return [{"op": name, **_rowwise(_numel(x), cols)}]
+    if family == "softmax":
+        x = max(shapes, key=_numel) if shapes else [1]
+        name = "log_softmax" if "log_softmax" in op else "softmax"
+        return [{"op": name, **_rowwise(_numel(x), x[-1] if x else 1)}]
+    if family == "embedding":
+        if op == "embedding" and len(shapes) >= 2:
+            idx = _numel(shapes[1])
+            dim = shapes[0][-1]
+            return [{"op": "embedding", "numel": idx * dim, "rows": idx, "cols": dim}]
+        return [{"op": _base(op), **_rowwise(big, outs[0][-1] if outs and outs[0] else 1),
+                 **counted}]  # fmt: skip
+    if family == "elementwise":
+        return [_elementwise_row(op, shapes, outs)]
+    return generic  # reduction, loss, optimizer, copy, fill, pooling, other
+
+
+def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
+    numel = max([_numel(s) for s in outs] or [_numel(s) for s in shapes] or [1])
+    full = sum(1 for s in shapes if _numel(s) == numel)
+    name = _base(op)
+    if name in ("add", "sub", "mul", "div", "pow") and full <= 1 and len(shapes) <= 1:
+        name = f"{name}_scalar"  # tensor op scalar: one operand streamed, as NeuSight's *u ops
+    trans = float(any(t in name for t in TRANSCENDENTAL_HINTS))
+    return {"op": name, "numel": numel, "rows": 1, "cols": numel, "arity": max(full, 1),
+            "transcendental": trans}  # fmt: skip
+
+
+# node_rows depends on the graph only, not the GPU: one prediction over many GPUs parses
+# the node shapes once. Keyed by the node table's identity (checked), bounded.
+_ROWS_CACHE: OrderedDict[tuple[int, bool], tuple[pd.DataFrame, pd.DataFrame]] = OrderedDict()
+
+
+def _cached_node_rows(nodes: pd.DataFrame, tf32: bool) -> pd.DataFrame:
+    key = (id(nodes), tf32)
+    hit = _ROWS_CACHE.get(key)
+    if hit is not None and hit[0] is nodes:
+        return hit[1]
+    rows = node_rows(nodes, tf32=tf32)
+    _ROWS_CACHE[key] = (nodes, rows)
+    while len(_ROWS_CACHE) > 16:
+        _ROWS_CACHE.popitem(last=False)
+    return rows
+
+
+def predict_nodes(
+    nodes: pd.DataFrame, gpu: GpuSpec, tf32: bool = False, model: Any = None
+) -> pd.DataFrame:
+    """Per-node ``ms``, ``p10``, ``p90`` and ``method`` on ``gpu`` (host nodes: 0 ms, 'none')."""
+    from boom_ml.timing.heads import load_model
+
+    model = model if model is not None else load_model()
+    n = len(nodes)
+    cols = {"ms": np.zeros(n), "p10": np.zeros(n), "p90": np.zeros(n)}
+    method = np.full(n, "none", dtype=object)
+    rows = _cached_node_rows(nodes, tf32)
+    if not rows.empty:
+        pred = model.predict_rows(rows.drop(columns=["node_pos"]), gpu)
+        pos = rows["node_pos"].to_numpy()
+        for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
+            np.add.at(cols[col], pos, pred[src].to_numpy())  # sums multi-row nodes
+        method[pos] = pred["method"].to_numpy()
+    return pd.DataFrame({**cols, "method": method})

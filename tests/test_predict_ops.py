@@ -1,0 +1,120 @@
+"""predict_ops: CSV validation (one clear line, exit 2) and predictions with a real model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+# Real-data fixtures (a small NeuSight subset and a tiny model trained on it).
+from test_train_ops import data_dir, small_kernels, small_model, small_model_dir  # noqa: F401
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.predict_ops import canonical_rows, predict_ops, run
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGED = REPO / "boom_ml" / "artifacts" / "per_op" / "model.json"
+
+
+def test_missing_shape_column_is_one_clear_error():
+    with pytest.raises(
+        InvalidInputError, match=r"missing column\(s\) for gemm ops \(bmm, row 1\): k"
+    ):
+        canonical_rows(pd.DataFrame({"op": ["bmm"], "B": [1], "M": [64], "N": [64]}))
+
+
+def test_unknown_column_and_unknown_op_are_rejected():
+    with pytest.raises(InvalidInputError, match="unknown column"):
+        canonical_rows(
+            pd.DataFrame({"op": ["bmm"], "B": [1], "M": [2], "N": [3], "K": [4], "Q": [5]})
+        )
+    with pytest.raises(InvalidInputError, match="unknown op 'frobnicate'"):
+        canonical_rows(pd.DataFrame({"op": ["frobnicate"], "numel": [10]}))
+    with pytest.raises(InvalidInputError, match="missing column: op"):
+        canonical_rows(pd.DataFrame({"B": [1]}))
+
+
+def test_neusight_conventions_map_to_canonical_rows():
+    rows = canonical_rows(pd.DataFrame({
+        "op": ["linear", "softmax", "addu", "conv2d"][:3],
+        "B": [2, 8, 8], "M": [128, None, None], "N": [512, None, None], "K": [256, None, None],
+        "H": [None, 1024, 1024], "dtype": ["fp16", None, "fp32"],
+    }).replace({"addu": "add_scalar"}))  # fmt: skip
+    assert list(rows["family"]) == ["gemm", "softmax", "elementwise"]
+    assert rows.loc[1, "rows"] == 8 and rows.loc[1, "cols"] == 1024 and rows.loc[1, "numel"] == 8192
+    assert list(rows["dtype"]) == ["float16", "float32", "float32"]
+
+
+@pytest.mark.parametrize(
+    "csv, message",
+    [("op,B,M,N\nbmm,1,64,64\n", "missing column(s) for gemm ops (bmm, row 1): k"),
+     ("op,B,M,N,K,colour\nbmm,1,64,64,64,red\n", "unknown column(s): colour")],
+)  # fmt: skip
+def test_cli_prints_one_line_and_exits_2(tmp_path, csv, message):
+    path = tmp_path / "ops.csv"
+    path.write_text(csv)
+    proc = subprocess.run([sys.executable, "-m", "boom_ml.predict_ops", f"input={path}", "gpu=l4"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("error: ")
+
+
+def test_predict_ops_with_a_trained_model(small_model_dir, tmp_path):  # noqa: F811
+    table = pd.DataFrame({"op": ["bmm", "linear", "layer_norm", "sdpa"], "B": [8, 4, None, None],
+                          "M": [512, 1024, None, None], "N": [64, 1024, None, None],
+                          "K": [512, 4096, None, None], "rows": [None, None, 4096, None],
+                          "cols": [None, None, 1024, None], "batch": [None, None, None, 2],
+                          "heads": [None, None, None, 12], "seq_q": [None, None, None, 1024],
+                          "head_dim": [None, None, None, 64]})  # fmt: skip
+    out = predict_ops(table, "a100-80gb-pcie", model=str(small_model_dir))
+    assert (out["pred_ms"] > 0).all()
+    assert (out["p10_ms"] <= out["pred_ms"]).all() and (out["pred_ms"] <= out["p90_ms"]).all()
+    assert list(out["method"]) == ["per-op", "per-op", "per-op", "roofline-calibrated"]
+    src = tmp_path / "in.csv"
+    table.to_csv(src, index=False)
+    run(
+        {
+            "input": str(src),
+            "gpu": "l4",
+            "output": str(tmp_path / "out.csv"),
+            "model": str(small_model_dir),
+        }
+    )
+    written = pd.read_csv(tmp_path / "out.csv")
+    assert {"pred_ms", "p10_ms", "p90_ms", "method"} <= set(written.columns)
+
+
+@pytest.mark.skipif(not PACKAGED.exists(), reason="no packaged per-op model")
+def test_packaged_model_predicts_a_large_gemm_sensibly():
+    # 4096^3 fp32 GEMM on an A100: 137 GFLOP at 19.5 TFLOPS peak is >= 7 ms; sane <= 3x that.
+    table = pd.DataFrame({"op": ["mm"], "M": [4096], "N": [4096], "K": [4096]})
+    ms = float(predict_ops(table, "a100-80gb-pcie")["pred_ms"].iloc[0])
+    assert 7.0 <= ms <= 21.0
+    assert np.isfinite(ms)
+
+
+def test_estimate_time_sums_per_op_predictions(small_model):  # noqa: F811
+    from tiny_models import tiny_transformer
+
+    from boom_ml.gpus import get_gpu
+    from boom_ml.specs import StepSpec
+    from boom_ml.timing.estimate import estimate_time
+    from boom_ml.timing.per_op import predict_nodes
+    from boom_ml.trace.step import trace_step
+
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="adamw"))
+    gpu = get_gpu("l4")
+    est = estimate_time(graph, gpu, model=small_model)
+    per_node = predict_nodes(graph.nodes, gpu, model=small_model)
+    assert est.method == "per-op"
+    assert est.step_ms == pytest.approx(per_node["ms"].sum())
+    assert est.p10_ms <= est.step_ms <= est.p90_ms
+    methods = set(per_node["method"])
+    assert {"per-op", "roofline-calibrated"} <= methods  # gemm heads; attention/optimizer fall back
+    host = (graph.nodes["family"] == "host").to_numpy()
+    assert (per_node.loc[host, "ms"] == 0).all()

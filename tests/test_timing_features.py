@@ -1,0 +1,136 @@
+"""Per-op features: the same op gets the same features at training and inference time.
+
+Training sees canonical kernel rows (as the importers write them); inference sees traced
+OpGraph nodes mapped by ``boom_ml.timing.per_op``. Every node table here is synthetic (made
+up shapes for the mapping), never a measurement.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from boom_ml.gpus import get_gpu
+from boom_ml.timing.features import feature_columns, kernel_features, target
+from boom_ml.timing.per_op import node_rows
+
+
+def synthetic_node(op: str, family: str, ins: list, outs: list, phase: str = "forward",
+                   dtype: str = "float32") -> dict:  # fmt: skip
+    """One synthetic OpGraph node row (shapes only; flops/bytes are not used by heads)."""
+    return {
+        "id": 0, "aten_op": f"aten.{op}.default", "op": op, "family": family, "phase": phase,
+        "module": "", "input_shapes": json.dumps(ins), "input_dtypes": json.dumps([dtype] * len(ins)),
+        "output_shapes": json.dumps(outs), "output_dtypes": json.dumps([dtype] * len(outs)),
+        "flops": 0, "bytes_read": 0, "bytes_written": 0,
+    }  # fmt: skip
+
+
+# (synthetic node, the canonical kernel row a measurement of the same op would be)
+PAIRS = [
+    (synthetic_node("mm", "gemm", [[512, 1024], [1024, 256]], [[512, 256]]),
+     {"op": "mm", "family": "gemm", "b": 1, "m": 512, "n": 1024, "k": 256}),
+    (synthetic_node("addmm", "gemm", [[256], [8 * 512, 1024], [1024, 256]], [[4096, 256]]),
+     {"op": "linear", "family": "gemm", "b": 8, "m": 512, "n": 1024, "k": 256}),
+    (synthetic_node("bmm", "gemm", [[16, 128, 64], [16, 64, 128]], [[16, 128, 128]]),
+     {"op": "bmm", "family": "gemm", "b": 16, "m": 128, "n": 64, "k": 128}),
+    (synthetic_node("cudnn_convolution", "conv", [[8, 64, 56, 56], [128, 64, 3, 3]], [[8, 128, 28, 28]]),
+     {"op": "conv2d", "family": "conv", "batch": 8, "in_channels": 64, "out_channels": 128,
+      "kernel_size": 3, "input_h": 56, "stride": 2, "padding": 1}),
+    (synthetic_node("native_layer_norm", "norm", [[4, 128, 768], [768], [768]],
+                    [[4, 128, 768], [4, 128, 1], [4, 128, 1]]),
+     {"op": "layer_norm", "family": "norm", "numel": 4 * 128 * 768, "rows": 512, "cols": 768}),
+    (synthetic_node("_softmax", "softmax", [[64, 1000]], [[64, 1000]]),
+     {"op": "softmax", "family": "softmax", "numel": 64000, "rows": 64, "cols": 1000}),
+    (synthetic_node("add", "elementwise", [[256, 4096], [256, 4096]], [[256, 4096]]),
+     {"op": "add", "family": "elementwise", "numel": 256 * 4096, "rows": 256, "cols": 4096}),
+    (synthetic_node("gelu", "elementwise", [[256, 4096]], [[256, 4096]]),
+     {"op": "gelu", "family": "elementwise", "numel": 256 * 4096, "rows": 256, "cols": 4096}),
+    (synthetic_node("mul", "elementwise", [[256, 4096]], [[256, 4096]]),
+     {"op": "mul_scalar", "family": "elementwise", "numel": 256 * 4096, "rows": 256, "cols": 4096}),
+    (synthetic_node("embedding", "embedding", [[50257, 768], [4, 128]], [[4, 128, 768]], dtype="float16"),
+     {"op": "embedding", "family": "embedding", "numel": 512 * 768, "rows": 512, "cols": 768,
+      "dtype": "float16"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("gpu_id", ["l4", "a100-80gb-pcie", "v100-pcie-32gb"])
+@pytest.mark.parametrize("pair", PAIRS, ids=[p[0]["op"] for p in PAIRS])
+def test_node_and_kernel_row_get_identical_features(pair, gpu_id):
+    node, kernel = pair
+    gpu = get_gpu(gpu_id)
+    mapped = node_rows(pd.DataFrame([node]))
+    assert len(mapped) == 1
+    train_row = pd.DataFrame(
+        [{"dtype": "float32", "direction": "forward", "gpu_id": gpu_id, **kernel}]
+    )
+    at_train = kernel_features(train_row, {gpu_id: gpu})
+    at_infer = kernel_features(mapped.drop(columns=["node_pos"]), gpu)
+    head = at_train["head"].iloc[0]
+    assert at_infer["head"].iloc[0] == head
+    cols = [*feature_columns(head), "roof_ms", "flops", "bytes"]
+    np.testing.assert_allclose(at_infer[cols].to_numpy(float), at_train[cols].to_numpy(float),
+                               rtol=1e-12, equal_nan=True)  # fmt: skip
+
+
+def test_mixed_frame_gives_each_row_its_own_features():
+    gpu = get_gpu("t4")
+    rows = node_rows(pd.DataFrame([p[0] for p in PAIRS])).drop(columns=["node_pos"])
+    together = kernel_features(rows, gpu)
+    for i in range(len(rows)):
+        alone = kernel_features(rows.iloc[[i]], gpu)
+        cols = [*feature_columns(alone["head"].iloc[0]), "roof_ms"]
+        np.testing.assert_allclose(together.iloc[[i]][cols].to_numpy(float),
+                                   alone[cols].to_numpy(float), equal_nan=True)  # fmt: skip
+
+
+def test_gemm_roofline_and_waves():
+    gpu = get_gpu("a100-80gb-pcie")
+    row = pd.DataFrame([{"op": "bmm", "family": "gemm", "dtype": "float32", "direction": "forward",
+                         "b": 4, "m": 1024, "n": 1024, "k": 1024}])  # fmt: skip
+    f = kernel_features(row, gpu).iloc[0]
+    flops = 2 * 4 * 1024**3
+    assert f["flops"] == flops
+    assert f["roof_ms"] == pytest.approx(flops / (gpu.fp32_tflops * 1e12) * 1e3 + 0.005)
+    tiles = 4 * 8 * 8  # 128x128 output tiles
+    assert f["wave_eff_128x128"] == pytest.approx(
+        tiles / (np.ceil(tiles / gpu.sm_count) * gpu.sm_count)
+    )
+    fp16 = kernel_features(row.assign(dtype="float16"), gpu).iloc[0]
+    assert fp16["tensor_core"] == 1.0 and fp16["roof_ms"] < f["roof_ms"]
+    assert np.isfinite(target(np.array([2.0]), np.array([1.0]))).all()
+
+
+def test_conv_backward_becomes_input_and_weight_rows():
+    ins = [[8, 128, 28, 28], [8, 64, 56, 56], [128, 64, 3, 3]]
+    node = synthetic_node("convolution_backward", "conv", ins, [[8, 64, 56, 56], [128, 64, 3, 3]],
+                          phase="backward")  # fmt: skip
+    rows = node_rows(pd.DataFrame([node]))
+    assert sorted(rows["grad_wrt"]) == ["input", "weight"]
+    assert (rows[["stride", "padding", "input_h"]].to_numpy() == [2, 1, 56]).all()
+    first_layer = synthetic_node(
+        "convolution_backward", "conv", ins, [[128, 64, 3, 3]], phase="backward"
+    )
+    assert list(node_rows(pd.DataFrame([first_layer]))["grad_wrt"]) == ["weight"]
+
+
+def test_host_nodes_have_no_rows_and_unknown_ops_use_traced_counts():
+    host = synthetic_node("item", "host", [[1]], [[1]])
+    foreach = synthetic_node("_foreach_add_", "optimizer", [[10, 10], [10]], [])
+    foreach.update(flops=110, bytes_read=880, bytes_written=440)
+    rows = node_rows(pd.DataFrame([host, foreach]))
+    assert list(rows["node_pos"]) == [1]
+    f = kernel_features(rows.drop(columns=["node_pos"]), get_gpu("l4"))
+    assert f["bytes"].iloc[0] == 1320 and f["head"].iloc[0] == "optimizer"
+
+
+def test_spec_without_l2_or_clock_still_featurises():
+    from dataclasses import replace
+
+    gpu = replace(get_gpu("l4"), l2_cache_mb=None, boost_clock_mhz=None, tdp_w=None)
+    row = pd.DataFrame([PAIRS[0][1] | {"dtype": "float32", "direction": "forward"}])
+    f = kernel_features(row, gpu)
+    assert np.isnan(f["g_l2_mb"].iloc[0]) and np.isfinite(f["roof_ms"].iloc[0])
