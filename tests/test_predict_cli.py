@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from boom_ml.errors import (
+    ArtifactError,
     BoomError,
     InvalidInputError,
     TraceError,
@@ -132,5 +134,58 @@ def test_cli_prints_valid_json():
 
 
 def test_every_error_is_a_boom_error():
-    for cls in (UnknownModelError, UnknownGpuError, InvalidInputError, TraceError):
+    for cls in (UnknownModelError, UnknownGpuError, InvalidInputError, TraceError, ArtifactError):
         assert issubclass(cls, BoomError) and cls.exit_code == 2
+
+
+def _factory_file(tmp_path, body: str) -> str:
+    path = tmp_path / "factory.py"
+    path.write_text(body)
+    return f"file:{path}:make"
+
+
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ("def make():\n    raise ValueError('no such layer')\n", "raised ValueError"),
+        ("def make():\n    return 42\n", "Module"),
+    ],
+)
+def test_bad_file_factory(tmp_path, body, words):
+    with pytest.raises(InvalidInputError, match=words):
+        run({**BASE, "model": _factory_file(tmp_path, body)})
+
+
+def test_malformed_hf_config(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{not json")
+    with pytest.raises(InvalidInputError, match="config.json"):
+        run({**BASE, "model": f"hf:{config}", "seq_len": 16, "image_size": None})
+
+
+def test_unwritable_plot_directory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(InvalidInputError, match="plot directory"):
+        run({**BASE, "plot": str(blocker / "plots")})
+
+
+def test_plots_are_written(tmp_path):
+    run({**BASE, "gpu": ["l4", "t4"], "output": "table", "plot": str(tmp_path)})
+    assert len(list(tmp_path.glob("*.png"))) == 3
+
+
+def test_missing_per_op_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOOM_PER_OP_MODEL", str(tmp_path))
+    with pytest.raises(ArtifactError, match="not found"):
+        run(BASE)
+
+
+def test_corrupt_per_op_model(tmp_path, monkeypatch):
+    packaged = REPO / "boom_ml" / "artifacts" / "per_op"
+    shutil.copytree(packaged, tmp_path / "per_op")
+    for head in (tmp_path / "per_op").glob("*_p50.txt.gz"):
+        head.write_bytes(b"this is not a gzip file")
+    monkeypatch.setenv("BOOM_PER_OP_MODEL", str(tmp_path / "per_op"))
+    with pytest.raises(ArtifactError, match="corrupt"):
+        run(BASE)

@@ -32,6 +32,7 @@ from boom_ml.memory.capacity import BatchScaling
 from boom_ml.memory.estimate import simulate_step
 from boom_ml.memory.overheads import TABLE_PATH, OverheadTable, Term, load_overheads
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace import TRACE_VERSION
 from boom_ml.trace.graph import OpGraph
 from boom_ml.zoo.base import BuiltModel
 
@@ -116,7 +117,7 @@ class Traces:
         from boom_ml.trace.step import trace_step
         from boom_ml.zoo import build_model
 
-        key = f"v{WORKLOAD_VERSION}|{cfg}|{batch}"
+        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|{cfg}|{batch}"
         path = self.cache / hashlib.sha1(key.encode()).hexdigest()[:16] if self.cache else None
         if path is not None and (path / "meta.json").exists():
             return OpGraph.load(path)

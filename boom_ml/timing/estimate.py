@@ -9,7 +9,6 @@ import pandas as pd
 
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.roofline import roofline_ms
 from boom_ml.trace.graph import OpGraph
 
 
@@ -20,16 +19,13 @@ def estimate_time(
 
     Ops of families with a learned head get its prediction; the others a calibrated
     roofline (``boom_ml.timing.heads``). ``model`` is a PerOpModel (default: the packaged
-    one, or ``$BOOM_PER_OP_MODEL``). Without any per-op model the plain roofline is used.
+    one, or ``$BOOM_PER_OP_MODEL``).
     """
-    from boom_ml.errors import ArtifactError
     from boom_ml.timing.per_op import predict_nodes
 
-    try:
-        pred = predict_nodes(graph.nodes, gpu, tf32=tf32, model=model)
-    except ArtifactError:
-        per_node = roofline_ms(graph.nodes, gpu, tf32=tf32)
-        return summarise(graph.nodes, per_node, method="roofline", top_n=top_n)
+    # A missing or corrupt model raises ArtifactError (one line, exit 2 in the CLI):
+    # silently falling back to the roofline would hide it behind worse numbers.
+    pred = predict_nodes(graph.nodes, gpu, tf32=tf32, model=model)
     return summarise(
         graph.nodes,
         pred["ms"].to_numpy(),

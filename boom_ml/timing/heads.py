@@ -165,6 +165,18 @@ class PerOpModel:
             raise ArtifactError(
                 f"per-op model not found: {path} (run python -m training.train_ops)"
             )
+        try:
+            return cls._load(src, path)
+        except ArtifactError:
+            raise
+        except Exception as exc:  # unreadable JSON, gzip or LightGBM text: a corrupt artifact
+            raise ArtifactError(
+                f"per-op model in {src} is corrupt ({type(exc).__name__}: {exc}); reinstall "
+                "boom-ml or rebuild it with python -m training.train_ops package=true"
+            ) from exc
+
+    @classmethod
+    def _load(cls, src: Path, path: Path) -> PerOpModel:
         doc = json.loads(path.read_text())
         if doc.get("feature_version") != FEATURE_VERSION:
             raise ArtifactError(
