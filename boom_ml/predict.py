@@ -9,6 +9,7 @@ Run with --help for every option (Hydra syntax: key=value).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -58,6 +59,9 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
 
 def main() -> None:
     import hydra
+
+    # transformers' notices about configs we build on purpose are noise on a terminal
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
     try:
         check_override_keys(sys.argv[1:])

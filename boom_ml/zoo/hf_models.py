@@ -12,6 +12,7 @@ import functools
 import inspect
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +215,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     def enable_checkpointing(m: nn.Module) -> None:
         if not getattr(m, "supports_gradient_checkpointing", False):
             raise InvalidInputError(f"{what}: {type(m).__name__} does not support checkpointing")
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed the method and warns on every call: not the user's concern
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     return BuiltModel(
         spec=spec,
