@@ -22,7 +22,6 @@ import logging
 import statistics
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +29,14 @@ import torch
 from data_collection import environment as env
 from data_collection import schema
 from data_collection.kernel_ops import DTYPES, REGISTRY, OpDef, Run
-from data_collection.shards import ShardWriter, SweepStats, config_key, my_share, run_configs
+from data_collection.shards import (
+    ShardWriter,
+    SweepStats,
+    config_key,
+    hydra_entry,
+    my_share,
+    run_configs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -257,19 +263,7 @@ def hydra_task(cfg: Any) -> None:
 
 
 def _hydra_main() -> None:
-    # Hydra is imported here, not at module level, so the plain functions run where only
-    # torch is installed (the GPU machine's image has no hydra-core).
-    import warnings
-
-    import hydra
-
-    # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
-    # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
-    warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
-    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
-    hydra.main(version_base="1.3", config_path=config_dir, config_name="collect/kernels")(
-        hydra_task
-    )()
+    hydra_entry("collect/kernels", hydra_task)
 
 
 if __name__ == "__main__":

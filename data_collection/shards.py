@@ -320,3 +320,20 @@ def run_configs(
         bar.close()
     flush_all()
     return stats
+
+
+def hydra_entry(config_name: str, task: Any) -> None:
+    """Run ``task`` as the Hydra main of ``configs/<config_name>.yaml`` (sweep entry points).
+
+    Hydra is imported here, not at module level, so the plain sweep functions run where only
+    torch is installed (the GPU machine's image has no hydra-core).
+    """
+    import warnings
+
+    import hydra
+
+    # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
+    # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
+    warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
+    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
+    hydra.main(version_base="1.3", config_path=config_dir, config_name=config_name)(task)()

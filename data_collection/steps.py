@@ -27,7 +27,6 @@ import json
 import logging
 import statistics
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,7 +37,7 @@ from boom_ml.zoo import build_model
 from data_collection import environment as env
 from data_collection import schema
 from data_collection.kernels import Timer, spread
-from data_collection.shards import ShardWriter, config_key, my_share, run_configs
+from data_collection.shards import ShardWriter, config_key, hydra_entry, my_share, run_configs
 
 log = logging.getLogger(__name__)
 
@@ -418,19 +417,7 @@ def hydra_task(cfg: Any) -> None:
 
 
 def _hydra_main() -> None:
-    # Hydra is imported here, not at module level, so the plain functions run where only
-    # torch is installed (the GPU machine's image has no hydra-core).
-    import warnings
-
-    import hydra
-
-    # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
-    # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
-    warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
-    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
-    hydra.main(version_base="1.3", config_path=config_dir, config_name="collect/steps")(
-        hydra_task
-    )()
+    hydra_entry("collect/steps", hydra_task)
 
 
 if __name__ == "__main__":
