@@ -19,7 +19,9 @@ def test_quickstart_is_saved_with_outputs():
 
 def test_quickstart_executes(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert list(tmp_path.joinpath("figures").glob("*.png"))
