@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,10 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import nn
-from torch_geometric.data import Batch, Data
+
+with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
+    warnings.simplefilter("ignore", FutureWarning)
+    from torch_geometric.data import Batch, Data
 
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
@@ -372,9 +376,9 @@ def regime(family: str, amp: str | None) -> str:
 
 
 def use_gnn_for(manifest: dict[str, Any], family: str, amp: str | None) -> bool:
-    """Whether CV said the GNN beats the per-op sum in this cell ("other": unseen family)."""
+    """Whether CV said the GNN beats the per-op sum in this cell ("other/*": unseen family)."""
     rule = manifest.get("use_gnn", {})
-    return bool(rule.get(regime(family, amp), rule.get("other", False)))
+    return bool(rule.get(regime(family, amp), rule.get(regime("other", amp), False)))
 
 
 def estimate_time(
@@ -404,4 +408,9 @@ def estimate_time(
     est = per_op_estimate.summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
     est.step_ms = pred.step_ms
     est.overhead_ms = round(pred.overhead_ms, 4)
+    # The GNN has no quantile heads: carry the per-op interval over, scaled to its estimate.
+    base = per_op_estimate.estimate_time(graph, gpu, tf32=tf32, top_n=top_n)
+    if base.p10_ms is not None and base.p90_ms is not None and base.step_ms > 0:
+        est.p10_ms = base.p10_ms * est.step_ms / base.step_ms
+        est.p90_ms = base.p90_ms * est.step_ms / base.step_ms
     return est

@@ -1,0 +1,117 @@
+"""GNN step-time model: attributions, the trace cache, and one epoch on real measurements."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from boom_ml.gpus import get_gpu
+from boom_ml.specs import StepSpec
+from boom_ml.timing import gnn
+from boom_ml.trace.step import trace_step
+from data_collection.paths import shared_data_dir
+from tests.tiny_models import tiny_cnn
+from training.graph_dataset import GraphCache, TraceConfig
+from training.train_gnn import CONFIG_DIR
+
+SHARED = shared_data_dir()
+
+
+def _perturbed_model(seed: int = 0) -> gnn.StepGNN:
+    """A model whose corrections and overhead are non-zero (a fresh one starts at per-op)."""
+    torch.manual_seed(seed)
+    model = gnn.StepGNN(hidden=16, layers=2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw"))
+    gpu = get_gpu("a100-80gb-sxm")
+    model = _perturbed_model()
+    per_op = gnn.per_op_function(None)[0]  # the heads when packaged, else the roofline
+    pred = gnn.predict_graph(model, graph, gpu, tf32=False, per_op=per_op)
+    assert pred.overhead_ms > 0 and (pred.node_ms >= 0).all()
+    assert pred.step_ms == pytest.approx(pred.overhead_ms + pred.node_ms.sum(), rel=1e-12)
+    host = graph.nodes["family"].eq("host").to_numpy()
+    assert (pred.node_ms[host] == 0).all()
+
+    manifest = {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}}
+    monkeypatch.setattr(gnn, "load_model", lambda: (model, manifest))
+    est = gnn.estimate_time(graph, gpu, top_n=1000)
+    assert est.method == "gnn"
+    assert est.step_ms == pytest.approx(pred.step_ms, rel=1e-6)
+    attributed = est.step_ms - est.overhead_ms
+    # Every node is in exactly one family, one module and one (op, phase): all three
+    # partitions add up to the step time minus the overhead (up to 4-decimal rounding).
+    tol = 1e-4 * (len(graph.nodes) + 1)
+    assert sum(est.by_family.values()) == pytest.approx(attributed, abs=tol)
+    assert sum(m["ms"] for m in est.top_modules) == pytest.approx(attributed, abs=tol)
+    assert sum(o["ms"] for o in est.top_ops) == pytest.approx(attributed, abs=tol)
+
+
+def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
+    manifest = {
+        "per_op": gnn.per_op_function(None)[0],
+        "use_gnn": {"cnn/no-amp": False, "other/no-amp": True},
+    }
+    monkeypatch.setattr(gnn, "load_model", lambda: (_perturbed_model(), manifest))
+    est = gnn.estimate_time(graph, get_gpu("l4"))
+    assert est.method != "gnn" and est.overhead_ms == 0.0
+
+
+def test_graph_round_trips_through_cache(tmp_path) -> None:
+    cfg = TraceConfig("torchvision:squeezenet1_1", 2, None, 64, "none", "none", "none",
+                      half=True, forward_only=False)  # fmt: skip
+    first = GraphCache(tmp_path)
+    traced = first.get(cfg)
+    assert not isinstance(traced, str) and first.traced == 1
+    conv_dtypes = traced.nodes.loc[traced.nodes["family"] == "conv", "input_dtypes"]
+    assert {d for s in conv_dtypes for d in json.loads(s)} == {"float16"}  # model.half()
+    second = GraphCache(tmp_path)
+    loaded = second.get(cfg)
+    assert second.traced == 0  # read from disk, not traced again
+    assert loaded.nodes.equals(traced.nodes) and loaded.edges.equals(traced.edges)
+    assert loaded.meta["trace_config"]["model"] == cfg.model
+    a, b = gnn.graph_data(traced), gnn.graph_data(loaded)
+    assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index)
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data dir {SHARED} is absent")
+def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
+    """Real cnn_step_times rows of two small models: dataset, one-epoch CV, package."""
+    from data_collection.import_public import import_all
+    from training.train_gnn import run
+
+    import_all(SHARED, tmp_path / "canonical", only=["cnn_step_times"], progress=False)
+    monkeypatch.setenv("BOOM_DATA_DIR", str(tmp_path / "canonical"))
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose("train_gnn", overrides=[
+            "data.models=[torchvision:squeezenet1_1,torchvision:resnet18]",
+            f"data.cache_dir={tmp_path / 'cache'}", "per_op=roofline", "train.epochs=1",
+            "model.hidden=16", "model.layers=2", "cv.families=false", "mlflow.enabled=false",
+            f"artifact_dir={tmp_path / 'artifact'}", "threads=1",
+        ])  # fmt: skip
+    manifest = run(cfg)
+    assert manifest["data"]["rows"] > 10 and manifest["per_op"] == "roofline"
+    assert any("float64" in k for k in manifest["data"]["excluded"])
+    held = {line["held out"] for line in manifest["cv"]}
+    assert {"gpu=titan-xp", "gpu=all (pooled)"} <= held
+    assert all(np.isfinite(line["GNN MAPE %"]) for line in manifest["cv"])
+    model, saved = gnn.load_model(tmp_path / "artifact")
+    assert saved["use_gnn"] == manifest["use_gnn"] and isinstance(model, gnn.StepGNN)
+
+
+def test_gnn_not_used_when_trained_on_another_per_op_function(monkeypatch) -> None:
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
+    monkeypatch.setattr(gnn, "per_op_function", lambda name=None: ("per-op", None))
+    manifest = {"per_op": "roofline", "use_gnn": {"cnn/no-amp": True}}
+    monkeypatch.setattr(gnn, "load_model", lambda: (_perturbed_model(), manifest))
+    assert gnn.estimate_time(graph, get_gpu("l4")).method != "gnn"  # its CV verdict is void

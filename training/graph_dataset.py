@@ -1,0 +1,350 @@
+"""Step measurements joined to traced operator graphs: the GNN's dataset.
+
+Every usable row of the canonical steps table is traced as the configuration it measured
+(model, batch, image size or sequence length, optimizer, AMP, pure fp16) into an OpGraph.
+Traces do not depend on the GPU, so they are cached on disk keyed by configuration and
+shared by every GPU that measured it. Each row then gets the GPU-dependent inputs (per-op
+times on that GPU, spec features) from ``boom_ml.timing.gnn``, the same functions inference
+uses, and the measured step time as target.
+
+What is left out, and why, is counted in ``StepGraphDataset.excluded``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch_geometric.data import Data
+
+from boom_ml.gpus import get_gpu
+from boom_ml.timing.gnn import (
+    FEATURE_VERSION,
+    RowInputs,
+    graph_data,
+    per_op_function,
+    row_inputs,
+)
+from boom_ml.trace.graph import OpGraph
+from data_collection.paths import repo_root, shared_data_dir
+
+DEFAULT_SOURCES = ("cnn_step_times", "timm_train", "neusight_labels")
+# Sources we never train on, with the reason printed next to their count.
+SOURCE_REASONS = {"timm_infer": "timm_infer: forward-only inference benchmark, not a training step"}
+MULTI_VARIANTS = ("dataparallel", "dp4", "tp4", "pp4_1")
+COMPILED_VARIANTS = ("fusion", "dynamo")
+# PyTorch of sources whose rows leave torch_version empty (their SOURCE.md): the 2020
+# cnn_step_times A100 run used the NGC 20.10 container; NeuSight used 2.1.0.
+SOURCE_TORCH = {"cnn_step_times": "1.7", "neusight_labels": "2.1.0"}
+# timm's benchmark builds its "sgd" with create_optimizer_v2: SGD, nesterov momentum 0.9.
+OPTIMIZER_ALIASES = {("timm_train", "sgd"): "sgd-momentum"}
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Everything a trace depends on (the GPU is not among it)."""
+
+    model: str
+    batch_size: int
+    seq_len: int | None
+    image_size: int | None
+    optimizer: str
+    amp: str
+    checkpointing: str
+    half: bool  # whole model and batch in fp16 (``model.half()``), not AMP
+    forward_only: bool  # inference rows: keep the forward nodes only
+
+    def key(self) -> str:
+        import timm
+        import transformers
+
+        blob = json.dumps([asdict(self), torch.__version__, timm.__version__,
+                           transformers.__version__], sort_keys=True)  # fmt: skip
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def resolve_model(spec: str) -> str:
+    """``hf:neusight/...json`` names a file under the shared data dir: make it absolute."""
+    if spec.startswith("hf:") and spec.endswith(".json"):
+        path = shared_data_dir() / spec[3:]
+        if path.exists():
+            return f"hf:{path}"
+    return spec
+
+
+def trace_config(cfg: TraceConfig) -> OpGraph:
+    """Build and trace one configuration (seconds; use GraphCache to do it once)."""
+    from boom_ml.specs import ModelSpec, StepSpec
+    from boom_ml.trace.step import trace_step
+    from boom_ml.zoo import build_model
+
+    built = build_model(ModelSpec(resolve_model(cfg.model)))
+    strict = getattr(getattr(built.module, "patch_embed", None), "strict_img_size", False)
+    if cfg.image_size and strict and built.default_image_size != cfg.image_size:
+        # timm's benchmark builds patch models at the size it runs them at.
+        opts = {"img_size": cfg.image_size}
+        built = build_model(ModelSpec(resolve_model(cfg.model), opts))
+    if cfg.half:
+        built.module.half()
+        make = built.make_inputs
+
+        def half_inputs(step: Any, device: torch.device) -> dict[str, Any]:
+            batch = make(step, device)
+            return {k: v.half() if torch.is_tensor(v) and v.is_floating_point() else v
+                    for k, v in batch.items()}  # fmt: skip
+
+        built.make_inputs = half_inputs
+    step = StepSpec(cfg.batch_size, cfg.seq_len, cfg.image_size, cfg.optimizer, cfg.amp,
+                    cfg.checkpointing)  # fmt: skip
+    graph = trace_step(built, step)
+    if cfg.forward_only:
+        graph = forward_subgraph(graph)
+    return graph
+
+
+def forward_subgraph(graph: OpGraph) -> OpGraph:
+    """The forward nodes of a step (an inference row), with the edges among them."""
+    keep = graph.nodes["phase"].astype(str).eq("forward").to_numpy()
+    nodes = graph.nodes[keep].reset_index(drop=True)
+    ids = set(nodes["id"].tolist())
+    edges = graph.edges[graph.edges["src"].isin(ids) & graph.edges["dst"].isin(ids)]
+    events = graph.mem_events[graph.mem_events["node_id"].isin(ids)]
+    meta = {**graph.meta, "forward_only": True}
+    return OpGraph(nodes, edges.reset_index(drop=True), events.reset_index(drop=True), meta)
+
+
+class GraphCache:
+    """Traced graphs on disk, one folder per configuration key; failures are cached too."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = Path(directory)
+        self.traced = 0
+        self.seconds = 0.0
+        self.stale = 0  # loaded graphs traced by other tracer/zoo code than the current
+        self.source = tracer_source_hash()
+
+    def get(self, cfg: TraceConfig) -> OpGraph | str:
+        """The graph, or the error text of a configuration that cannot be traced."""
+        path = self.dir / cfg.key()
+        if (path / "meta.json").exists():
+            graph = OpGraph.load(path)
+            self.stale += graph.meta.get("tracer_source") != self.source
+            return graph
+        failed = path / "failed.json"
+        if failed.exists():
+            return json.loads(failed.read_text())["error"]
+        started = time.perf_counter()
+        try:
+            graph = trace_config(cfg)
+        except Exception as exc:  # noqa: BLE001 - any model that fails to build/trace is skipped
+            path.mkdir(parents=True, exist_ok=True)
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            failed.write_text(json.dumps({"config": asdict(cfg), "error": error}))
+            return error
+        finally:
+            self.traced += 1
+            self.seconds += time.perf_counter() - started
+        graph.meta["trace_config"] = asdict(cfg)
+        graph.meta["tracer_source"] = self.source
+        graph.save(path)
+        return graph
+
+
+def tracer_source_hash() -> str:
+    """Hash of the tracer and zoo code. Not part of the cache key, on purpose: a retrace of
+    everything takes ~10 min here, and most tracer edits do not change the ops; stale
+    entries are counted and reported instead (delete the cache folder to retrace)."""
+    root = repo_root() / "boom_ml"
+    h = hashlib.sha256()
+    for p in sorted([*root.glob("trace/*.py"), *root.glob("zoo/*.py")]):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def select_rows(steps: pd.DataFrame, cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Rows we can trace faithfully, their TraceConfig, and counts of what was dropped."""
+    excluded: dict[str, int] = {}
+    df = steps.copy()
+
+    def drop(mask: pd.Series, reason: str) -> None:
+        nonlocal df
+        mask = mask.fillna(False).astype(bool)
+        if mask.any():
+            excluded[reason] = excluded.get(reason, 0) + int(mask.sum())
+        df = df[~mask]
+
+    sources = tuple(cfg.get("sources", DEFAULT_SOURCES))
+    for src in sorted(set(df["source"]) - set(sources)):
+        drop(df["source"] == src, SOURCE_REASONS.get(src, f"{src}: source not selected"))
+    drop(df["device_kind"].astype(str) != "gpu", "not a GPU measurement")
+    drop(df["oom"].fillna(False) | df["step_time_ms"].isna(), "OOM or no step time")
+    drop((df["num_gpus"] > 1) | df["variant"].isin(MULTI_VARIANTS), "multi-GPU (num_gpus > 1)")
+    drop(df["variant"].isin(COMPILED_VARIANTS), "torch.compile (fusion/dynamo)")
+    drop(df["precision"] == "float64", "float64: GpuSpec has no FP64 peak")
+    drop(df["precision"] == "bfloat16", "pure bf16 model: not traced")
+    if not cfg.get("forward_only_rows", True):
+        drop(df["phase_scope"] == "fwd", "forward-only rows (disabled)")
+    drop(~df["gpu_id"].map(_known_gpu), "GPU not in the spec table")
+    if cfg.get("models"):  # a named subset (tests, quick experiments)
+        drop(~df["model"].isin(list(cfg["models"])), "model not in data.models")
+    df, skipped = _timm_subset(df, int(cfg.get("timm_models", 150)), int(cfg.get("seed", 0)))
+    excluded.update(skipped)
+    return df.reset_index(drop=True), excluded
+
+
+def _known_gpu(gpu_id: str) -> bool:
+    try:
+        get_gpu(gpu_id)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _timm_subset(df: pd.DataFrame, n_models: int, seed: int) -> tuple[pd.DataFrame, dict]:
+    """A stratified, seeded subset of timm_train models (tracing all 838 is too slow here).
+
+    Strata are quintiles of measured ms per sample (a cost proxy that spans tiny to huge
+    models); within a stratum the cheaper models are preferred by sampling with weights
+    1/sqrt(rank), since big models take longest to trace. Both layouts of a chosen model stay.
+    """
+    import timm
+
+    timm_rows = df["source"] == "timm_train"
+    if not timm_rows.any():
+        return df, {}
+    t = df[timm_rows]
+    names = t["model"].str.removeprefix("timm:")
+    gone = ~names.map(timm.is_model)
+    cost = (t["step_time_ms"] / t["batch_size"]).groupby(t["model"][~gone]).median()
+    strata = pd.qcut(cost.rank(method="first"), 5, labels=False)
+    rng = np.random.default_rng(seed)
+    chosen: list[str] = []
+    for s in range(5):
+        members = cost[strata == s].sort_values().index.to_numpy()
+        k = min(len(members), n_models // 5 + (s < n_models % 5))
+        w = 1.0 / np.arange(1, len(members) + 1) ** 0.5
+        chosen += list(rng.choice(members, size=k, replace=False, p=w / w.sum()))
+    keep = ~timm_rows | t["model"].isin(chosen).reindex(df.index, fill_value=True)
+    skipped = {
+        f"timm_train: model missing from installed timm {timm.__version__}": int(gone.sum()),
+        f"timm_train: not in the {len(chosen)}-model subset (seed {seed})": int(
+            (timm_rows & ~keep).sum() - gone.sum()
+        ),
+    }
+    return df[keep], {k: v for k, v in skipped.items() if v}
+
+
+def row_trace_config(row: pd.Series) -> TraceConfig:
+    opt = str(row["optimizer"]) if pd.notna(row["optimizer"]) else "none"
+    return TraceConfig(
+        model=str(row["model"]),
+        batch_size=int(row["batch_size"]),
+        seq_len=int(row["seq_len"]) if pd.notna(row["seq_len"]) else None,
+        image_size=int(row["image_size"]) if pd.notna(row["image_size"]) else None,
+        optimizer=OPTIMIZER_ALIASES.get((row["source"], opt), opt),
+        amp=str(row["amp"]) if pd.notna(row["amp"]) else "none",
+        checkpointing=str(row["checkpointing"]) if pd.notna(row["checkpointing"]) else "none",
+        half=row["precision"] == "float16",
+        forward_only=row["phase_scope"] == "fwd",
+    )
+
+
+def row_tf32(row: pd.Series) -> bool:
+    """TF32 as recorded, else PyTorch's default of the software that measured the row.
+
+    Importers leave it empty only on Ampere and later. PyTorch 1.7-1.11 ran fp32 matmuls
+    and convolutions on TF32 by default; from 1.12 matmuls are off (convolutions stay on).
+    The roofline has one flag, and it follows matmuls: a wrong "on" makes an fp32
+    transformer 8x too fast on an A100 in the per-op sum.
+    """
+    if pd.notna(row["tf32"]):
+        return bool(row["tf32"])
+    version = row.get("torch_version")
+    version = str(version) if pd.notna(version) else SOURCE_TORCH.get(str(row["source"]), "")
+    major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
+    return bool(major_minor) and (1, 7) <= major_minor < (1, 12)
+
+
+@dataclass
+class StepGraphDataset:
+    """Unique graphs (PyG ``Data``) and one row per measurement pointing at its graph."""
+
+    rows: pd.DataFrame  # source, gpu_id, model, family, graph, target_ms, baseline_ms, ...
+    graphs: list[Data]
+    inputs: list[RowInputs]
+    per_op: str  # name of the per-op time function (see boom_ml.timing.gnn.per_op_function)
+    excluded: dict[str, int] = field(default_factory=dict)
+    trace_seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def as_data(self, i: int) -> Data:
+        """Row ``i`` as one self-contained PyG graph (for inspection; training shares graphs)."""
+        g, r = self.graphs[int(self.rows["graph"].iat[i])], self.inputs[i]
+        return Data(x=torch.cat([g.x, r.dynamic], 1), edge_index=g.edge_index,
+                    edge_type=g.edge_type, u=r.context[None], y=torch.tensor([self.rows["target_ms"].iat[i]]))  # fmt: skip
+
+
+def build_dataset(
+    steps: pd.DataFrame, cfg: dict[str, Any], per_op: str | None = None, verbose: bool = True
+) -> StepGraphDataset:
+    """Select, trace (cached), and featurise the step rows."""
+    rows, excluded = select_rows(steps, cfg)
+    cache = GraphCache(Path(cfg.get("cache_dir") or repo_root() / "data" / "graph_cache"))
+    per_op_name, per_op_fn = per_op_function(per_op)
+    rows["config"] = [row_trace_config(r) for _, r in rows.iterrows()]
+    configs = list(dict.fromkeys(rows["config"]))
+    graphs: dict[TraceConfig, OpGraph] = {}
+    failures: dict[str, int] = {}
+    for i, c in enumerate(configs):
+        got = cache.get(c)
+        if isinstance(got, str):
+            why = f"trace failed: {c.model}: {got.split(': ', 1)[-1][:90]}"
+            failures[why] = failures.get(why, 0) + int((rows["config"] == c).sum())
+        else:
+            graphs[c] = got
+        if verbose and cache.traced and cache.traced % 20 == 0 and i < len(configs) - 1:
+            print(f"  traced {cache.traced} configs ({cache.seconds:.0f} s) ...", flush=True)
+    excluded.update(failures)
+    rows = rows[rows["config"].isin(set(graphs))].reset_index(drop=True)
+    order = {c: k for k, c in enumerate(graphs)}
+    data = [graph_data(g) for g in graphs.values()]
+    inputs, base, fams = [], [], []
+    for _, r in rows.iterrows():
+        graph, gpu, tf32 = graphs[r["config"]], get_gpu(r["gpu_id"]), row_tf32(r)
+        ms = np.asarray(per_op_fn(graph.nodes, gpu, tf32), dtype=float)
+        inputs.append(row_inputs(graph, gpu, tf32, ms, bool(r["channels_last"])))
+        base.append(float(ms.sum()))
+        fams.append(str(graph.meta.get("model_family", "other")))
+    rows["graph"] = rows["config"].map(order)
+    rows["family"] = fams
+    rows["baseline_ms"] = base
+    rows["target_ms"] = rows["step_time_ms"].astype(float)
+    keep = ["source", "gpu_id", "model", "family", "batch_size", "seq_len", "image_size",
+            "precision", "amp", "phase_scope", "channels_last", "graph", "target_ms", "baseline_ms"]  # fmt: skip
+    ds = StepGraphDataset(rows[keep].copy(), data, inputs, per_op_name, excluded, cache.seconds)
+    if verbose:
+        print(describe(ds, len(configs), cache.traced))
+        if cache.stale:
+            print(f"note: {cache.stale} cached graphs come from other tracer/zoo code than "
+                  f"the current (delete {cache.dir} to retrace them)")  # fmt: skip
+    return ds
+
+
+def describe(ds: StepGraphDataset, n_configs: int, n_traced: int) -> str:
+    lines = [f"step rows used: {len(ds)} over {len(ds.graphs)} traced graphs "
+             f"({n_configs} configs, {n_traced} traced now in {ds.trace_seconds:.0f} s; "
+             f"per-op times: {ds.per_op}; features v{FEATURE_VERSION})"]  # fmt: skip
+    counts = ds.rows.groupby(["source", "family"]).size()
+    lines += [f"  {s} / {f}: {n} rows" for (s, f), n in counts.items()]
+    lines.append("excluded rows:")
+    lines += [f"  {n:6d}  {reason}" for reason, n in ds.excluded.items()]
+    return "\n".join(lines)

@@ -1,0 +1,304 @@
+"""Train the GNN step-time model, cross-validate it against the sum of per-op times.
+
+    python -m training.train_gnn                      # CV table, package, MLflow
+    python -m training.train_gnn train.epochs=5 cv.gpus=false   # Hydra overrides
+
+Cross-validation holds out one GPU at a time (does it transfer to an unseen GPU?) and one
+model family at a time (CNN / transformer: to an unseen kind of model?). The baseline, the
+sum of the same per-op times the GNN starts from, is scored on the same held-out rows.
+The final model is fit on every row and packaged to ``boom_ml/artifacts/gnn`` with a
+manifest that says, per model family, whether the predictor should use it.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from boom_ml.timing.gnn import (
+    ARTIFACT_DIR,
+    FEATURE_VERSION,
+    RowBatch,
+    StepGNN,
+    collate,
+    regime,
+    save_model,
+)
+from training.graph_dataset import StepGraphDataset, build_dataset
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+FAMILY_FOLDS = ("cnn", "transformer")
+
+
+def make_batch(ds: StepGraphDataset, idx: np.ndarray) -> RowBatch:
+    gids = ds.rows["graph"].to_numpy()[idx]
+    uniq = list(dict.fromkeys(gids.tolist()))
+    local = {g: k for k, g in enumerate(uniq)}
+    return collate(
+        [ds.graphs[g] for g in uniq], [local[g] for g in gids], [ds.inputs[i] for i in idx]
+    )
+
+
+def graph_batches(
+    ds: StepGraphDataset, idx: np.ndarray, size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Shuffled batches of about ``size`` rows made of whole graphs' rows.
+
+    A graph's rows (one per GPU that measured it) share its message passing, which is
+    the expensive part; batching them together runs it once per graph per epoch.
+    """
+    gids = ds.rows["graph"].to_numpy()[idx]
+    groups = [idx[gids == g] for g in rng.permutation(np.unique(gids))]
+    out, cur = [], []
+    for grp in groups:
+        cur.append(grp)
+        if sum(len(c) for c in cur) >= size:
+            out.append(np.concatenate(cur))
+            cur = []
+    return [*out, np.concatenate(cur)] if cur else out
+
+
+def row_weights(rows: pd.DataFrame) -> np.ndarray:
+    """Sources weigh by sqrt of their share: the 60 NeuSight rows are not drowned by CNNs."""
+    n = rows.groupby("source")["source"].transform("size").to_numpy(dtype=float)
+    w = np.sqrt(len(rows) / n)
+    return w / w.mean()
+
+
+def train_model(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig) -> StepGNN:
+    """Fit a fresh model on rows ``idx``: weighted MSE of log step time."""
+    seed = int(cfg.train.seed)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = StepGNN(**OmegaConf.to_container(cfg.model))
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
+    # Batches are collated once per fit (collation costs about as much as a step); each
+    # epoch visits them in a new order.
+    chunks = graph_batches(ds, idx, int(cfg.train.batch_rows), rng)
+    batches = [make_batch(ds, c) for c in chunks]
+    weights = row_weights(ds.rows)  # by source share over all rows: the same in every fold
+    log_y = np.log(ds.rows["target_ms"].to_numpy())
+    targets = [(torch.tensor(log_y[c], dtype=torch.float32), torch.tensor(weights[c], dtype=torch.float32))
+               for c in chunks]  # fmt: skip
+    total = int(cfg.train.epochs) * len(batches)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.train.lr, total_steps=max(total, 1))
+    model.train()
+    for _ in range(int(cfg.train.epochs)):
+        for k in rng.permutation(len(batches)):
+            _, _, step = model(batches[k])
+            y, w = targets[k]
+            loss = (w * (torch.log(step) - y) ** 2).sum() / w.sum()
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+    model.eval()
+    return model
+
+
+def predict_rows(
+    model: StepGNN, ds: StepGraphDataset, idx: np.ndarray, size: int = 64
+) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(idx), size):
+            out.append(model(make_batch(ds, idx[start : start + size]))[2].numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def folds(ds: StepGraphDataset, cfg: DictConfig) -> list[tuple[str, str, np.ndarray]]:
+    """(kind, held-out value, test mask) for every CV fold."""
+    out = []
+    if cfg.cv.gpus:
+        for gpu in sorted(ds.rows["gpu_id"].unique()):
+            out.append(("gpu", gpu, (ds.rows["gpu_id"] == gpu).to_numpy()))
+    if cfg.cv.families:
+        for fam in FAMILY_FOLDS:
+            mask = (ds.rows["family"] == fam).to_numpy()
+            if mask.any() and (~mask).any():
+                out.append(("family", fam, mask))
+    return out
+
+
+def cross_validate(ds: StepGraphDataset, cfg: DictConfig) -> pd.DataFrame:
+    """Held-out GNN predictions: one row per (fold, held-out measurement)."""
+    parts = []
+    for k, (kind, held, mask) in enumerate(folds(ds, cfg)):
+        started = time.perf_counter()
+        train, test = np.flatnonzero(~mask), np.flatnonzero(mask)
+        model = train_model(ds, train, cfg)
+        pred = predict_rows(model, ds, test)
+        parts.append(pd.DataFrame({"kind": kind, "held_out": held, "row": test, "gnn_ms": pred}))
+        err = _mape(pred, ds.rows["target_ms"].to_numpy()[test])
+        print(f"  fold {k + 1}: {kind}={held} ({len(test)} rows): GNN {err:.1f}% "
+              f"in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _mape(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - true) / true) * 100) if len(true) else float("nan")
+
+
+def cv_table(ds: StepGraphDataset, preds: pd.DataFrame) -> pd.DataFrame:
+    """MAPE of step time per held-out GPU / family, GNN vs sum of per-op, plus pooled lines."""
+    p = preds.join(ds.rows[["target_ms", "baseline_ms", "family", "source"]], on="row")
+    lines = []
+
+    def line(kind: str, held: str, sub: pd.DataFrame) -> None:
+        base, gnn = (
+            _mape(sub["baseline_ms"], sub["target_ms"]),
+            _mape(sub["gnn_ms"], sub["target_ms"]),
+        )
+        srcs = ",".join(sorted(sub["source"].unique()))
+        lines.append({"held out": f"{kind}={held}", "rows": len(sub), "sources": srcs,
+                      "sum-of-per-op MAPE %": round(base, 1), "GNN MAPE %": round(gnn, 1),
+                      "better": "GNN" if gnn < base else "per-op"})  # fmt: skip
+
+    for (kind, held), sub in p.groupby(["kind", "held_out"], sort=False):
+        line(kind, str(held), sub)
+    for kind, sub in p.groupby("kind", sort=False):
+        line(kind, "all (pooled)", sub)
+    return pd.DataFrame(lines)
+
+
+def decide(ds: StepGraphDataset, preds: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
+    """Per cell (family x AMP): use the GNN iff it beat the per-op sum on the cell's
+    held-out-GPU rows. Families outside the data ("other/amp", "other/no-amp") follow the
+    leave-one-family-out rows, since a new kind of model is what that split simulates.
+    """
+    p = preds.join(ds.rows[["target_ms", "baseline_ms", "family", "amp"]], on="row")
+    p["cell"] = [regime(f, a) for f, a in zip(p["family"], p["amp"], strict=True)]
+    cells = [(c, sub) for c, sub in p[p["kind"] == "gpu"].groupby("cell")]
+    lofo = p[p["kind"] == "family"]
+    cells += [(c, sub) for c, sub in lofo.groupby([regime("other", a) for a in lofo["amp"]])]
+    lines = []
+    for cell, sub in cells:
+        base = _mape(sub["baseline_ms"], sub["target_ms"])
+        gnn = _mape(sub["gnn_ms"], sub["target_ms"])
+        lines.append({"cell": cell, "rows": len(sub), "sum-of-per-op MAPE %": round(base, 1),
+                      "GNN MAPE %": round(gnn, 1), "use GNN": bool(gnn < base)})  # fmt: skip
+    table = pd.DataFrame(lines)
+    return dict(zip(table["cell"], table["use GNN"], strict=True)), table
+
+
+def markdown(table: pd.DataFrame) -> str:
+    cols = list(table.columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(str(v) for v in r) + " |" for r in table.itertuples(index=False)]
+    return "\n".join(out)
+
+
+def log_to_mlflow(
+    cfg: DictConfig,
+    table: pd.DataFrame,
+    preds: pd.DataFrame,
+    manifest: dict[str, Any],
+    model: StepGNN,
+    artifact_dir: Path,
+) -> str | None:
+    """One run with params, CV metrics and the packaged model, registered by name."""
+    import mlflow
+
+    from training import registry  # the per-op models' store setup, shared
+
+    root = cfg.mlflow.artifact_root and Path(cfg.mlflow.artifact_root).resolve().as_uri()
+    registry.setup(cfg.mlflow.tracking_uri, cfg.mlflow.experiment, root or None)
+    mlflow.set_experiment(cfg.mlflow.experiment)
+    with mlflow.start_run(run_name="train_gnn") as run:
+        mlflow.log_params({"per_op": manifest["per_op"], "rows": manifest["data"]["rows"],
+                           **{f"model.{k}": v for k, v in cfg.model.items()},
+                           **{f"train.{k}": v for k, v in cfg.train.items()}})  # fmt: skip
+        for r in table.itertuples(index=False):
+            key = r[0].replace("=", "_").replace(" ", "_").replace("(", "").replace(")", "")
+            mlflow.log_metric(f"mape_gnn.{key}", r[4])
+            mlflow.log_metric(f"mape_per_op.{key}", r[3])
+        mlflow.log_metric("train_seconds", manifest["train_seconds"])
+        mlflow.log_text(markdown(table), "cv_table.md")
+        mlflow.log_text(preds.to_csv(index=False), "cv_predictions.csv")
+        mlflow.log_artifacts(str(artifact_dir), "gnn_artifact")
+        if cfg.mlflow.register:
+            mlflow.pytorch.log_model(model, name="gnn", pip_requirements=["torch", "torch-geometric"], serialization_format="pickle",
+                                     registered_model_name=cfg.mlflow.model_name)  # fmt: skip
+        return run.info.run_id
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Dataset → CV → final fit → package → MLflow; returns the manifest."""
+    from data_collection.schema import load_steps
+
+    torch.set_num_threads(int(cfg.threads))
+    started = time.perf_counter()
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    ds = build_dataset(load_steps(), data_cfg, per_op=cfg.per_op)
+    t_data = time.perf_counter() - started
+    preds = cross_validate(ds, cfg)
+    table = cv_table(ds, preds) if len(preds) else pd.DataFrame()
+    use, cells = decide(ds, preds) if len(preds) else ({}, pd.DataFrame())
+    t_cv = time.perf_counter() - started - t_data
+    model = train_model(ds, np.arange(len(ds)), cfg)
+    train_seconds = time.perf_counter() - started - t_data
+    print(f"\nCV: mean abs % error of step time, held-out rows (per-op times: {ds.per_op})")
+    print(markdown(table) if len(table) else "(no folds)")
+    print("\nWhere the predictor uses the GNN (pooled held-out-GPU rows per cell; other/*: "
+          "held-out-family rows)")  # fmt: skip
+    print(markdown(cells) if len(cells) else "(no folds)")
+    print(f"dataset {t_data:.0f} s (tracing {ds.trace_seconds:.0f} s), CV {t_cv:.0f} s, "
+          f"CV + final fit {train_seconds:.0f} s")  # fmt: skip
+    manifest = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "feature_version": FEATURE_VERSION,
+        "per_op": ds.per_op,
+        "model": OmegaConf.to_container(cfg.model),
+        "train": OmegaConf.to_container(cfg.train),
+        "use_gnn": use,
+        "decision": cells.to_dict(orient="records"),
+        "data": {
+            "rows": len(ds),
+            "graphs": len(ds.graphs),
+            "config": data_cfg,
+            "rows_by_source": ds.rows.groupby("source").size().to_dict(),
+            "gpus": sorted(ds.rows["gpu_id"].unique()),
+            "excluded": ds.excluded,
+        },  # fmt: skip
+        "cv": table.to_dict(orient="records"),
+        "train_seconds": round(train_seconds, 1),
+        "versions": {"torch": torch.__version__, "torch_geometric": _pyg_version()},
+    }
+    out = Path(cfg.artifact_dir) if cfg.artifact_dir else ARTIFACT_DIR
+    if cfg.save:
+        save_model(model, manifest, out)
+        (out / "cv_table.md").write_text(markdown(table) + "\n\n" + markdown(cells) + "\n")
+        print(f"packaged to {out}")
+    if cfg.mlflow.enabled:
+        held = preds.join(
+            ds.rows[["source", "gpu_id", "model", "target_ms", "baseline_ms"]], on="row"
+        )
+        run_id = log_to_mlflow(cfg, table, held, manifest, model, out)
+        print(f"MLflow run {run_id}")
+    return manifest
+
+
+def _pyg_version() -> str:
+    import torch_geometric
+
+    return torch_geometric.__version__
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train_gnn", version_base=None)
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
