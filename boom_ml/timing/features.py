@@ -23,11 +23,11 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing.roofline import LAUNCH_MS
 
 FEATURE_VERSION = 2
-# Eager PyTorch launch + inter-kernel gap; added to every roofline so that tiny ops have a
-# ratio near 1 instead of 1e3 (same constant as boom_ml.timing.roofline).
-LAUNCH_MS = 0.005
+# LAUNCH_MS (eager launch + inter-kernel gap) is added to every roofline so that tiny ops
+# have a ratio near 1 instead of 1e3; one constant, shared with the roofline fallback.
 
 # Heads (one model each) and which canonical/trace families they cover.
 HEADS = ("gemm", "conv", "attention", "norm", "softmax", "elementwise", "embedding",
