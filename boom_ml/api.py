@@ -17,6 +17,7 @@ from boom_ml.timing.gnn import estimate_time
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 from boom_ml.zoo import build_model
+from boom_ml.zoo.base import BuiltModel
 
 
 class Session:
@@ -28,13 +29,15 @@ class Session:
 
     def __init__(self, model: str) -> None:
         self.model = ModelSpec(model)
-        build_model(self.model)  # fail fast on an unknown or broken model
+        # building once fails fast on an unknown or broken model; the first trace reuses it
+        self._unused: BuiltModel | None = build_model(self.model)
         self._graphs: dict[StepSpec, OpGraph] = {}
 
     def graph(self, step: StepSpec) -> OpGraph:
         if step not in self._graphs:
-            # trace_step materialises and may checkpoint the module: build a fresh one
-            self._graphs[step] = trace_step(build_model(self.model), step)
+            # trace_step materialises and may checkpoint the module: a fresh build each time
+            built, self._unused = self._unused or build_model(self.model), None
+            self._graphs[step] = trace_step(built, step)
         return self._graphs[step]
 
     def evaluate(
