@@ -144,6 +144,16 @@ def test_known_values_spot_check():
     assert get_gpu("rtx-5090").compute_capability == "12.0"
 
 
+def test_base_clocks_sourced_and_below_boost():
+    # Epoch AI CSV (L4, T4), TechPowerUp (A100 PCIe 40 GB); none found for A100 PCIe 80 GB.
+    assert [get_gpu(g).base_clock_mhz for g in ("l4", "t4", "a100-40gb-pcie")] == [795, 585, 765]
+    assert get_gpu("a100-80gb-pcie").base_clock_mhz is None
+    for g in all_gpus():
+        if g.base_clock_mhz is not None:
+            assert g.boost_clock_mhz and 0 < g.base_clock_mhz <= g.boost_clock_mhz, g.id
+            assert "base clock" in g.source, g.id
+
+
 # ----------------------------------------------------------------------------- prices
 
 

@@ -169,6 +169,42 @@ def test_materialize_keeps_tied_weights() -> None:
     assert len(list(m.parameters())) == n_before
 
 
+def test_materialize_shared_module_and_buffers() -> None:
+    """A module reachable under two names (T5's ``shared`` embedding in transformers 4.x)
+    gets one new weight, and buffers are materialised too."""
+    built = build_model("hf:gpt2", device="meta")
+    with torch.device("meta"):
+        emb = torch.nn.Embedding(10, 4)
+        holder = torch.nn.Module()
+        holder.a, holder.b = emb, emb
+        holder.register_buffer("scale", torch.ones(3))
+    built.module = holder
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        m = built.materialize("cpu")
+    assert m.a.weight is m.b.weight and isinstance(m.a.weight, torch.nn.Parameter)
+    assert m.a.weight.device.type == "cpu" and m.a.weight.shape == (10, 4)
+    assert m.scale.device.type == "cpu" and not isinstance(m.scale, torch.nn.Parameter)
+
+
+@pytest.mark.parametrize(
+    ("version", "keyword"),
+    [("4.50.3", "torch_dtype"), ("4.55.4", "torch_dtype"), ("4.56.0", "dtype"), ("5.2.1", "dtype")],
+)
+def test_dtype_keyword_follows_transformers_release(
+    monkeypatch: pytest.MonkeyPatch, version: str, keyword: str
+) -> None:
+    import transformers
+
+    from boom_ml.zoo import hf_models
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    hf_models._dtype_keyword.cache_clear()
+    try:
+        assert hf_models._dtype_keyword() == keyword
+    finally:
+        hf_models._dtype_keyword.cache_clear()
+
+
 def test_file_factory(user_file: Path) -> None:
     built = build_model(ModelSpec(f"file:{user_file}:make", {"width": 4}))
     assert built.source == "file" and built.family == "cnn" and all_on_meta(built)

@@ -11,6 +11,17 @@ allocator's reserved peak plus what is loaded into the context later (``lazy_ker
 That last term cannot be derived; it is fitted on the FIT_MODELS runs only (median of
 ``measured - reserved``) and tested on the other models. OOM verdicts compare our
 ``fits`` (capacity = the measured 12622168064 bytes) with ``real_oom``.
+
+The HF models are traced with the installed transformers release, whose model and loss
+code decide the allocations. The release xMem measured with is not recorded in its
+results; its experiment container (``containers/config.py``) pins transformers 4.39.3,
+whose causal-LM loss copies the shifted logits (``logits[..., :-1, :].contiguous()``),
+which releases >= 4.50 no longer do. To validate against that release without touching
+the environment::
+
+    pip install --no-deps --target ~/.cache/boom_ml/tf-4.39.3 transformers==4.39.3 \
+        tokenizers==0.15.2 huggingface-hub==0.23.4
+    PYTHONPATH=~/.cache/boom_ml/tf-4.39.3 nice python -m training.validate_memory
 """
 
 from __future__ import annotations
@@ -92,7 +103,8 @@ def xmem_workload(built: BuiltModel) -> None:
         # An encoder stack (T5's) refuses a cache; it never had one.
         if getattr(module, "is_decoder", True) is not False and hasattr(config, "use_cache"):
             config.use_cache = True
-    if built.spec.text in EAGER_ATTENTION:
+    # Releases before SDPA support (transformers < 4.48 for T5) have no switch: eager already.
+    if built.spec.text in EAGER_ATTENTION and hasattr(built.module, "set_attn_implementation"):
         built.module.set_attn_implementation("eager")
 
 
@@ -114,10 +126,13 @@ class Traces:
         self.seconds = 0.0
 
     def trace(self, cfg: Config, batch: int) -> OpGraph:
+        import transformers
+
         from boom_ml.trace.step import trace_step
         from boom_ml.zoo import build_model
 
-        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|{cfg}|{batch}"
+        # The model code traced is the installed transformers release's.
+        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{transformers.__version__}|{cfg}|{batch}"
         path = self.cache / hashlib.sha1(key.encode()).hexdigest()[:16] if self.cache else None
         if path is not None and (path / "meta.json").exists():
             return OpGraph.load(path)
@@ -287,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
+    import transformers
+
+    print(f"HF model code: transformers {transformers.__version__}")
     runs = load_runs()
     gpu = get_gpu("rtx-3060")
     table = load_overheads().with_values(**{FITTED_TERM: 0})  # the fit supplies it

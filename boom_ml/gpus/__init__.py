@@ -52,6 +52,7 @@ __all__ = [
 _INT_FIELDS = {"sm_count", "memory_bytes"}
 _FLOAT_FIELDS = {
     "boost_clock_mhz",
+    "base_clock_mhz",
     "memory_gb",
     "memory_bandwidth_gbs",
     "l2_cache_mb",

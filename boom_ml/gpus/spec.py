@@ -18,6 +18,9 @@ class GpuSpec:
     compute_capability: str  # "9.0"
     sm_count: int
     boost_clock_mhz: float | None  # None where no source lists it
+    # Base clock: what the card guarantees within its TDP. On power-limited cards (L4, T4)
+    # it is far below boost, and long compute-bound kernels run nearer to it. None if unsourced.
+    base_clock_mhz: float | None
     memory_gb: float  # capacity as the datasheet states it, e.g. 80
     memory_bandwidth_gbs: float  # GB/s (1e9 bytes/s)
     l2_cache_mb: float | None  # MiB (cudaDeviceProp.l2CacheSize / 2**20); None where unsourced

@@ -69,19 +69,26 @@ class BuiltModel:
 
         Plain ``to_empty`` gives every owner of a shared parameter its own new tensor
         (GPT-2's ``lm_head.weight is wte.weight`` stops holding), so a traced step would
-        count the tied embedding twice and leave one copy without a gradient. Call it
-        inside the fake mode to get fake tensors instead of real memory.
+        count the tied embedding twice and leave one copy without a gradient; and where a
+        shared *module* is reached twice (T5's ``shared`` embedding in transformers 4.x)
+        its swap path fails. So each distinct tensor gets one new empty tensor, set on every
+        owner. Call it inside the fake mode to get fake tensors instead of real memory.
         """
-        owners: dict[int, list[tuple[nn.Module, str]]] = {}
+        new: dict[int, torch.Tensor] = {}
+
+        def fresh(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in new:
+                empty = torch.empty_like(t, device=device)
+                if isinstance(t, nn.Parameter):
+                    empty = nn.Parameter(empty, requires_grad=t.requires_grad)
+                new[id(t)] = empty
+            return new[id(t)]
+
         for mod in self.module.modules():
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    owners.setdefault(id(p), []).append((mod, name))
-        self.module.to_empty(device=device)
-        for group in owners.values():
-            (first_mod, first_name), *rest = group
-            for mod, name in rest:
-                mod._parameters[name] = first_mod._parameters[first_name]
+            for table in (mod._parameters, mod._buffers):
+                for name, t in table.items():
+                    if t is not None:
+                        table[name] = fresh(t)
         return self.module
 
     def resolve_step(self, step: StepSpec) -> StepSpec:

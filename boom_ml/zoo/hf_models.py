@@ -128,16 +128,26 @@ def model_class(config: Any) -> tuple[type, bool]:
     raise InvalidInputError(f"transformers has no model class for model_type {config.model_type!r}")
 
 
+@functools.cache
+def _dtype_keyword() -> str:
+    """transformers 4.56 renamed ``torch_dtype`` to ``dtype``; older ones reject the new name."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
 def _instantiate(cls: type, config: Any) -> nn.Module:
     # fp32 master weights whatever the config's dtype: AMP casts at run time.
+    fp32 = {_dtype_keyword(): torch.float32}
     try:
-        return cls._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        return cls._from_config(config, attn_implementation="sdpa", **fp32)
     except ValueError as err:
         # Architectures without an SDPA path (GPT-Neo, ...) say so; they train with eager.
         text = str(err).lower()
         if "sdpa" not in text and "scaled_dot_product_attention" not in text:
             raise
-        return cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+        return cls._from_config(config, attn_implementation="eager", **fp32)
 
 
 def _rope(config: Any) -> bool:
