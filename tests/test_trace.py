@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tiny_models import tiny_cnn, tiny_transformer
+from torch import nn
 
-from boom_ml.specs import StepSpec
+from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import reference_flops, trace_step
+from boom_ml.zoo.base import BuiltModel
 
 
 def forward_dtypes(graph: OpGraph, op: str) -> set[str]:
@@ -106,3 +109,36 @@ def test_graph_roundtrip(tmp_path):
     assert again.flops == graph.flops and again.num_ops == graph.num_ops
     assert len(graph.edges) > 0
     assert (graph.edges["src"] < graph.edges["dst"]).all()
+
+
+def _dropout_model(inplace: bool) -> BuiltModel:
+    with torch.device("meta"):
+        module = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1, inplace=inplace), nn.Linear(16, 4))
+    return BuiltModel(
+        ModelSpec("test:dropout"),
+        module,
+        "mlp",
+        lambda step, device: {"input": torch.randn(step.batch_size, 8, device=device)},
+        lambda out, inp: out.square().mean(),
+        lambda m: None,
+    )
+
+
+def test_dropout_traces_the_fused_cuda_kernel():
+    # CUDA runs F.dropout as one native_dropout kernel: a float output and a bool mask
+    # (4 + 1 bytes per element), where CPU would save a float noise tensor.
+    graph = trace_step(_dropout_model(inplace=False), StepSpec(batch_size=4, optimizer="sgd"))
+    ops = graph.nodes["op"]
+    assert "bernoulli_" not in set(ops)
+    fwd = graph.nodes[(ops == "native_dropout") & (graph.nodes["phase"] == "forward")]
+    assert len(fwd) == 1 and (ops == "native_dropout_backward").sum() == 1
+    ev = graph.mem_events
+    made = ev[(ev["node_id"] == fwd.index[0]) & (ev["action"] == "alloc")]
+    assert sorted(made["bytes"]) == [4 * 16 * 1, 4 * 16 * 4]
+
+
+def test_inplace_dropout_keeps_the_generic_path():
+    # In-place dropout is not fused on CUDA either: it multiplies by a float noise tensor.
+    graph = trace_step(_dropout_model(inplace=True), StepSpec(batch_size=4, optimizer="sgd"))
+    assert "bernoulli_" in set(graph.nodes["op"])
+    assert "native_dropout" not in set(graph.nodes["op"])

@@ -343,6 +343,8 @@ def write_fitted_term(value: int, n_runs: int) -> None:
     import csv
     import io
 
+    import transformers
+
     lines = TABLE_PATH.read_text().splitlines(keepends=True)
     out = []
     for line in lines:
@@ -352,7 +354,8 @@ def write_fitted_term(value: int, n_runs: int) -> None:
             row[4], row[6] = str(value), str(version)
             row[7] = (
                 f"fitted: training/validate_memory.py, {n_runs} non-OOM xMem RTX 3060 runs "
-                f"(shared/data/memory) of {', '.join(FIT_MODELS)}; minimises the median "
+                f"(shared/data/memory) of {', '.join(FIT_MODELS)}, HF models traced with "
+                f"transformers {transformers.__version__}; minimises the median "
                 "absolute relative error of (reserved replay + term) vs NVML peak - first sample"
             )
             buf = io.StringIO()

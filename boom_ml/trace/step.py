@@ -21,6 +21,7 @@ from boom_ml.specs import StepSpec
 from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
+from boom_ml.trace.dropout import cuda_dropout
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
@@ -159,9 +160,9 @@ class _StepRunner:
 
 @contextlib.contextmanager
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
-    """Fake mode with the model's parameters materialised, CUDA attention, and a runner."""
+    """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake_mode, torch.device("cpu"), cuda_attention(), cuda_autocast_policy():
+    with fake_mode, torch.device("cpu"), cuda_attention(), cuda_dropout(), cuda_autocast_policy():
         built.materialize("cpu")
         built.module.train()
         if step.checkpointing == "full":
