@@ -108,6 +108,13 @@ def xmem_workload(built: BuiltModel) -> None:
         built.module.set_attn_implementation("eager")
 
 
+def transformers_release() -> str:
+    """The installed transformers release: its model and loss code are what gets traced."""
+    import transformers  # slow to import; only the HF configs need it
+
+    return transformers.__version__
+
+
 def _source_hash() -> str:
     """Traces depend on the tracer and zoo code: a change there invalidates the cache."""
     root = Path(__file__).resolve().parent.parent / "boom_ml"
@@ -126,13 +133,11 @@ class Traces:
         self.seconds = 0.0
 
     def trace(self, cfg: Config, batch: int) -> OpGraph:
-        import transformers
-
         from boom_ml.trace.step import trace_step
         from boom_ml.zoo import build_model
 
         # The model code traced is the installed transformers release's.
-        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{transformers.__version__}|{cfg}|{batch}"
+        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{transformers_release()}|{cfg}|{batch}"
         path = self.cache / hashlib.sha1(key.encode()).hexdigest()[:16] if self.cache else None
         if path is not None and (path / "meta.json").exists():
             return OpGraph.load(path)
@@ -302,9 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    import transformers
-
-    print(f"HF model code: transformers {transformers.__version__}")
+    print(f"HF model code: transformers {transformers_release()}")
     runs = load_runs()
     gpu = get_gpu("rtx-3060")
     table = load_overheads().with_values(**{FITTED_TERM: 0})  # the fit supplies it
@@ -343,8 +346,6 @@ def write_fitted_term(value: int, n_runs: int) -> None:
     import csv
     import io
 
-    import transformers
-
     lines = TABLE_PATH.read_text().splitlines(keepends=True)
     out = []
     for line in lines:
@@ -355,7 +356,7 @@ def write_fitted_term(value: int, n_runs: int) -> None:
             row[7] = (
                 f"fitted: training/validate_memory.py, {n_runs} non-OOM xMem RTX 3060 runs "
                 f"(shared/data/memory) of {', '.join(FIT_MODELS)}, HF models traced with "
-                f"transformers {transformers.__version__}; minimises the median "
+                f"transformers {transformers_release()}; minimises the median "
                 "absolute relative error of (reserved replay + term) vs NVML peak - first sample"
             )
             buf = io.StringIO()

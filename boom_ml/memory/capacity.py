@@ -12,13 +12,13 @@ probe of the search is traced instead.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig
 from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
 from boom_ml.memory.overheads import OverheadTable, load_overheads
@@ -244,9 +244,8 @@ class BatchSearch:
 
 
 # The last few searches, so that the GPUs of one prediction share traces and replays.
-# Bounded (a search holds its graphs alive); entries are checked by identity.
-_SEARCHES: OrderedDict[tuple, BatchSearch] = OrderedDict()
-_MAX_SEARCHES = 8
+# Bounded: a search holds its graphs alive.
+_SEARCHES: IdentityCache[BatchSearch] = IdentityCache(8)
 
 
 def search_for(
@@ -259,19 +258,15 @@ def search_for(
 ) -> BatchSearch:
     """The (cached) :class:`BatchSearch` of ``graph``; ``trace_at`` defaults to re-tracing
     the model named in ``graph.meta`` (built without options) at other batch sizes."""
-    key = (id(graph), id(trace_at), allocator_config, id(table), hold_outputs, steps)
-    hit = _SEARCHES.get(key)
-    if hit is not None and hit.graph is graph:
-        _SEARCHES.move_to_end(key)
-        return hit
+    key = (id(trace_at), allocator_config, id(table), hold_outputs, steps)
     batch = int(graph.meta.get("step", {}).get("batch_size", 1))
-    search = BatchSearch(
-        graph, batch, trace_at or _retracer(graph), allocator_config, table, hold_outputs, steps
+    return _SEARCHES.get(
+        graph,
+        key,
+        lambda: BatchSearch(
+            graph, batch, trace_at or _retracer(graph), allocator_config, table, hold_outputs, steps
+        ),
     )
-    _SEARCHES[key] = search
-    while len(_SEARCHES) > _MAX_SEARCHES:
-        _SEARCHES.popitem(last=False)
-    return search
 
 
 def _retracer(graph: OpGraph) -> TraceFn | None:

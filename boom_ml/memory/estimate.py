@@ -19,7 +19,7 @@ next forward returns (``hold_outputs``). The tracer itself deletes both right aw
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +28,7 @@ import pandas as pd
 
 from boom_ml.estimates import MemoryEstimate
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
 from boom_ml.memory.attribution import attribute_peak
 from boom_ml.memory.overheads import Extra, OverheadTable, load_overheads
@@ -68,7 +69,6 @@ class StepMemory:
     outside_bytes: dict[str, int]  # overheads outside the allocator (context, ...)
     inside_bytes: dict[str, int]  # overheads inside it (workspaces), largest live value
     allocator_capacity: int
-    graph: OpGraph | None = None  # the graph replayed (identity check of the cache)
 
 
 class _Builder:
@@ -251,9 +251,8 @@ def _held_references(
 
 # Replays of recent graphs. A replay depends on the GPU only through the overhead terms
 # (workspace sizes per architecture, context) and the capacity, so the GPUs of one
-# prediction mostly share one replay. Keyed by graph identity; bounded.
-_REPLAYS: OrderedDict[tuple, StepMemory] = OrderedDict()
-_MAX_REPLAYS = 32
+# prediction mostly share one replay.
+_REPLAYS: IdentityCache[StepMemory] = IdentityCache(32)
 
 
 def simulate_step(
@@ -275,7 +274,6 @@ def simulate_step(
     extras = table.allocator_extras(gpu, graph)
     limit = max(int(gpu.memory_bytes) - sum(outside.values()), 0)
     key = (
-        id(graph),
         id(table),
         allocator_config,
         steps,
@@ -284,21 +282,17 @@ def simulate_step(
         tuple(extras),
         limit if capacity else None,
     )
-    hit = _REPLAYS.get(key)
-    if hit is not None and hit.graph is graph:
-        _REPLAYS.move_to_end(key)
-        return hit
-    replay = build_replay(graph, steps=steps, hold_outputs=hold_outputs, extras=extras)
-    result = simulate(replay.tuples(), limit if capacity else None, allocator_config)
-    inside: dict[str, int] = {}
-    for x in extras:  # persistent buffers add up; transient ones count by the largest
-        old = inside.get(x.category, 0)
-        inside[x.category] = old + x.nbytes if x.persistent else max(old, x.nbytes)
-    memory = StepMemory(replay, result, outside, inside, limit, graph)
-    _REPLAYS[key] = memory
-    while len(_REPLAYS) > _MAX_REPLAYS:
-        _REPLAYS.popitem(last=False)
-    return memory
+
+    def replay_step() -> StepMemory:
+        replay = build_replay(graph, steps=steps, hold_outputs=hold_outputs, extras=extras)
+        result = simulate(replay.tuples(), limit if capacity else None, allocator_config)
+        inside: dict[str, int] = {}
+        for x in extras:  # persistent buffers add up; transient ones count by the largest
+            old = inside.get(x.category, 0)
+            inside[x.category] = old + x.nbytes if x.persistent else max(old, x.nbytes)
+        return StepMemory(replay, result, outside, inside, limit)
+
+    return _REPLAYS.get(graph, key, replay_step)
 
 
 def estimate_memory(
@@ -339,7 +333,7 @@ def estimate_memory(
     # segment is added, often for a small request while most cached bytes are free.
     at = int(np.argmax(res.timeline_allocated)) if len(res.timeline_allocated) else -1
     att = attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules)
-    total = res.peak_reserved + sum(sm.outside_bytes.values())
+    total = res.peak_reserved + outside
     largest = None
     if max_batch:
         from boom_ml.memory.capacity import max_batch_size  # capacity imports this module

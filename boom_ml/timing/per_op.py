@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 NO_TIME_FAMILIES = {"host"}
@@ -179,20 +179,12 @@ def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
 
 
 # node_rows depends on the graph only, not the GPU: one prediction over many GPUs parses
-# the node shapes once. Keyed by the node table's identity (checked), bounded.
-_ROWS_CACHE: OrderedDict[tuple[int, bool], tuple[pd.DataFrame, pd.DataFrame]] = OrderedDict()
+# the node shapes once.
+_ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(16)
 
 
 def _cached_node_rows(nodes: pd.DataFrame, tf32: bool) -> pd.DataFrame:
-    key = (id(nodes), tf32)
-    hit = _ROWS_CACHE.get(key)
-    if hit is not None and hit[0] is nodes:
-        return hit[1]
-    rows = node_rows(nodes, tf32=tf32)
-    _ROWS_CACHE[key] = (nodes, rows)
-    while len(_ROWS_CACHE) > 16:
-        _ROWS_CACHE.popitem(last=False)
-    return rows
+    return _ROWS_CACHE.get(nodes, (tf32,), lambda: node_rows(nodes, tf32=tf32))
 
 
 def predict_nodes(
