@@ -142,3 +142,41 @@ def test_inplace_dropout_keeps_the_generic_path():
     graph = trace_step(_dropout_model(inplace=True), StepSpec(batch_size=4, optimizer="sgd"))
     assert "bernoulli_" in set(graph.nodes["op"])
     assert "native_dropout" not in set(graph.nodes["op"])
+
+
+class _TwoHeads(nn.Module):
+    """``h`` feeds two layers, so backward sums two gradients for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 3), nn.Linear(16, 3)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        h = self.a(input)
+        return self.b(h) + self.c(h)
+
+
+def test_engine_sums_gradients_in_place():
+    # A plain run's autograd engine adds the second gradient of h into the first one's
+    # block (InputBuffer: old.add_(new)); under a dispatch mode it would allocate a third.
+    with torch.device("meta"):
+        module = _TwoHeads()
+    built = BuiltModel(
+        ModelSpec("test:two_heads"),
+        module,
+        "mlp",
+        lambda step, device: {"input": torch.randn(step.batch_size, 8, device=device)},
+        lambda out, inp: out.square().mean(),
+        lambda m: None,
+    )
+    graph = trace_step(built, StepSpec(batch_size=4, optimizer="sgd"))
+    ev, nodes = graph.mem_events, graph.nodes
+    h_bytes = 4 * 16 * 4  # batch 4 x 16 floats; no weight or bias has this size
+    backward_allocs = ev[(ev["phase"] == "backward") & (ev["action"] == "alloc")]
+    assert (backward_allocs["bytes"] == h_bytes).sum() == 2  # one per incoming gradient
+    sums = nodes[(nodes["phase"] == "backward") & (nodes["op"] == "add")]
+    assert len(sums) == 1  # the kernel still runs ...
+    assert sums.index[0] not in set(backward_allocs["node_id"])  # ... into an existing block
+    allocs = set(ev.loc[ev["action"] == "alloc", "block"])
+    assert set(ev.loc[ev["action"] == "free", "block"]) <= allocs
+    assert ev["block"][ev["action"] == "free"].is_unique

@@ -12,16 +12,18 @@ That last term cannot be derived; it is fitted on the FIT_MODELS runs only (medi
 ``measured - reserved``) and tested on the other models. OOM verdicts compare our
 ``fits`` (capacity = the measured 12622168064 bytes) with ``real_oom``.
 
-The HF models are traced with the installed transformers release, whose model and loss
-code decide the allocations. The release xMem measured with is not recorded in its
-results; its experiment container (``containers/config.py``) pins transformers 4.39.3,
-whose causal-LM loss copies the shifted logits (``logits[..., :-1, :].contiguous()``),
-which releases >= 4.50 no longer do. To validate against that release without touching
-the environment::
+The HF models are traced with the model and loss code of the release xMem measured
+with, which its results do not record. Their measured peaks identify it: traced with
+transformers 4.49.0 the four HF models land within 0.1-0.3 % median and every OOM verdict
+is right, where 4.39.3 (its ICDCS container's pin), 4.46.3 and 4.48.3 come out 3-15 % high
+on the GPT-2-style models (their causal-LM loss copies the shifted logits, which 4.49
+replaced by padding the labels) and 5.24 2-9 % off (README table). The same release wins on
+the fit models alone. 4.49.0 (February 2025) is also the release current with the PyTorch 2.6.0 of
+xMem's README. So by default the validation runs itself again with transformers 4.49.0,
+installed once into a cache folder (``training/side_release.py``); ``--transformers
+installed`` traces with the installed release instead::
 
-    pip install --no-deps --target ~/.cache/boom_ml/tf-4.39.3 transformers==4.39.3 \
-        tokenizers==0.15.2 huggingface-hub==0.23.4
-    PYTHONPATH=~/.cache/boom_ml/tf-4.39.3 nice python -m training.validate_memory
+    nice python -m training.validate_memory --transformers installed
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace import TRACE_VERSION
 from boom_ml.trace.graph import OpGraph
 from boom_ml.zoo.base import BuiltModel
+from training.side_release import installed_release, rerun_with
 
 # Fixed before looking at per-model errors: two CNNs and two transformers on each side.
 FIT_MODELS = (
@@ -60,6 +64,7 @@ ESTIMATORS = {"xMem": "xmem", "DNNMem": "dnnmem", "SchedTune": "schedtune"}
 # Models whose measured runs used eager attention: the transformers releases current
 # with torch 2.6 (early 2025) had no SDPA path for T5; GPT-2/GPT-Neo keep the zoo's choice.
 EAGER_ATTENTION = ("hf:t5-small",)
+XMEM_TRANSFORMERS = "4.49.0"  # the release whose model code reproduces xMem's runs
 WORKLOAD_VERSION = 1  # bump when xmem_workload changes (it is part of the trace cache key)
 CACHE_DIR = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "boom_ml" / "memory_traces"
@@ -108,13 +113,6 @@ def xmem_workload(built: BuiltModel) -> None:
         built.module.set_attn_implementation("eager")
 
 
-def transformers_release() -> str:
-    """The installed transformers release: its model and loss code are what gets traced."""
-    import transformers  # slow to import; only the HF configs need it
-
-    return transformers.__version__
-
-
 def _source_hash() -> str:
     """Traces depend on the tracer and zoo code: a change there invalidates the cache."""
     root = Path(__file__).resolve().parent.parent / "boom_ml"
@@ -137,7 +135,7 @@ class Traces:
         from boom_ml.zoo import build_model
 
         # The model code traced is the installed transformers release's.
-        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{transformers_release()}|{cfg}|{batch}"
+        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{installed_release()}|{cfg}|{batch}"
         path = self.cache / hashlib.sha1(key.encode()).hexdigest()[:16] if self.cache else None
         if path is not None and (path / "meta.json").exists():
             return OpGraph.load(path)
@@ -304,10 +302,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--update-table", action="store_true", help=f"write the fitted {FITTED_TERM} to the table"
     )
+    parser.add_argument(
+        "--transformers",
+        default=XMEM_TRANSFORMERS,
+        help="transformers release to trace the HF models with ('installed': the one this "
+        f"interpreter imports; default {XMEM_TRANSFORMERS}, what xMem measured)",
+    )
     args = parser.parse_args(argv)
+    if args.transformers not in ("installed", installed_release()):
+        argv = sys.argv[1:] if argv is None else argv
+        raise SystemExit(rerun_with(args.transformers, "training.validate_memory", argv))
 
     started = time.perf_counter()
-    print(f"HF model code: transformers {transformers_release()}")
+    print(f"HF model code: transformers {installed_release()}")
     runs = load_runs()
     gpu = get_gpu("rtx-3060")
     table = load_overheads().with_values(**{FITTED_TERM: 0})  # the fit supplies it
@@ -356,7 +363,7 @@ def write_fitted_term(value: int, n_runs: int) -> None:
             row[7] = (
                 f"fitted: training/validate_memory.py, {n_runs} non-OOM xMem RTX 3060 runs "
                 f"(shared/data/memory) of {', '.join(FIT_MODELS)}, HF models traced with "
-                f"transformers {transformers_release()}; minimises the median "
+                f"transformers {installed_release()}; minimises the median "
                 "absolute relative error of (reserved replay + term) vs NVML peak - first sample"
             )
             buf = io.StringIO()

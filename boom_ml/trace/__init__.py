@@ -2,4 +2,4 @@
 
 # Bump when a change to the tracer changes the graphs it produces: caches of traced
 # graphs (training/validate_memory.py, training/graph_dataset.py) key on it.
-TRACE_VERSION = 4
+TRACE_VERSION = 5

@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from boom_ml.trace.accumulation import InPlaceAccumulation, current_grad_fn
 from boom_ml.trace.ops import (
     ALLOC_ONLY_OPS,
     NO_KERNEL_OPS,
@@ -49,13 +50,15 @@ class OpRecorder(TorchDispatchMode):
     def __init__(self, module_of: Callable[[], str] = lambda: "") -> None:
         super().__init__()
         self.module_of = module_of
-        self.phase = "setup"
+        self.accumulation = InPlaceAccumulation()
+        self._phase = "setup"
         self.nodes: list[dict[str, Any]] = []
         self.edges: set[tuple[int, int]] = set()
         self.events: list[dict[str, Any]] = []
         self.block_phase: dict[int, str] = {}  # block → phase it was allocated in
         self.block_node: dict[int, int] = {}  # block → node that allocated it
         self.block_bytes: dict[int, int] = {}
+        self.block_grad_fn: dict[int, int] = {}  # block → autograd node that made it
         self._blocks: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: dict[int, weakref.ref] = {}
         self._producer: dict[int, int] = {}  # block → last node that wrote it
@@ -64,9 +67,20 @@ class OpRecorder(TorchDispatchMode):
         self._current_node = -1
         self.recording = True
 
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self.accumulation.settle(self)
+        self._phase = name
+
     # -- storages -------------------------------------------------------------------------
     def block_of(self, t: torch.Tensor, phase: str | None = None) -> int:
         """The block id of ``t``'s storage, allocating one (and an alloc event) if new."""
+        if self.accumulation.pending is not None:
+            self.accumulation.settle(self)
         st = t.untyped_storage()
         block = self._blocks.get(st)
         if block is not None:
@@ -79,6 +93,8 @@ class OpRecorder(TorchDispatchMode):
         self.block_phase[block] = phase
         self.block_node[block] = self._current_node
         self.block_bytes[block] = nbytes
+        if torch._C._current_graph_task_id() != -1:
+            self.block_grad_fn[block] = current_grad_fn()
         self._event("alloc", block, nbytes, phase)
         self._refs[block] = weakref.ref(st, lambda _ref, b=block: self._freed(b))
         return block
@@ -113,6 +129,7 @@ class OpRecorder(TorchDispatchMode):
     # -- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
+        self.accumulation.settle(self)
         name = packet_name(func)
         if not self.recording or name in NO_KERNEL_OPS and name not in ALLOC_ONLY_OPS:
             return func(*args, **kwargs)
@@ -137,6 +154,8 @@ class OpRecorder(TorchDispatchMode):
         mutated = self._mutated_inputs(func, args, kwargs)
         op = cuda_op_name(name)
         new_blocks = [b for b in out_blocks if self.block_node.get(b) == node_id]
+        if phase == "backward" and in_engine:
+            self.accumulation.note(self, func, args, kwargs, out, new_blocks)
         family = op_family(op)
         if in_blocks and all(self.block_phase.get(b) == "host" for b in in_blocks):
             # e.g. Adam's step counters: CPU tensors in a CUDA run, no kernel, no GPU memory.
