@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -111,16 +112,24 @@ def test_graph_roundtrip(tmp_path):
     assert (graph.edges["src"] < graph.edges["dst"]).all()
 
 
-def _dropout_model(inplace: bool) -> BuiltModel:
+def _mlp(name: str, make: Callable[[], nn.Module]) -> BuiltModel:
+    """A module built on meta taking an (N, 8) input, with a squared-output loss."""
     with torch.device("meta"):
-        module = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1, inplace=inplace), nn.Linear(16, 4))
+        module = make()
     return BuiltModel(
-        ModelSpec("test:dropout"),
+        ModelSpec(f"test:{name}"),
         module,
         "mlp",
         lambda step, device: {"input": torch.randn(step.batch_size, 8, device=device)},
         lambda out, inp: out.square().mean(),
         lambda m: None,
+    )
+
+
+def _dropout_model(inplace: bool) -> BuiltModel:
+    return _mlp(
+        "dropout",
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1, inplace=inplace), nn.Linear(16, 4)),
     )
 
 
@@ -159,17 +168,7 @@ class _TwoHeads(nn.Module):
 def test_engine_sums_gradients_in_place():
     # A plain run's autograd engine adds the second gradient of h into the first one's
     # block (InputBuffer: old.add_(new)); under a dispatch mode it would allocate a third.
-    with torch.device("meta"):
-        module = _TwoHeads()
-    built = BuiltModel(
-        ModelSpec("test:two_heads"),
-        module,
-        "mlp",
-        lambda step, device: {"input": torch.randn(step.batch_size, 8, device=device)},
-        lambda out, inp: out.square().mean(),
-        lambda m: None,
-    )
-    graph = trace_step(built, StepSpec(batch_size=4, optimizer="sgd"))
+    graph = trace_step(_mlp("two_heads", _TwoHeads), StepSpec(batch_size=4, optimizer="sgd"))
     ev, nodes = graph.mem_events, graph.nodes
     h_bytes = 4 * 16 * 4  # batch 4 x 16 floats; no weight or bias has this size
     backward_allocs = ev[(ev["phase"] == "backward") & (ev["action"] == "alloc")]

@@ -127,6 +127,7 @@ class Traces:
 
     def __init__(self, cache: Path | None) -> None:
         self.cache = cache / _source_hash() if cache else None
+        self.release = installed_release()  # the model code traced is this release's
         self.traced = 0
         self.seconds = 0.0
 
@@ -134,8 +135,7 @@ class Traces:
         from boom_ml.trace.step import trace_step
         from boom_ml.zoo import build_model
 
-        # The model code traced is the installed transformers release's.
-        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{installed_release()}|{cfg}|{batch}"
+        key = f"v{WORKLOAD_VERSION}|t{TRACE_VERSION}|tf{self.release}|{cfg}|{batch}"
         path = self.cache / hashlib.sha1(key.encode()).hexdigest()[:16] if self.cache else None
         if path is not None and (path / "meta.json").exists():
             return OpGraph.load(path)
@@ -309,12 +309,13 @@ def main(argv: list[str] | None = None) -> None:
         f"interpreter imports; default {XMEM_TRANSFORMERS}, what xMem measured)",
     )
     args = parser.parse_args(argv)
-    if args.transformers not in ("installed", installed_release()):
+    release = installed_release()
+    if args.transformers not in ("installed", release):
         argv = sys.argv[1:] if argv is None else argv
         raise SystemExit(rerun_with(args.transformers, "training.validate_memory", argv))
 
     started = time.perf_counter()
-    print(f"HF model code: transformers {installed_release()}")
+    print(f"HF model code: transformers {release}")
     runs = load_runs()
     gpu = get_gpu("rtx-3060")
     table = load_overheads().with_values(**{FITTED_TERM: 0})  # the fit supplies it

@@ -1,5 +1,6 @@
 """Trace one training step on fake tensors into an OpGraph."""
 
-# Bump when a change to the tracer changes the graphs it produces: caches of traced
-# graphs (training/validate_memory.py, training/graph_dataset.py) key on it.
+# Bump when a change to the tracer changes the graphs it produces: the memory validation's
+# trace cache (training/validate_memory.py) keys on it; training/graph_dataset.py instead
+# counts cached graphs made by other tracer code as stale.
 TRACE_VERSION = 5

@@ -59,7 +59,6 @@ class InPlaceAccumulation:
 
     def __init__(self) -> None:
         self.pending: _Pending | None = None
-        self.rewritten = 0
 
     def note(
         self,
@@ -116,5 +115,3 @@ class InPlaceAccumulation:
         rec._refs[keep] = weakref.ref(storage, lambda _r, b=keep: rec._freed(b))
         if p.out_block in rec._producer:
             rec._producer[keep] = rec._producer.pop(p.out_block)
-        rec.block_phase.pop(p.out_block, None)
-        self.rewritten += 1
