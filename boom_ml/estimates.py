@@ -11,7 +11,7 @@ class MemoryEstimate:
     peak_allocated_bytes: int  # torch.cuda.max_memory_allocated
     peak_reserved_bytes: int  # torch.cuda.max_memory_reserved
     total_bytes: int  # what nvidia-smi would show for the process at the peak
-    capacity_bytes: int  # the GPU's memory
+    capacity_bytes: int  # usable memory: torch.cuda.get_device_properties(i).total_memory
     fits: bool
     method: str  # how peak_* were obtained, e.g. "allocator-sim" or "live-bytes"
     breakdown: dict[str, int] = field(default_factory=dict)  # category → bytes at the peak
@@ -22,6 +22,13 @@ class MemoryEstimate:
     max_batch_size: int | None = None
     by_module: list[dict[str, Any]] = field(default_factory=list)  # top modules at the peak
     peak_module: str = ""  # module of the op running at the peak
+    p10_bytes: int = 0  # total_bytes with the lower bound of every underivable term
+    p90_bytes: int = 0  # ... and with the upper bound; ``fits`` means "p90 fits"
+    fit: str = ""  # yes (p90 fits) | tight (p10 fits, p90 does not) | no
+    headroom_bytes: int = 0  # capacity_bytes - total_bytes (negative: short by that much)
+    stack: dict[str, Any] = field(default_factory=dict)  # the software stack assumed
+    terms: list[dict[str, Any]] = field(default_factory=list)  # each overhead, with source
+    capacity_source: str = ""  # where capacity_bytes (usable memory) comes from
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,6 +43,7 @@ class TimeEstimate:
     by_family: dict[str, float] = field(default_factory=dict)  # ms per op family
     by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase (forward, ...)
     overhead_ms: float = 0.0  # step time not attributed to any op (GNN overhead term)
+    micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
 

@@ -18,6 +18,8 @@ OPTIMIZERS = (
     "none",
 )
 AMP_MODES = ("none", "fp16", "bf16")
+# auto = what the stack's PyTorch picks (boom_ml/stack.py); the rest name it
+OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
 CHECKPOINTING_MODES = ("none", "full")
 
 
@@ -49,6 +51,8 @@ class StepSpec:
     amp: str = "none"
     checkpointing: str = "none"
     tf32: bool = False
+    optimizer_impl: str = "auto"  # foreach | fused | loop, or auto
+    grad_accum: int = 1  # micro-batches per optimizer step (gradients live across them)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -59,6 +63,8 @@ class StepSpec:
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("amp", self.amp, AMP_MODES)
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING_MODES)
+        check_choice("optimizer.impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        check_positive("grad_accum", self.grad_accum)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -49,7 +49,7 @@ __all__ = [
     "resolve_gpu_id",
 ]
 
-_INT_FIELDS = {"sm_count", "memory_bytes"}
+_INT_FIELDS = {"sm_count", "memory_bytes", "total_memory_bytes"}
 _FLOAT_FIELDS = {
     "boost_clock_mhz",
     "base_clock_mhz",
@@ -132,18 +132,34 @@ def _prices() -> dict[str, tuple[float, str]]:
 
 
 @functools.cache
+def _capacities() -> dict[str, tuple[int, str]]:
+    """Usable memory per GPU id (``capacity.csv``): bytes and where the number comes from."""
+    try:
+        rows = _read_rows("capacity.csv")
+    except FileNotFoundError:
+        return {}
+    return {
+        r["id"]: (int(r["total_memory_bytes"]), f"{r['method']}: {r['source']}".strip())
+        for r in rows
+    }
+
+
+@functools.cache
 def _table() -> tuple[dict[str, GpuSpec], dict[str, str], dict[str, tuple[str, ...]]]:
     """Parse gpus.csv once: specs by id, normalised alias -> id, and each id's alias strings."""
     specs: dict[str, GpuSpec] = {}
     lookup: dict[str, str] = {}
     aliases: dict[str, tuple[str, ...]] = {}
     prices = _prices()
+    capacities = _capacities()
     fields = GpuSpec.field_names()
     for row in _read_rows("gpus.csv"):
         gid = row["id"]
         values = {f: _convert(f, row[f], f"gpus.csv row {gid}") for f in fields if f in row}
         price = prices.get(gid)
         values["price_usd_per_hour"], values["price_source"] = price if price else (None, None)
+        if gid in capacities:
+            values["total_memory_bytes"], values["capacity_source"] = capacities[gid]
         specs[gid] = GpuSpec(**values)
         names = [gid, row["name"], *(a for a in row["aliases"].split(";") if a.strip())]
         aliases[gid] = tuple(names[2:])
@@ -154,6 +170,9 @@ def _table() -> tuple[dict[str, GpuSpec], dict[str, str], dict[str, tuple[str, .
                     raise RuntimeError(
                         f"gpus.csv: alias {name!r} maps to both {lookup[key]} and {gid}"
                     )
+    unknown = set(capacities) - set(specs)
+    if unknown:
+        raise RuntimeError(f"capacity.csv: ids not in gpus.csv: {sorted(unknown)}")
     unknown_prices = set(prices) - set(specs)
     if unknown_prices:
         raise RuntimeError(f"prices.csv: ids not in gpus.csv: {sorted(unknown_prices)}")

@@ -33,6 +33,10 @@ class GpuSpec:
     # total device memory in bytes: memory_gb * 2**30 unless a source gives the exact total
     # (convention in boom_ml/gpus/__init__.py); cudaMemGetInfo reports a little less (ECC, driver)
     memory_bytes: int
+    # what torch.cuda.get_device_properties(i).total_memory reports (boom_ml/gpus/capacity.csv,
+    # sourced per row); None: not known, memory_bytes stands in
+    total_memory_bytes: int | None = None
+    capacity_source: str = ""
     price_usd_per_hour: float | None = None
     price_source: str | None = None
     source: str = ""
@@ -55,6 +59,11 @@ class GpuSpec:
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_gbs * 1e9
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Memory a process can use: what PyTorch reports as the device's total memory."""
+        return int(self.total_memory_bytes or self.memory_bytes)
 
     @property
     def sm_version(self) -> int:

@@ -93,6 +93,7 @@ def simulate(
     capacity_bytes: int | None = None,
     config: AllocatorConfig | None = None,
     stop_on_oom: bool = True,
+    optional: frozenset[int] | set[int] = frozenset(),
 ) -> AllocatorResult:
     """Replay ``events`` and report peaks, fragmentation and whether the step OOMs.
 
@@ -100,7 +101,9 @@ def simulate(
     ``bytes`` and optionally ``stream``, or an iterable of ``(action, block, bytes)``
     (optionally ``(..., stream)``) tuples, in program order. ``capacity_bytes`` is
     what the allocator may reserve in total. With ``stop_on_oom=False`` a failed
-    malloc is skipped (its later free too) and the replay goes on.
+    malloc is skipped (its later free too) and the replay goes on. A failed malloc of a
+    block in ``optional`` is always skipped and is no OOM: a cuDNN workspace that cannot
+    be allocated makes PyTorch fall back to an engine that needs less.
     """
     is_alloc, blocks, nbytes, streams = _columns(events)
     sim = CachingAllocatorSim(capacity_bytes, config)
@@ -117,6 +120,11 @@ def simulate(
         b = blocks[i]
         if is_alloc[i]:
             if not malloc(b, nbytes[i], streams[i]):
+                if b in optional:
+                    failed.add(b)
+                    t_alloc.append(sim._allocated)
+                    t_res.append(sim._reserved)
+                    continue
                 if oom_at is None:
                     oom_at = i
                 failed.add(b)

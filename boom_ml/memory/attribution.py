@@ -1,6 +1,6 @@
 """What holds the memory at the peak: bytes by category, by module, and the running op.
 
-Works on the multi-step replay of ``estimate.py``: the live blocks just after the peak
+Works on the multi-step replay of ``replay.py``: the live blocks just after the peak
 event are walked back to the traced events (and through them to the op and module that
 allocated them). Bytes are counted after the allocator's 512-byte rounding; the rest
 of the reserved peak is "fragmentation" (cached but unused bytes of reserved segments,
@@ -10,15 +10,13 @@ plus each block's rounding slack inside large segments).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from boom_ml.memory.live import round_block
+from boom_ml.memory.replay import Replay
 from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
-
-if TYPE_CHECKING:
-    from boom_ml.memory.estimate import Replay
 
 PARAMETER_STATE = ("parameter", "gradient", "optimizer_state")
 CATEGORIES = (*MEMORY_CATEGORIES, "workspace", "fragmentation")

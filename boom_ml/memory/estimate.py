@@ -1,252 +1,69 @@
 """Memory of one training step on one GPU, from the traced OpGraph.
 
 The traced step's alloc/free events are replayed through the caching-allocator
-simulator over several consecutive steps of a training loop, because what
-``nvidia-smi`` shows at the peak is the allocator's *reserved* memory, and that depends
-on history: the first step creates the optimizer state in the middle of the optimizer
-phase and segments carved then are reused (or not) later. On top of the reserved peak
-come the per-GPU terms outside the allocator (CUDA context, lazily loaded kernels),
-see ``overheads.py``.
+simulator over several consecutive steps of a training loop (``replay.py``), because
+what ``nvidia-smi`` shows at the peak is the allocator's *reserved* memory, and that
+depends on history: the first step creates the optimizer state in the middle of the
+optimizer phase and segments carved then are reused (or not) later. On top of the
+reserved peak come the terms outside the allocator (CUDA context, local memory, kernel
+images), see ``overheads.py``.
 
-The replay models the loop ``for x, y in loader: opt.zero_grad(); x, y = x.cuda(),
-y.cuda(); out = model(x); loss = f(out, y); loss.backward(); opt.step()``: Python keeps
-the last batch and the last outputs alive until their names are rebound, so the
-previous step's device batch dies at the loop head (when ``x`` is rebound to the next
-host batch) and its outputs (logits, and whatever else the model returns) only when the
-next forward returns (``hold_outputs``). The tracer itself deletes both right away.
+Each estimate is made at three levels: p50 with the central value of every term, p10 and
+p90 with the bounds of what cannot be derived (context size, cuDNN workspaces). The
+verdict is ``yes`` when even the p90 step fits the GPU's usable memory, ``no`` when not
+even the p10 step does, and ``tight`` in between.
 """
 
 from __future__ import annotations
 
-import logging
-from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from boom_ml.estimates import MemoryEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
 from boom_ml.memory.attribution import attribute_peak
-from boom_ml.memory.overheads import Extra, OverheadTable, load_overheads
+from boom_ml.memory.overheads import Amount, OverheadTable, load_overheads
+from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay
+from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
-PRE_EXISTING = ("parameter", "gradient", "optimizer_state")
-# Optimizers whose state is created in the constructor rather than at the first step.
-EAGER_STATE_OPTIMIZERS = ("adagrad",)
-DEFAULT_STEPS = 3
-
-
-@dataclass
-class Replay:
-    """Events of ``steps`` consecutive training steps, ready for the allocator.
-
-    ``src`` is the row of ``graph.mem_events`` each event comes from (-1 for a synthetic
-    event such as a workspace, whose category is in ``synthetic``); ``step`` is 1-based.
-    """
-
-    is_alloc: np.ndarray
-    block: np.ndarray
-    nbytes: np.ndarray
-    src: np.ndarray
-    step: np.ndarray
-    synthetic: dict[int, str] = field(default_factory=dict)  # block → category
-
-    def tuples(self) -> list[tuple[str, int, int]]:
-        actions = np.where(self.is_alloc, "alloc", "free")
-        return list(zip(actions.tolist(), self.block.tolist(), self.nbytes.tolist(), strict=True))
+__all__ = ["DEFAULT_STEPS", "StepMemory", "estimate_memory", "simulate_step", "step_fits"]
 
 
 @dataclass
 class StepMemory:
-    """Everything one estimate computed: the replay, the allocator's answer, the terms."""
+    """Everything one replay computed: the events, the allocator's answer, the terms."""
 
     replay: Replay
     result: AllocatorResult
-    outside_bytes: dict[str, int]  # overheads outside the allocator (context, ...)
-    inside_bytes: dict[str, int]  # overheads inside it (workspaces), largest live value
+    outside: list[Amount]  # terms outside the allocator (context, kernels, ...)
+    inside_bytes: dict[str, int]  # terms inside it (workspaces), largest live value
     allocator_capacity: int
 
+    @property
+    def outside_bytes(self) -> dict[str, int]:
+        return {a.term: a.nbytes for a in self.outside}
 
-class _Builder:
-    """Accumulates replay events; one instance per replay."""
+    @property
+    def outside_total(self) -> int:
+        return sum(a.nbytes for a in self.outside)
 
-    def __init__(self) -> None:
-        self.rows: list[tuple[bool, int, int, int, int]] = []
-        self.synthetic: dict[int, str] = {}
-
-    def add(self, alloc: bool, block: int, nbytes: int, src: int, step: int) -> None:
-        self.rows.append((alloc, block, nbytes, src, step))
-
-    def build(self) -> Replay:
-        if not self.rows:
-            empty = np.zeros(0, dtype=np.int64)
-            return Replay(empty.astype(bool), empty, empty, empty, empty, {})
-        cols = list(zip(*self.rows, strict=True))
-        return Replay(
-            np.asarray(cols[0], dtype=bool),
-            np.asarray(cols[1], dtype=np.int64),
-            np.asarray(cols[2], dtype=np.int64),
-            np.asarray(cols[3], dtype=np.int64),
-            np.asarray(cols[4], dtype=np.int64),
-            self.synthetic,
-        )
+    @property
+    def total(self) -> int:
+        """What nvidia-smi would show at the peak: reserved plus everything outside."""
+        return self.result.peak_reserved + self.outside_total
 
 
-def build_replay(
-    graph: OpGraph,
-    steps: int = DEFAULT_STEPS,
-    hold_outputs: bool = True,
-    extras: list[Extra] | None = None,
-) -> Replay:
-    """The traced step's events as ``steps`` consecutive steps of a training loop.
-
-    Step 1 starts from parameters only (plus Adagrad's eagerly created state): there are
-    no gradients to free and the optimizer state is created lazily, just before the
-    first optimizer kernel. Steps >= 2 are the recorded steady-state step, where
-    ``zero_grad(set_to_none=True)`` frees the previous step's gradients.
-    """
-    ev = graph.mem_events
-    phase = ev["phase"].to_numpy().astype(str)
-    action = ev["action"].to_numpy().astype(str)
-    category = ev["category"].to_numpy().astype(str)
-    blocks = ev["block"].to_numpy(dtype=np.int64)
-    nbytes = ev["bytes"].to_numpy(dtype=np.int64)
-    node = ev["node_id"].to_numpy(dtype=np.int64)
-    is_alloc = action == "alloc"
-    out = _Builder()
-    if len(ev) == 0:
-        return out.build()
-    stride = int(blocks.max()) + 1
-    pre = np.isin(phase, PRE_EXISTING)
-    body = np.flatnonzero(~pre)
-    persistent_rows = np.flatnonzero(pre & (phase != "gradient") & is_alloc)
-    old_grads = set(blocks[pre & (phase == "gradient")].tolist())
-    freed_in_body = set(blocks[~pre & ~is_alloc].tolist())
-    # Blocks created in the body and still alive at its end: this step's gradients (and
-    # anything else the step leaves behind); the next zero_grad releases them.
-    carried = [int(blocks[r]) for r in body if is_alloc[r] and int(blocks[r]) not in freed_in_body]
-    grad_match = _match_gradients(ev, old_grads, carried)
-
-    deferred: dict[int, str] = {}
-    if hold_outputs:
-        deferred = _held_references(phase, category, node, is_alloc, blocks, body)
-    last_of = {p: _last(body, phase, p) for p in ("zero_grad", "forward")}
-    zero_grad_end = (
-        last_of["zero_grad"] if last_of["zero_grad"] >= 0 or not len(body) else int(body[0])
+def allocator_config_of(stack: Stack) -> AllocatorConfig | None:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` options the stack sets (None: PyTorch's defaults)."""
+    if not stack.expandable_segments and stack.max_split_size_mb is None:
+        return None
+    return AllocatorConfig(
+        max_split_size_mb=stack.max_split_size_mb, expandable_segments=stack.expandable_segments
     )
-    opt_rows = body[phase[body] == "optimizer"]
-    first_opt = int(opt_rows[0]) if len(opt_rows) else -1
-
-    eager_state = str(graph.meta.get("step", {}).get("optimizer", "")) in EAGER_STATE_OPTIMIZERS
-    extras = list(extras or [])
-    before: dict[int, list[int]] = defaultdict(list)
-    after: dict[int, list[int]] = defaultdict(list)
-    for i, x in enumerate(extras):
-        before[x.alloc_before].append(i)
-        if x.free_after is not None and not x.persistent:
-            after[x.free_after].append(i)
-
-    def synthetic_id(i: int, k: int) -> int:
-        # Negative ids never clash with traced blocks; persistent extras use k = 0.
-        return -(1 + i + len(extras) * (0 if extras[i].persistent else k))
-
-    state_rows = persistent_rows[phase[persistent_rows] == "optimizer_state"]
-    param_rows = persistent_rows[phase[persistent_rows] != "optimizer_state"]
-    for r in param_rows:
-        out.add(True, int(blocks[r]), int(nbytes[r]), int(r), 1)
-    if eager_state:
-        for r in state_rows:
-            out.add(True, int(blocks[r]), int(nbytes[r]), int(r), 1)
-    matched = set(grad_match.values())
-    pending: dict[str, list[tuple[int, int, int]]] = {"start": [], "forward": []}
-    for k in range(1, steps + 1):
-        off = k * stride
-        held: dict[str, list[tuple[int, int, int]]] = {"start": [], "forward": []}
-        for blk, size, src in pending["start"]:  # the loop head rebinds the batch names
-            out.add(False, blk, size, src, k)
-        for r in body.tolist():
-            b = int(blocks[r])
-            for i in before.get(r, ()):
-                if k == 1 or not extras[i].persistent:
-                    out.synthetic[synthetic_id(i, k)] = extras[i].category
-                    out.add(True, synthetic_id(i, k), extras[i].nbytes, -1, k)
-            if r == first_opt and k == 1 and not eager_state:
-                for s in state_rows:  # lazily created at the first optimizer.step()
-                    out.add(True, int(blocks[s]), int(nbytes[s]), int(s), 1)
-            if b in old_grads and not is_alloc[r]:
-                if k > 1 and b in grad_match:
-                    out.add(False, grad_match[b] + off - stride, int(nbytes[r]), r, k)
-            elif not is_alloc[r] and b in deferred:
-                held[deferred[b]].append((b + off, int(nbytes[r]), r))
-            else:
-                out.add(bool(is_alloc[r]), b + off, int(nbytes[r]), r, k)
-            for i in after.get(r, ()):
-                out.add(False, synthetic_id(i, k), extras[i].nbytes, -1, k)
-            if k > 1 and r == zero_grad_end:
-                # What the last step left alive that no recorded zero_grad free matched.
-                for c in carried:
-                    if c not in matched:
-                        out.add(False, c + off - stride, 0, -1, k)
-            if r == last_of["forward"]:
-                for blk, size, src in pending["forward"]:
-                    out.add(False, blk, size, src, k)
-                pending["forward"] = []
-        pending = held
-    return out.build()
-
-
-def _last(rows: np.ndarray, phase: np.ndarray, name: str) -> int:
-    hits = rows[phase[rows] == name]
-    return int(hits[-1]) if len(hits) else -1
-
-
-def _match_gradients(ev: pd.DataFrame, old: set[int], carried: list[int]) -> dict[int, int]:
-    """Pair each pre-existing gradient block with the block that replaces it in the body.
-
-    Matched by size (all of them are freed together by zero_grad, so which one of two
-    equal-size gradients is freed first changes nothing).
-    """
-    sizes = dict(zip(ev["block"].tolist(), ev["bytes"].tolist(), strict=False))
-    by_size: dict[int, list[int]] = defaultdict(list)
-    for b in carried:
-        by_size[sizes[b]].append(b)
-    match: dict[int, int] = {}
-    for b in sorted(old):
-        queue = by_size.get(sizes[b])
-        if queue:
-            match[b] = queue.pop(0)
-    return match
-
-
-def _held_references(
-    phase: np.ndarray,
-    category: np.ndarray,
-    node: np.ndarray,
-    is_alloc: np.ndarray,
-    blocks: np.ndarray,
-    body: np.ndarray,
-) -> dict[int, str]:
-    """Blocks whose free the loop postpones: block → phase after which it is freed.
-
-    Outputs: freed in the loss phase after its last kernel (the tracer's ``del
-    outputs``); they die when the next forward returns. Inputs: they die at the start
-    of the next step.
-    """
-    held: dict[int, str] = {}
-    loss_rows = body[phase[body] == "loss"]
-    with_op = loss_rows[node[loss_rows] >= 0]
-    start = int(with_op[-1]) if len(with_op) else -1
-    for r in loss_rows:
-        if r > start and not is_alloc[r] and node[r] < 0:
-            held[int(blocks[r])] = "forward"
-    for r in body:
-        if not is_alloc[r] and category[r] == "input":
-            held[int(blocks[r])] = "start"
-    return held
 
 
 # Replays of recent graphs. A replay depends on the GPU only through the overhead terms
@@ -258,104 +75,136 @@ _REPLAYS: IdentityCache[StepMemory] = IdentityCache(32)
 def simulate_step(
     graph: OpGraph,
     gpu: GpuSpec,
+    *,
+    stack: Stack | None = None,
+    level: str = "p50",
     allocator_config: AllocatorConfig | None = None,
     steps: int = DEFAULT_STEPS,
     hold_outputs: bool = True,
     table: OverheadTable | None = None,
     capacity: bool = True,
+    accumulate: bool = False,
 ) -> StepMemory:
     """Replay ``steps`` training steps on ``gpu``: peaks, OOM and the overhead terms.
 
-    With ``capacity=False`` the allocator may grow without limit (what the step would
-    need on a larger device with the same overheads).
+    ``level`` picks the p10 / p50 / p90 value of each term. With ``capacity=False`` the
+    allocator may grow without limit (what the step would need on a larger device with
+    the same overheads). ``accumulate``: gradients survive from one step to the next
+    (gradient accumulation). The allocator options default to the stack's.
     """
+    stack = stack if stack is not None else resolve_stack()
     table = table if table is not None else load_overheads()
-    outside = table.outside_allocator(gpu, graph)
-    extras = table.allocator_extras(gpu, graph)
-    limit = max(int(gpu.memory_bytes) - sum(outside.values()), 0)
+    config = allocator_config if allocator_config is not None else allocator_config_of(stack)
+    outside = table.outside(gpu, graph, stack, level)
+    extras = table.allocator_extras(gpu, graph, stack, level)
+    limit = max(int(gpu.capacity_bytes) - sum(a.nbytes for a in outside), 0)
     key = (
         id(table),
-        allocator_config,
+        config,
         steps,
         hold_outputs,
-        tuple(sorted(outside.items())),
+        accumulate,
+        tuple(outside),
         tuple(extras),
         limit if capacity else None,
     )
 
     def replay_step() -> StepMemory:
-        replay = build_replay(graph, steps=steps, hold_outputs=hold_outputs, extras=extras)
-        result = simulate(replay.tuples(), limit if capacity else None, allocator_config)
+        replay = build_replay(graph, steps, hold_outputs, extras, accumulate)
+        result = simulate(replay.tuples(), limit if capacity else None, config,
+                          optional=replay.optional)  # fmt: skip
         inside: dict[str, int] = {}
         for x in extras:  # persistent buffers add up; transient ones count by the largest
-            old = inside.get(x.category, 0)
-            inside[x.category] = old + x.nbytes if x.persistent else max(old, x.nbytes)
+            name = "cublas_workspace" if x.persistent else "cudnn_workspace"
+            old = inside.get(name, 0)
+            inside[name] = old + x.nbytes if x.persistent else max(old, x.nbytes)
         return StepMemory(replay, result, outside, inside, limit)
 
     return _REPLAYS.get(graph, key, replay_step)
 
 
+def step_fits(graph: OpGraph, gpu: GpuSpec, **kwargs: object) -> tuple[bool, StepMemory]:
+    """Whether the step runs on ``gpu`` without OOM, and the replay that says so.
+
+    The unbounded replay (shared by GPUs with the same overheads) is the answer whenever
+    it stays within the GPU (a capped replay would be identical) or when even its
+    allocated peak does not fit and nothing in it is optional (a capped replay must
+    fail); in between, the capped replay decides, since the allocator frees its cache
+    and retries before an OOM and PyTorch drops a cuDNN workspace it cannot allocate.
+    """
+    kwargs.pop("capacity", None)
+    cap = gpu.capacity_bytes
+    sm = simulate_step(graph, gpu, capacity=False, **kwargs)  # type: ignore[arg-type]
+    if sm.total <= cap:
+        return True, sm
+    if sm.result.peak_allocated + sm.outside_total > cap and not sm.replay.optional:
+        return False, sm
+    capped = simulate_step(graph, gpu, capacity=True, **kwargs)  # type: ignore[arg-type]
+    ok = not capped.result.oom and capped.total <= cap
+    return ok, (capped if ok else sm)
+
+
 def estimate_memory(
     graph: OpGraph,
     gpu: GpuSpec,
+    stack: Stack | None = None,
     allocator_config: AllocatorConfig | None = None,
     steps: int = DEFAULT_STEPS,
     hold_outputs: bool = True,
     table: OverheadTable | None = None,
     top_modules: int = 10,
-    max_batch: bool = True,
-    trace_at: Callable[[int], OpGraph] | None = None,
+    grad_accum: int = 1,
 ) -> MemoryEstimate:
-    """Peak memory of the step on ``gpu`` (as nvidia-smi shows it) and whether it fits.
+    """Peak memory of the step on ``gpu`` (as nvidia-smi shows it), its p10-p90 range and
+    the verdict.
 
     When the step runs out of memory, the peaks are those of an unbounded replay (what
-    the step would need) and ``fits`` is False. With ``max_batch`` the largest batch size
-    that fits is searched too (``trace_at(b)`` traces batch ``b``; by default the model
-    named in ``graph.meta`` is traced again, see ``capacity.py``).
+    the step would need). With ``grad_accum`` > 1 the gradients stay alive between
+    micro-batches.
     """
-    # The unbounded replay is shared by GPUs with the same overheads. It is the answer
-    # whenever it stays within the GPU (a capped replay would be identical) or when even
-    # its allocated peak does not fit (a capped replay must fail); in between, the capped
-    # replay decides, since the allocator frees its cache and retries before an OOM.
-    sm = simulate_step(graph, gpu, allocator_config, steps, hold_outputs, table, False)
-    outside = sum(sm.outside_bytes.values())
-    if sm.result.peak_reserved + outside <= gpu.memory_bytes:
-        oom = False
-    elif sm.result.peak_allocated + outside > gpu.memory_bytes:
-        oom = True
-    else:
-        capped = simulate_step(graph, gpu, allocator_config, steps, hold_outputs, table)
-        oom = capped.result.oom
-        if not oom:  # it fits after the allocator freed its cache: report that replay
-            sm = capped
+    stack = stack if stack is not None else resolve_stack()
+    table = table if table is not None else load_overheads()
+    common = dict(
+        stack=stack, allocator_config=allocator_config, steps=steps, hold_outputs=hold_outputs,
+        table=table, accumulate=grad_accum > 1,
+    )  # fmt: skip
+    levels = {lv: step_fits(graph, gpu, level=lv, **common) for lv in ("p10", "p50", "p90")}
+    _, sm = levels["p50"]
     res = sm.result
     # Attribute at the peak of allocated bytes: the reserved peak is first reached when a
     # segment is added, often for a small request while most cached bytes are free.
     at = int(np.argmax(res.timeline_allocated)) if len(res.timeline_allocated) else -1
     att = attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules)
-    total = res.peak_reserved + outside
-    largest = None
-    if max_batch:
-        from boom_ml.memory.capacity import max_batch_size  # capacity imports this module
-
-        try:
-            found = max_batch_size(graph, gpu, trace_at, allocator_config, table, hold_outputs)
-            largest = found.batch_size
-        except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
-            logging.getLogger(__name__).warning("max batch size search failed: %s", err)
+    cap = int(gpu.capacity_bytes)
+    fit = "yes" if levels["p90"][0] else ("tight" if levels["p10"][0] else "no")
+    terms = [
+        {"term": a.term, "library": a.library, "bytes": a.nbytes, "where": "outside allocator",
+         "source": a.provenance}
+        for a in sm.outside
+    ] + [
+        {"term": t.term, "library": t.library, "bytes": sm.inside_bytes.get(t.term, 0),
+         "where": "caching allocator", "source": t.provenance}
+        for t in table.inside(gpu, graph, stack, "p50")
+    ]  # fmt: skip
     return MemoryEstimate(
         peak_allocated_bytes=res.peak_allocated,
         peak_reserved_bytes=res.peak_reserved,
-        total_bytes=total,
-        capacity_bytes=int(gpu.memory_bytes),
-        fits=not oom and total <= gpu.memory_bytes,
+        total_bytes=sm.total,
+        capacity_bytes=cap,
+        fits=fit == "yes",
         method="allocator-sim",
         breakdown={**att.by_category, **sm.outside_bytes},
         overheads={**sm.outside_bytes, **sm.inside_bytes},
         peak_op=att.op,
         peak_phase=att.phase,
         fragmentation=res.fragmentation,
-        max_batch_size=largest,
         by_module=att.by_module,
         peak_module=att.module,
+        p10_bytes=min(levels["p10"][1].total, sm.total),
+        p90_bytes=max(levels["p90"][1].total, sm.total),
+        fit=fit,
+        headroom_bytes=cap - sm.total,
+        stack=stack.to_dict(),
+        terms=terms,
+        capacity_source=gpu.capacity_source,
     )

@@ -2,7 +2,9 @@
 
 Candidates are the usual levers, each predicted with the same memory and time models:
 autocast, activation checkpointing, an optimizer with less state, and a smaller
-micro-batch with gradient accumulation (same effective batch). Single changes come
+micro-batch with gradient accumulation (same effective batch; the gradients stay alive
+between micro-batches, which the memory replay models). A candidate fits when its p90
+step does. Single changes come
 first; if none fits, they are stacked in that order, which is roughly the order of what
 they cost in speed.
 """
@@ -68,7 +70,7 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         out.append(
             (
                 f"batch_size={micro} x {accumulation} accumulation steps",
-                replace(step, batch_size=micro),
+                replace(step, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
         )
@@ -97,7 +99,7 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
         out.append(
             (
                 " + ".join([*labels, f"batch_size={micro} x {accumulation} accumulation steps"]),
-                replace(current, batch_size=micro),
+                replace(current, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
         )
@@ -164,12 +166,9 @@ def advise(
 def _advice(
     label: str, step: StepSpec, changed: StepSpec, accumulation: int, result: GpuPrediction
 ) -> Advice:
-    if result.time is None:  # a candidate that does not fit: its time was not predicted
-        step_ms = float("nan")
-    else:
-        optimizer_ms = result.time.by_phase.get("optimizer", 0.0)
-        # Forward and backward run once per micro-batch; the optimizer once per step.
-        step_ms = accumulation * (result.time.step_ms - optimizer_ms) + optimizer_ms
+    # a candidate that does not fit has no predicted time; the time of one that does is
+    # already that of the whole accumulated step (grad_accum is part of ``changed``)
+    step_ms = float("nan") if result.time is None else result.time.step_ms
     return Advice(
         change=label,
         settings=_diff(step, changed),
@@ -178,5 +177,7 @@ def _advice(
         total_bytes=result.memory.total_bytes,
         capacity_bytes=result.memory.capacity_bytes,
         step_ms=step_ms,
-        samples_per_s=step.batch_size / step_ms * 1e3 if step_ms > 0 else float("nan"),
+        samples_per_s=step.batch_size * step.grad_accum / step_ms * 1e3
+        if step_ms > 0
+        else float("nan"),
     )

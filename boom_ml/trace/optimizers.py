@@ -1,32 +1,40 @@
-"""Optimizers as a CUDA run would build them (foreach kernels, the CUDA default)."""
+"""Optimizers as a CUDA run would build them (the implementation PyTorch picks there)."""
 
 from __future__ import annotations
 
 import torch
 
 from boom_ml.specs import OPTIMIZERS, check_choice
+from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+def make_optimizer(
+    name: str, params: list[torch.nn.Parameter], impl: str = "auto"
+) -> torch.optim.Optimizer | None:
     """Build ``name`` over ``params``; ``none`` means forward+backward only.
 
-    ``foreach=True`` because PyTorch picks the foreach implementation by default when all
-    parameters are on CUDA, and on CPU it would otherwise pick the per-tensor loop.
+    ``impl`` (foreach | fused | loop) is passed explicitly: on CPU tensors PyTorch would
+    pick the per-tensor loop, where on CUDA it picks foreach for most optimizers (and the
+    loop for Adafactor). ``auto`` resolves to what the installed release does on CUDA.
     """
     check_choice("optimizer", name, OPTIMIZERS)
     if name == "none":
         return None
+    impl = resolve_optimizer_impl(name, impl, resolve_stack()) if impl == "auto" else impl
+    flags = {"foreach": impl == "foreach"}
+    if impl == "fused":
+        flags = {"fused": True}
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, foreach=True)
+        return torch.optim.SGD(params, lr=1e-3, **flags)
     if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **flags)
     if name == "adam":
-        return torch.optim.Adam(params, lr=1e-3, foreach=True)
+        return torch.optim.Adam(params, lr=1e-3, **flags)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-3, **flags)
     if name == "adagrad":
         # Its "sum" state is created in the constructor (not lazily at the first step).
-        return torch.optim.Adagrad(params, lr=1e-3, foreach=True)
+        return torch.optim.Adagrad(params, lr=1e-3, **flags)
     if name == "rmsprop":
-        return torch.optim.RMSprop(params, lr=1e-3, foreach=True)
-    return torch.optim.Adafactor(params, lr=1e-2, foreach=True)
+        return torch.optim.RMSprop(params, lr=1e-3, **flags)
+    return torch.optim.Adafactor(params, lr=1e-2, **flags)

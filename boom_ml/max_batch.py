@@ -1,4 +1,7 @@
-"""Capacity questions: does a step fit, and what is the largest batch size that fits.
+"""The largest batch size that fits: a search over batch sizes, run by the orchestration
+layer (``api.py``), which owns tracing and passes a tracer in.
+
+The search is on the safe side: a batch fits when its p90 step does (``estimate.py``).
 
 Tracing is the slow part (seconds per batch size), replaying is fast. Most models'
 memory events keep the same structure when only the batch size changes, with every
@@ -13,17 +16,19 @@ probe of the search is traced instead.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig
-from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
+from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step, step_fits
 from boom_ml.memory.overheads import OverheadTable, load_overheads
+from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
+LEVEL = "p90"  # the search answers "fits" only where the upper bound fits
 # Event columns that must agree between traces for their sizes to be comparable.
 STRUCTURE = ("action", "block", "category", "phase", "node_id")
 MAX_BATCH = 1 << 16
@@ -46,6 +51,13 @@ class BatchScaling:
         self.intercept = s1 - self.slope * b1
         self.template = g1
         self.batch_dependent = bool(np.any(self.slope))
+        # Nodes' traffic sizes cuDNN workspaces (overheads.py): scaled the same way.
+        self._traffic = {}
+        if len(g1.nodes) == len(g2.nodes):
+            for col in ("bytes_read", "bytes_written"):
+                t1 = g1.nodes[col].to_numpy(dtype=np.float64)
+                slope = (g2.nodes[col].to_numpy(dtype=np.float64) - t1) / (b2 - b1)
+                self._traffic[col] = (t1 - slope * b1, slope)
 
     def bytes_at(self, batch: int) -> np.ndarray:
         return self.intercept + self.slope * int(batch)
@@ -59,17 +71,22 @@ class BatchScaling:
     def graph_at(self, batch: int) -> OpGraph:
         """The template graph with its memory events resized to ``batch``.
 
-        Only ``mem_events`` is rescaled; nodes (shapes, FLOPs) stay the template's, so
-        use the result for memory only.
+        ``mem_events`` and the nodes' traffic (which sizes cuDNN workspaces) are
+        rescaled; shapes and FLOPs stay the template's, so use the result for memory only.
         """
         sizes = self.bytes_at(batch)
         if np.any(sizes < 0):
             raise ValueError(f"batch size {batch} gives negative event sizes")
         events = self.template.mem_events.copy()
         events["bytes"] = sizes
+        nodes = self.template.nodes
+        if self._traffic:
+            nodes = nodes.copy()
+            for col, (intercept, slope) in self._traffic.items():
+                nodes[col] = np.ceil(np.maximum(intercept + slope * batch, 0)).astype(np.int64)
         meta = dict(self.template.meta)
         meta["step"] = {**meta.get("step", {}), "batch_size": int(batch)}
-        return OpGraph(self.template.nodes, self.template.edges, events, meta)
+        return OpGraph(nodes, self.template.edges, events, meta)
 
 
 def same_structure(g1: OpGraph, g2: OpGraph) -> bool:
@@ -98,6 +115,8 @@ class BatchSearch:
     table: OverheadTable | None = None
     hold_outputs: bool = True
     steps: int = DEFAULT_STEPS
+    stack: Stack | None = None
+    accumulate: bool = False
     traced: dict[int, OpGraph] = field(default_factory=dict)
     _scaling: BatchScaling | None = None
     _scaling_tried: bool = False
@@ -106,6 +125,14 @@ class BatchSearch:
     def __post_init__(self) -> None:
         self.traced[self.batch] = self.graph
         self.table = self.table if self.table is not None else load_overheads()
+        self.stack = self.stack if self.stack is not None else resolve_stack()
+
+    def _replay_options(self) -> dict:
+        return dict(
+            stack=self.stack, level=LEVEL, allocator_config=self.allocator_config,
+            steps=self.steps, hold_outputs=self.hold_outputs, table=self.table,
+            accumulate=self.accumulate,
+        )  # fmt: skip
 
     def scaling(self) -> BatchScaling | None:
         """The affine model, from one more trace (at twice the batch, or half of it)."""
@@ -136,14 +163,12 @@ class BatchSearch:
         same architecture major and outside terms."""
         assert self.table is not None
         graph = self.graph_at(batch)
-        outside = self.table.outside_allocator(gpu, graph)
+        outside = self.table.outside_allocator(gpu, graph, self.stack, LEVEL)
         key = (batch, gpu.sm_version // 10, tuple(sorted(outside.items())))
         if key not in self._unbounded:
-            sm = simulate_step(
-                graph, gpu, self.allocator_config, self.steps, self.hold_outputs, self.table, False
-            )
+            sm = simulate_step(graph, gpu, capacity=False, **self._replay_options())
             res = sm.result
-            self._unbounded[key] = (res.peak_reserved, res.peak_allocated, sum(outside.values()))
+            self._unbounded[key] = (res.peak_reserved, res.peak_allocated, sm.outside_total)
         return self._unbounded[key]
 
     def need(self, batch: int, gpu: GpuSpec) -> int:
@@ -152,22 +177,8 @@ class BatchSearch:
         return reserved + outside
 
     def fits(self, batch: int, gpu: GpuSpec) -> bool:
-        """Whether ``batch`` runs on ``gpu`` without OOM.
-
-        The unbounded replay decides when it stays within the GPU (the capped replay
-        would be identical) or when even its allocated peak does not; in between, the
-        capped replay (the allocator frees its cache and retries before giving up) does.
-        """
-        reserved, allocated, outside = self._unbounded_peaks(batch, gpu)
-        if reserved + outside <= gpu.memory_bytes:
-            return True
-        if allocated + outside > gpu.memory_bytes:
-            return False
-        graph = self.graph_at(batch)
-        sm = simulate_step(
-            graph, gpu, self.allocator_config, self.steps, self.hold_outputs, self.table
-        )
-        return not sm.result.oom and sm.result.peak_reserved + outside <= gpu.memory_bytes
+        """Whether ``batch`` runs on ``gpu`` without OOM (see ``estimate.step_fits``)."""
+        return step_fits(self.graph_at(batch), gpu, **self._replay_options())[0]
 
     def max_batch(self, gpu: GpuSpec, limit: int = MAX_BATCH) -> MaxBatch:
         """Largest batch size that fits on ``gpu``.
@@ -180,7 +191,7 @@ class BatchSearch:
            cache and retries before giving up (it can fit a little more).
         Probes are replays of scaled events when scaling holds.
         """
-        cap = gpu.memory_bytes
+        cap = gpu.capacity_bytes
         scaled = lambda: self._scaling is not None  # noqa: E731 - read after tracing
 
         def need_ok(b: int) -> bool:
@@ -223,7 +234,7 @@ class BatchSearch:
     def _narrow(self, lo: int, hi: int, gpu: GpuSpec) -> int:
         """The last batch in [lo, hi) whose unbounded need fits (need(lo) fits, need(hi)
         does not): interpolation, falling back to bisection when it does not halve."""
-        cap = gpu.memory_bytes
+        cap = gpu.capacity_bytes
         interpolate = True
         while hi - lo > 1:
             width = hi - lo
@@ -250,51 +261,35 @@ _SEARCHES: IdentityCache[BatchSearch] = IdentityCache(8)
 
 def search_for(
     graph: OpGraph,
-    trace_at: TraceFn | None = None,
+    trace_at: TraceFn | None,
     allocator_config: AllocatorConfig | None = None,
     table: OverheadTable | None = None,
     hold_outputs: bool = True,
     steps: int = DEFAULT_STEPS,
+    stack: Stack | None = None,
+    accumulate: bool = False,
 ) -> BatchSearch:
-    """The (cached) :class:`BatchSearch` of ``graph``; ``trace_at`` defaults to re-tracing
-    the model named in ``graph.meta`` (built without options) at other batch sizes."""
-    key = (id(trace_at), allocator_config, id(table), hold_outputs, steps)
+    """The (cached) :class:`BatchSearch` of ``graph``; ``trace_at(b)`` traces batch ``b``
+    (None: only the traced batch and affine scaling are available)."""
+    key = (id(trace_at), allocator_config, id(table), hold_outputs, steps, stack, accumulate)
     batch = int(graph.meta.get("step", {}).get("batch_size", 1))
     return _SEARCHES.get(
         graph,
         key,
         lambda: BatchSearch(
-            graph, batch, trace_at or _retracer(graph), allocator_config, table, hold_outputs, steps
+            graph, batch, trace_at, allocator_config, table, hold_outputs, steps, stack, accumulate
         ),
     )
-
-
-def _retracer(graph: OpGraph) -> TraceFn | None:
-    """Trace the graph's model again at another batch size, from what ``meta`` records."""
-    model, step = graph.meta.get("model"), graph.meta.get("step")
-    if not model or not isinstance(step, dict):
-        return None
-
-    def trace_at(batch: int) -> OpGraph:
-        from boom_ml.specs import ModelSpec, StepSpec
-        from boom_ml.trace.step import trace_step
-        from boom_ml.zoo import build_model
-
-        spec = replace(StepSpec(**step), batch_size=int(batch))
-        return trace_step(build_model(ModelSpec(str(model))), spec)
-
-    return trace_at
 
 
 def max_batch_size(
     graph: OpGraph,
     gpu: GpuSpec,
-    trace_at: TraceFn | None = None,
-    allocator_config: AllocatorConfig | None = None,
-    table: OverheadTable | None = None,
-    hold_outputs: bool = True,
+    trace_at: TraceFn | None,
+    stack: Stack | None = None,
+    accumulate: bool = False,
     limit: int = MAX_BATCH,
 ) -> MaxBatch:
-    """Largest batch size of ``graph``'s model and step that fits on ``gpu``."""
-    search = search_for(graph, trace_at, allocator_config, table, hold_outputs)
+    """Largest batch size of ``graph``'s model and step whose p90 step fits on ``gpu``."""
+    search = search_for(graph, trace_at, stack=stack, accumulate=accumulate)
     return search.max_batch(gpu, limit)

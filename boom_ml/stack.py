@@ -1,0 +1,204 @@
+"""The software stack a training step runs on: PyTorch, CUDA and cuDNN releases and the
+switches that change memory (module loading, cuDNN benchmark, allocator options).
+
+Which stacks exist is a sourced, versioned table (``stacks.csv``: PyTorch's release
+compatibility matrix). The default stack is the installed torch release with the CUDA
+variant its wheel was built for (``+cu130`` → 13.0; a wheel without a CUDA tag is the
+default variant of that release on PyPI) and PyTorch's own defaults for the switches.
+A version the table does not know is a one-line error, never a silent default.
+
+This module does not import torch: the installed release is read from package metadata.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import asdict, dataclass
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.specs import OPTIMIZER_IMPLS
+
+TABLE_PATH = Path(__file__).with_name("stacks.csv")
+MODULE_LOADING = ("lazy", "eager")
+# PyTorch sets CUDA_MODULE_LOADING=LAZY itself from 1.13 on (pytorch/pytorch#86509), and
+# the driver honours it from CUDA 11.7 on; before either, every kernel image is loaded
+# into the context when its library is loaded.
+LAZY_FROM_TORCH = (1, 13)
+LAZY_FROM_CUDA = (11, 7)
+# From 2.0 on, PyTorch's optimizers default to their foreach implementation when every
+# parameter is a CUDA tensor (torch/optim/optimizer.py `_default_to_fused_or_foreach`);
+# Adafactor opts out and runs its for-loop unless foreach=True is passed
+# (torch/optim/_adafactor.py: "Adafactor will default to the slower single tensor
+# for-loop implementation unless this flag is explicitly True").
+FOREACH_DEFAULT_FROM_TORCH = (2, 0)
+LOOP_BY_DEFAULT = ("adafactor",)
+FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"2.6.0+cu124"`` → (2, 6, 0); raises InvalidInputError on anything else."""
+    m = re.fullmatch(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[.+].*)?", str(text).strip())
+    if not m:
+        raise InvalidInputError(f"not a version: {text!r} (expected e.g. 2.6 or 12.4)")
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def _minor(text: str) -> str:
+    v = version_tuple(text)
+    return f"{v[0]}.{v[1] if len(v) > 1 else 0}"
+
+
+@dataclass(frozen=True)
+class StackRow:
+    torch: str  # minor release, e.g. "2.6"
+    cuda: str  # e.g. "12.4"
+    cudnn: str  # e.g. "9.1.0"
+    default: bool  # the variant `pip install torch` gets on Linux
+    source: str
+
+
+@cache
+def load_stacks(path: str | Path = TABLE_PATH) -> tuple[StackRow, ...]:
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
+    out = []
+    for r in rows:
+        if not r.get("source", "").strip():
+            raise InvalidInputError(f"{path}: a row without a source ({r})")
+        out.append(
+            StackRow(
+                torch=_minor(r["torch"]),
+                cuda=_minor(r["cuda"]),
+                cudnn=r["cudnn"].strip(),
+                default=r["default"].strip().lower() == "true",
+                source=r["source"].strip(),
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One software stack. Every field is resolved (no None except ``max_split_size_mb``)."""
+
+    torch: str
+    cuda: str
+    cudnn: str
+    module_loading: str  # lazy | eager
+    cudnn_benchmark: bool
+    expandable_segments: bool
+    max_split_size_mb: int | None
+    source: str  # where the torch/CUDA/cuDNN combination comes from
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def default_optimizer_impl(self, optimizer: str) -> str:
+        """The implementation PyTorch picks for ``optimizer`` when none is named."""
+        if version_tuple(self.torch) < FOREACH_DEFAULT_FROM_TORCH or optimizer in LOOP_BY_DEFAULT:
+            return "loop"
+        return "foreach"
+
+
+def installed_torch() -> tuple[str, str | None]:
+    """(release, CUDA tag or None) of the installed torch, from package metadata."""
+    try:
+        text = metadata.version("torch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - torch is a dependency
+        return "", None
+    release, _, local = text.partition("+")
+    m = re.fullmatch(r"cu(\d+)(\d)", local)
+    return release, (f"{m.group(1)}.{m.group(2)}" if m else None)
+
+
+def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
+    """The stack named by ``options`` (keys of ``stack.*``), defaults filled in.
+
+    Missing ``torch``: the installed release. Missing ``cuda``: the CUDA tag of the
+    installed wheel when torch is the installed one, else that release's default
+    variant. Missing ``cudnn``: the one shipped with that torch/CUDA wheel.
+    """
+    opts = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = set(opts) - {f for f in Stack.__dataclass_fields__ if f != "source"}
+    if unknown:
+        raise InvalidInputError(f"unknown stack option(s): {', '.join(sorted(unknown))}")
+    rows = load_stacks()
+    installed, installed_cuda = installed_torch()
+    torch_given = "torch" in opts
+    torch = _minor(str(opts.get("torch", installed)))
+    known = sorted({r.torch for r in rows}, key=version_tuple)
+    variants = [r for r in rows if r.torch == torch]
+    if not variants:
+        if torch_given:
+            raise InvalidInputError(
+                f"unknown stack.torch {opts['torch']!r}; known releases: {', '.join(known)}"
+            )
+        # an installed release newer than the table: its newest known row stands in
+        variants = [r for r in rows if r.torch == known[-1]]
+    default_row = next((r for r in variants if r.default), variants[0])
+    row = default_row
+    wanted = opts.get("cuda", None if torch_given else installed_cuda)
+    if wanted is not None:
+        match = [r for r in variants if r.cuda == _minor(str(wanted))]
+        if not match and "cuda" in opts:
+            raise InvalidInputError(
+                f"torch {torch} was not released for CUDA {_minor(str(wanted))}; "
+                f"choose stack.cuda from: {', '.join(r.cuda for r in variants)}"
+            )
+        row = match[0] if match else default_row
+    cuda = row.cuda
+    cudnn = str(opts.get("cudnn", row.cudnn))
+    if "cudnn" in opts and cudnn not in {r.cudnn for r in rows}:
+        raise InvalidInputError(
+            f"unknown stack.cudnn {cudnn!r}; known: {', '.join(sorted({r.cudnn for r in rows}))}"
+        )
+    lazy = version_tuple(torch) >= LAZY_FROM_TORCH and version_tuple(cuda) >= LAZY_FROM_CUDA
+    loading = str(opts.get("module_loading", "lazy" if lazy else "eager"))
+    if loading not in MODULE_LOADING:
+        raise InvalidInputError(
+            f"unknown stack.module_loading {loading!r}; choose one of: {', '.join(MODULE_LOADING)}"
+        )
+    split = opts.get("max_split_size_mb")
+    if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 20):
+        raise InvalidInputError(f"stack.max_split_size_mb must be an integer >= 20, got {split!r}")
+    return Stack(
+        torch=torch,
+        cuda=cuda,
+        cudnn=cudnn,
+        module_loading=loading,
+        cudnn_benchmark=_bool("cudnn_benchmark", opts.get("cudnn_benchmark", False)),
+        expandable_segments=_bool("expandable_segments", opts.get("expandable_segments", False)),
+        max_split_size_mb=split,
+        source=row.source,
+    )
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise InvalidInputError(f"stack.{name} must be true or false, got {value!r}")
+
+
+def resolve_optimizer_impl(optimizer: str, impl: str, stack: Stack) -> str:
+    """``auto`` → what PyTorch of ``stack`` picks; ``fused`` only where PyTorch has it."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise InvalidInputError(
+            f"unknown optimizer.impl {impl!r}; choose one of: {', '.join(OPTIMIZER_IMPLS)}"
+        )
+    if optimizer == "none":
+        return "none"
+    if impl == "auto":
+        return stack.default_optimizer_impl(optimizer)
+    if impl == "fused" and optimizer not in FUSED_OPTIMIZERS:
+        raise InvalidInputError(
+            f"optimizer {optimizer!r} has no fused implementation in PyTorch; "
+            f"fused exists for: {', '.join(FUSED_OPTIMIZERS)}"
+        )
+    return impl
