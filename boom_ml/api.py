@@ -16,8 +16,8 @@ from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.timing.gnn import estimate_time
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
+from boom_ml.trace_cache import TraceCache
 from boom_ml.zoo import build_model
-from boom_ml.zoo.base import BuiltModel
 
 
 class Session:
@@ -27,17 +27,22 @@ class Session:
     variants of the same step, so each distinct StepSpec is traced once.
     """
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, cache: bool = True) -> None:
         self.model = ModelSpec(model)
-        # building once fails fast on an unknown or broken model; the first trace reuses it
-        self._unused: BuiltModel | None = build_model(self.model)
+        # The model is built on the first cache miss (an unknown model fails there, before
+        # any trace): a graph from the on-disk cache needs no model library at all.
+        self._cache = TraceCache() if cache else None
         self._graphs: dict[StepSpec, OpGraph] = {}
 
     def graph(self, step: StepSpec) -> OpGraph:
         if step not in self._graphs:
-            # trace_step materialises and may checkpoint the module: a fresh build each time
-            built, self._unused = self._unused or build_model(self.model), None
-            self._graphs[step] = trace_step(built, step)
+            graph = self._cache.get(self.model, step) if self._cache is not None else None
+            if graph is None:
+                # trace_step materialises and may checkpoint the module: a fresh build each time
+                graph = trace_step(build_model(self.model), step)
+                if self._cache is not None:
+                    self._cache.put(self.model, step, graph)
+            self._graphs[step] = graph
         return self._graphs[step]
 
     def evaluate(
@@ -85,12 +90,15 @@ def predict(
     tf32: bool = False,
     advice: bool = True,
     plot: str | None = None,
+    cache: bool = True,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
     ``gpu`` is an id, alias, YAML path, a list of those, or ``"all"``. With ``advice``,
     every GPU where the step does not fit gets the cheapest changes that make it fit.
     With ``plot``, PNG figures are written to that directory (``Prediction.plots``).
+    With ``cache`` (default), traced steps are reused from and stored in the on-disk
+    cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     """
     step = StepSpec(
         batch_size=batch_size,
@@ -104,7 +112,7 @@ def predict(
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     if plot is not None:
         check_plot_dir(plot)
-    session = Session(model)
+    session = Session(model, cache=cache)
     results = session.evaluate(step, gpus, max_batch=True)
     graph = session.graph(step)
     resolved = StepSpec(**graph.meta["step"])

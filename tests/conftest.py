@@ -1,0 +1,10 @@
+"""Settings shared by every test."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Tests (and the processes they start, which inherit the environment) keep traced graphs in
+# a cache of their own: never the user's ~/.cache/boom_ml, never graphs from earlier runs.
+os.environ["BOOM_CACHE_DIR"] = tempfile.mkdtemp(prefix="boom-test-cache-")
