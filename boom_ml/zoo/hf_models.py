@@ -1,7 +1,8 @@
-"""``hf:<id-or-path>``: Hugging Face transformers built from a config, never from the hub.
+"""``hf:<id-or-path>``: Hugging Face transformers built from a config, never with weights.
 
-The config is a local ``config.json`` (or a folder holding one) or one of the configs
-shipped in ``hf_configs/`` (``<org>--<name>.json``). The model class is the config's
+The config is one of the configs shipped in ``hf_configs/`` (``<org>--<name>.json``), a
+local ``config.json`` (or a folder holding one), or a hub id's ``config.json`` from the
+local Hugging Face cache or downloaded alone (``hf_hub``). The model class is the config's
 ``architectures[0]``; without one, the natural head for the config (seq2seq LM, masked
 LM, causal LM, image classifier, else the bare model).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,16 +21,17 @@ from torch import nn
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.zoo import hf_hub
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
-
-# Belt and braces: nothing here needs the hub, so no transformers call may reach it.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
 
 CONFIG_DIR = Path(__file__).with_name("hf_configs")
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
 DECODER_SEQ_LEN = 2048
+# HF attn_implementation values a build may ask for (issue #13's attention=sdpa|eager)
+ATTENTION_CHOICES = ("sdpa", "eager")
 
 
 def safe_name(model_id: str) -> str:
@@ -65,7 +66,11 @@ def has(name: str) -> bool:
 
 
 def config_path(name: str) -> Path:
-    """A shipped id, a ``config.json`` path, or a folder containing ``config.json``."""
+    """A shipped id, a ``config.json`` path, a folder containing one, or a hub id.
+
+    Hub ids (``org/name``) come from the local Hugging Face cache, else their config.json
+    alone is downloaded unless ``HF_HUB_OFFLINE`` is set (``hf_hub``).
+    """
     mid = _lookup(name)
     if mid is not None:
         return shipped()[mid]
@@ -74,11 +79,13 @@ def config_path(name: str) -> Path:
         return path / "config.json"
     if path.is_file():
         return path
+    if hf_hub.looks_like_repo_id(name):
+        return hf_hub.fetch_config(name)
     hits = closest(name, list(shipped()))
     hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
     raise UnknownModelError(
-        f"unknown hf model {name!r}{hint}; boom-ml never downloads, so pass a local "
-        "config.json (or a folder holding one) or one of: " + ", ".join(shipped())
+        f"unknown hf model {name!r}{hint}; pass a hub id (org/name), a local config.json "
+        "(or a folder holding one), or a shipped id (`python -m boom_ml.models` lists them)"
     )
 
 
@@ -93,6 +100,11 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
     raw.update(overrides or {})
+    if raw.get("is_encoder_decoder") and raw.get("decoder_start_token_id") is None:
+        # T5-family decoders start from the pad token (every published T5 / Switch config
+        # says so); configs written by hand (NeuSight's switchxl4) leave it out, and the
+        # model's label shift needs it.
+        raw["decoder_start_token_id"] = raw.get("pad_token_id", 0)
     try:
         return AutoConfig.for_model(**raw)
     except (ValueError, TypeError, KeyError) as err:
@@ -137,17 +149,38 @@ def _dtype_keyword() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
-def _instantiate(cls: type, config: Any) -> nn.Module:
+def _instantiate(cls: type, config: Any, attention: str = "sdpa") -> nn.Module:
     # fp32 master weights whatever the config's dtype: AMP casts at run time.
     fp32 = {_dtype_keyword(): torch.float32}
     try:
-        return cls._from_config(config, attn_implementation="sdpa", **fp32)
+        return cls._from_config(config, attn_implementation=attention, **fp32)
     except ValueError as err:
         # Architectures without an SDPA path (GPT-Neo, ...) say so; they train with eager.
         text = str(err).lower()
-        if "sdpa" not in text and "scaled_dot_product_attention" not in text:
+        if attention != "sdpa" or (
+            "sdpa" not in text and "scaled_dot_product_attention" not in text
+        ):
             raise
         return cls._from_config(config, attn_implementation="eager", **fp32)
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
+    """(config overrides, attention implementation, MoE imbalance) from ModelSpec options.
+
+    ``attn_implementation`` ("sdpa", the default, or "eager") and ``moe_imbalance`` (>= 1.0)
+    are build options; every other key overrides a config field.
+    """
+    overrides = dict(options)
+    attention = str(overrides.pop("attn_implementation", "sdpa"))
+    if attention not in ATTENTION_CHOICES:
+        raise InvalidInputError(
+            f"attn_implementation {attention!r} is not one of: {', '.join(ATTENTION_CHOICES)}"
+        )
+    try:
+        imbalance = float(overrides.pop("moe_imbalance", DEFAULT_IMBALANCE))
+    except (TypeError, ValueError) as err:
+        raise InvalidInputError(f"moe_imbalance must be a number >= 1.0: {err}") from err
+    return overrides, attention, imbalance
 
 
 def _rope(config: Any) -> bool:
@@ -155,8 +188,9 @@ def _rope(config: Any) -> bool:
 
 
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
+    overrides, attention, imbalance = split_options(spec.options)
     path = config_path(name)
-    config = load_config(path, spec.options)
+    config = load_config(path, overrides)
     # A training step keeps no KV cache (checkpointing turns it off anyway): the same
     # graph with and without recomputation.
     if hasattr(config, "use_cache"):
@@ -164,9 +198,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     cls, from_arch = model_class(config)
     what = f"hf:{name}"
     try:
-        module = build_on_device(lambda: _instantiate(cls, config), device)
+        module = build_on_device(lambda: _instantiate(cls, config, attention), device)
     except (ValueError, TypeError, AttributeError) as err:
         raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
+    # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
+    # built on a real device for a measurement keeps transformers' routing.
+    moe_layers = patch_moe(module, imbalance) if torch.device(device).type == "meta" else 0
 
     params = set(inspect.signature(module.forward).parameters)
     head = cls.__name__
@@ -248,5 +285,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "class_from_architectures": from_arch,
             "vocab_size": vocab or None,
             "max_positions": max_pos,
+            "attn_implementation": getattr(module.config, "_attn_implementation", None),
+            "moe_layers": moe_layers,
+            "moe_imbalance": imbalance if moe_layers else None,
         },
     )

@@ -1,0 +1,123 @@
+"""A hub id's ``config.json`` from the local Hugging Face cache, or downloaded alone.
+
+``hf:<org>/<name>`` that is not shipped is looked up in the local cache first (``HF_HUB_CACHE``,
+else ``HF_HOME/hub``, else huggingface_hub's default), which works offline; when nothing is
+cached and ``HF_HUB_OFFLINE`` is not set, ``config.json`` alone is downloaded (never weights)
+with ``huggingface_hub.hf_hub_download``, into that same cache. Every failure is one line
+that says what to do.
+
+The environment is read at call time, not when huggingface_hub was imported, so a test (or a
+notebook) that sets ``HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` afterwards is obeyed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from boom_ml.errors import InvalidInputError, UnknownModelError
+
+CONFIG_NAME = "config.json"
+# org/name as the hub spells repo ids (one slash, no path tricks)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def looks_like_repo_id(name: str) -> bool:
+    """``org/name`` that is not an existing local path (a local path always wins)."""
+    return bool(_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
+
+
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` as huggingface_hub reads it (1 / on / yes / true)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+
+
+def cache_dir() -> Path:
+    """The hub cache folder: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def cached_config(repo_id: str) -> Path | None:
+    """The cached ``config.json`` of ``repo_id`` (revision ``main``), without the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=cache_dir())
+    return Path(found) if isinstance(found, str) else None
+
+
+def _offline_message(repo_id: str) -> str:
+    return (
+        f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
+        f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access unset it "
+        f"(HF_HUB_OFFLINE=0), or run `huggingface-cli download {repo_id} config.json`, or "
+        "pass a local config.json path as hf:<path>"
+    )
+
+
+def fetch_config(repo_id: str) -> Path:
+    """``config.json`` of a hub repo: from the cache, else downloaded (config only).
+
+    Raises UnknownModelError when the repo or its config does not exist or cannot be
+    reached, InvalidInputError for gated / private repos (a line about ``HF_TOKEN``).
+    """
+    hit = cached_config(repo_id)
+    if hit is not None:
+        return hit
+    if offline():
+        raise UnknownModelError(_offline_message(repo_id))
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    token_hint = (
+        "set HF_TOKEN to a token of an account that accepted its terms"
+        if not os.environ.get("HF_TOKEN")
+        else "the token in HF_TOKEN has no access to it (accept the terms on its hub page)"
+    )
+    try:
+        return Path(hf_hub_download(repo_id, CONFIG_NAME, cache_dir=cache_dir()))
+    except GatedRepoError as err:  # before RepositoryNotFoundError: it is a subclass
+        raise InvalidInputError(f"hf:{repo_id} is a gated repository: {token_hint}") from err
+    except (OfflineModeIsEnabled, LocalEntryNotFoundError) as err:
+        # no connection (or offline mode switched on after import): same advice as offline
+        raise UnknownModelError(
+            f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
+            f"cached ({cache_dir()}); run `huggingface-cli download {repo_id} config.json` "
+            "where there is network, or pass a local config.json path as hf:<path>"
+        ) from err
+    except RepositoryNotFoundError as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status == 401:  # private, or gated without a token: the hub cannot say which
+            raise InvalidInputError(
+                f"hf:{repo_id} needs authentication (private or gated): {token_hint}"
+            ) from err
+        raise UnknownModelError(
+            f"hf:{repo_id}: no such repository on the Hugging Face hub"
+        ) from err
+    except (RemoteEntryNotFoundError, EntryNotFoundError, RevisionNotFoundError) as err:
+        raise UnknownModelError(f"hf:{repo_id} has no config.json on the hub") from err
+    except HfHubHTTPError as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status in (401, 403):
+            raise InvalidInputError(
+                f"hf:{repo_id} refused access ({status}): {token_hint}"
+            ) from err
+        raise UnknownModelError(
+            f"hf:{repo_id}: the hub answered {status}: {err}".split("\n")[0]
+        ) from err

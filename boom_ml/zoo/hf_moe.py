@@ -1,0 +1,188 @@
+"""Mixture-of-experts layers on fake tensors: every expert gets a known share of the tokens.
+
+A router's top-k choice depends on values that fake and meta tensors do not have, and the
+transformers expert loops ask ``nonzero()`` / ``torch.where`` which experts were hit and with
+which tokens: data-dependent shapes a fake tensor cannot answer. A trained router spreads
+tokens roughly evenly (load-balancing loss), so the trace routes them evenly and
+deterministically: of the ``tokens * top_k`` token-expert pairs, each of the ``E`` experts
+gets ``tokens * top_k / E`` (the first ``pairs % E`` experts one more). ``moe_imbalance``
+(>= 1) multiplies the busiest expert's share; the others split what is left evenly. A
+per-expert capacity from the config (Switch Transformer's ``expert_capacity``, per sequence
+as transformers applies it) caps every share; tokens over it are dropped, as on a GPU.
+
+The router still runs (its linear, softmax and top-k are real kernels and its logits feed
+the auxiliary losses); only which tokens go where is decided here. Each expert then runs
+what transformers' eager loop runs: gather its tokens, its projections, scale by the
+routing weight, ``index_add_`` back.
+
+Patched per instance (``patch_moe``), so nothing global changes and a model built on a real
+device for a measurement keeps transformers' own routing.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from boom_ml.errors import InvalidInputError
+
+DEFAULT_IMBALANCE = 1.0
+
+
+def expert_loads(
+    pairs: int, experts: int, cap: int, imbalance: float = DEFAULT_IMBALANCE
+) -> list[int]:
+    """Tokens each expert processes: ``pairs`` token-expert assignments spread over ``experts``.
+
+    Expert 0 is the busiest: ``imbalance`` times the even share (``pairs / experts``); the
+    rest share the remainder evenly. No expert takes more than ``cap`` tokens (one token
+    picks an expert at most once, and capacity limits drop the overflow).
+    """
+    if imbalance < 1.0:
+        raise InvalidInputError(
+            f"moe_imbalance must be >= 1.0 (1.0 = even routing), got {imbalance}"
+        )
+    if experts <= 0 or pairs <= 0:
+        return [0] * max(experts, 0)
+
+    def spread(total: int, n: int) -> list[int]:
+        return [total // n + (1 if i < total % n else 0) for i in range(n)]
+
+    if imbalance == 1.0 or experts == 1:
+        loads = spread(pairs, experts)
+    else:
+        busiest = min(pairs, round(imbalance * pairs / experts))
+        loads = [busiest, *spread(pairs - busiest, experts - 1)]
+    return [min(n, cap) for n in loads]
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Any, transposed: bool) -> torch.Tensor:
+    out = x @ weight if transposed else F.linear(x, weight)
+    return out + bias if bias is not None else out
+
+
+def _slots(start: int, count: int, device: torch.device) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.arange(start, start + count, device=device)
+
+
+def _fused_experts_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """transformers' eager expert loop (3-D expert weights) with even, fixed routing."""
+    tokens, top_k = hidden_states.shape[0], top_k_index.shape[-1]
+    loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
+    final = torch.zeros_like(hidden_states)
+    weights = top_k_weights.reshape(-1)
+    start = 0
+    for expert, count in enumerate(loads):
+        if count == 0:
+            continue
+        # token-expert pair slots start..start+count; pair p is token p // top_k
+        pairs = _slots(start, count, hidden_states.device)
+        start += count
+        token_idx = torch.div(pairs, top_k, rounding_mode="floor")
+        current = hidden_states[token_idx]
+        if self.has_gate:
+            bias = self.gate_up_proj_bias[expert] if self.has_bias else None
+            proj = _linear(current, self.gate_up_proj[expert], bias, self.is_transposed)
+            proj = self._apply_gate(proj)
+        else:
+            bias = self.up_proj_bias[expert] if self.has_bias else None
+            proj = self.act_fn(_linear(current, self.up_proj[expert], bias, self.is_transposed))
+        bias = self.down_proj_bias[expert] if self.has_bias else None
+        out = _linear(proj, self.down_proj[expert], bias, self.is_transposed)
+        if getattr(self, "has_post_expert_norm", False):
+            out = self.post_expert_norm(out)
+        out = out * weights[pairs, None]
+        final.index_add_(0, token_idx, out.to(final.dtype))
+    return final
+
+
+def _switch_router_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple:
+    """Switch's top-1 router without ``self.classifier.to(dtype)``.
+
+    That call re-assigns the classifier's parameters inside the forward, which fails on fake
+    tensors ("Couldn't swap Linear.weight"); with fp32 master weights it is a no-op anyway,
+    so the weight is cast in the expression (free when it already has the router's dtype).
+    """
+    self.input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(self.dtype)
+    if self.training and self.jitter_noise > 0:
+        noise = torch.empty_like(hidden_states).uniform_(
+            1.0 - self.jitter_noise, 1.0 + self.jitter_noise
+        )
+        hidden_states = hidden_states * noise
+    bias = self.classifier.bias
+    router_logits = F.linear(
+        hidden_states,
+        self.classifier.weight.to(self.dtype),
+        bias.to(self.dtype) if bias is not None else None,
+    )
+    router_probs = F.softmax(router_logits, dim=-1, dtype=self.dtype).to(self.input_dtype)
+    expert_index = F.one_hot(torch.argmax(router_probs, dim=-1), num_classes=self.num_experts)
+    # the capacity mask the GPU computes; the experts below apply the capacity themselves
+    token_priority = torch.cumsum(expert_index, dim=-2)
+    expert_index = expert_index * (token_priority <= self.expert_capacity)
+    router_probs = torch.max(router_probs, dim=-1).values.unsqueeze(-1)
+    return expert_index, router_probs, router_logits
+
+
+def _switch_sparse_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """Switch's sparse MLP: top-1, capacity per sequence, even routing within each sequence."""
+    batch, seq, hidden = hidden_states.shape
+    _, routing_weights, _ = self.router(hidden_states)
+    experts = self.router.num_experts
+    capacity = self.router.expert_capacity or seq
+    per_seq = expert_loads(seq, experts, min(capacity, seq), self.boom_imbalance)
+    flat = hidden_states.reshape(-1, hidden)
+    weights = routing_weights.reshape(-1)
+    final = torch.zeros_like(flat)
+    start = 0
+    for expert, count in enumerate(per_seq):
+        if count == 0:
+            continue
+        # the same positions in every sequence of the batch
+        with torch.no_grad():
+            pos = _slots(start, count, flat.device)
+            token_idx = (torch.arange(batch, device=flat.device)[:, None] * seq + pos).reshape(-1)
+        start += count
+        out = self.experts[f"expert_{expert}"](flat[token_idx]) * weights[token_idx, None]
+        final.index_add_(0, token_idx, out.to(final.dtype))
+    return final.reshape(batch, seq, hidden)
+
+
+def _is_fused_experts(module: nn.Module) -> bool:
+    """transformers' ``@use_experts_implementation`` experts: 3-D weights, top-k inputs."""
+    return all(
+        hasattr(module, a) for a in ("has_gate", "is_transposed", "num_experts", "down_proj")
+    )
+
+
+def patch_moe(model: nn.Module, imbalance: float = DEFAULT_IMBALANCE) -> int:
+    """Route every MoE layer of ``model`` evenly (see the module docstring); returns how many.
+
+    Unknown MoE designs are left alone: if they ask for data-dependent shapes, the trace
+    names the op that failed.
+    """
+    expert_loads(1, 1, 1, imbalance)  # validates imbalance even for dense models
+    patched = 0
+    for module in model.modules():
+        name = type(module).__name__
+        if _is_fused_experts(module):
+            module.boom_imbalance = imbalance
+            module.forward = types.MethodType(_fused_experts_forward, module)
+            patched += 1
+        elif name == "SwitchTransformersSparseMLP":
+            module.boom_imbalance = imbalance
+            module.forward = types.MethodType(_switch_sparse_forward, module)
+            module.router.forward = types.MethodType(_switch_router_forward, module.router)
+            patched += 1
+    return patched

@@ -1,0 +1,180 @@
+"""``hf:<org>/<name>`` beyond the shipped configs: local HF cache, offline errors, downloads.
+
+Never touches the network: the cache is a folder built here, ``HF_HUB_OFFLINE=1`` where the
+offline path is tested, and the download function is replaced where the online path is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.zoo import build_model, hf_hub
+
+# A synthetic tiny Llama: 2 layers, hidden 64, vocab 128 (not a published model).
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+# embed 128*64 + 2 layers * (q 64*64 + k,v 2*64*32 + o 64*64 + mlp 3*64*128 + 2 norms 64)
+# + final norm 64 + lm_head 64*128
+TINY_LLAMA_PARAMS = (
+    128 * 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64) + 64 + 64 * 128
+)
+
+
+def _populate_cache(cache: Path, repo_id: str, config: dict) -> Path:
+    """The hub cache layout: models--org--name/{refs/main, snapshots/<rev>/config.json}."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    (snapshot / "config.json").write_text(json.dumps(config))
+    return snapshot / "config.json"
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def test_hub_id_resolves_from_local_cache_offline(offline_cache: Path) -> None:
+    cached = _populate_cache(offline_cache, "someorg/tiny-llama", TINY_LLAMA)
+    assert hf_hub.fetch_config("someorg/tiny-llama") == cached
+    built = build_model("hf:someorg/tiny-llama")
+    assert type(built.module).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in built.module.parameters()) == TINY_LLAMA_PARAMS
+    assert built.info["config_path"] == str(cached)
+
+
+def test_hf_home_locates_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cached = _populate_cache(tmp_path / "hub", "someorg/other", TINY_LLAMA)
+    assert hf_hub.cache_dir() == tmp_path / "hub"
+    assert hf_hub.fetch_config("someorg/other") == cached
+
+
+def test_offline_and_uncached_is_one_line_saying_what_to_do(offline_cache: Path) -> None:
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:someorg/not-cached")
+    text = str(err.value)
+    assert "\n" not in text
+    assert text == (
+        "hf:someorg/not-cached is not shipped and its config.json is not in the local Hugging "
+        f"Face cache ({offline_cache}), and HF_HUB_OFFLINE is set; with network access unset it "
+        "(HF_HUB_OFFLINE=0), or run `huggingface-cli download someorg/not-cached config.json`, "
+        "or pass a local config.json path as hf:<path>"
+    )
+
+
+def test_shipped_configs_win_over_the_cache(offline_cache: Path) -> None:
+    _populate_cache(offline_cache, "Qwen/Qwen2.5-7B", {**TINY_LLAMA})
+    built = build_model("hf:Qwen/Qwen2.5-7B")
+    assert built.info["config_path"].endswith("Qwen--Qwen2.5-7B.json")
+
+
+def test_online_downloads_config_json_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls: list[tuple] = []
+
+    def fake_download(repo_id: str, filename: str, **kwargs: object) -> str:
+        calls.append((repo_id, filename, kwargs.get("cache_dir")))
+        return str(_populate_cache(tmp_path, repo_id, TINY_LLAMA))
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    built = build_model("hf:someorg/remote-llama")
+    assert calls == [("someorg/remote-llama", "config.json", tmp_path)]
+    assert sum(p.numel() for p in built.module.parameters()) == TINY_LLAMA_PARAMS
+
+
+def _http_error(cls: type, status: int) -> Exception:
+    response = SimpleNamespace(status_code=status, headers={}, request=None, url="x")
+    err = cls.__new__(cls)
+    Exception.__init__(err, f"{status} error")
+    err.response = response
+    return err
+
+
+@pytest.mark.parametrize(
+    ("error_name", "status", "expected", "match"),
+    [
+        ("GatedRepoError", 403, InvalidInputError, "gated repository: set HF_TOKEN"),
+        ("RepositoryNotFoundError", 401, InvalidInputError, "needs authentication.*HF_TOKEN"),
+        ("RepositoryNotFoundError", 404, UnknownModelError, "no such repository"),
+        ("RemoteEntryNotFoundError", 404, UnknownModelError, "has no config.json"),
+    ],
+)
+def test_hub_errors_are_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error_name: str,
+    status: int,
+    expected: type,
+    match: str,
+) -> None:
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+
+    def fail(*args: object, **kwargs: object) -> str:
+        raise _http_error(getattr(errors, error_name), status)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    with pytest.raises(expected, match=match) as err:
+        build_model("hf:someorg/locked")
+    assert "\n" not in str(err.value)
+
+
+def test_no_connection_falls_back_to_the_same_advice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def fail(*args: object, **kwargs: object) -> str:
+        raise LocalEntryNotFoundError("connection error")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    with pytest.raises(UnknownModelError, match="could not reach the Hugging Face hub"):
+        build_model("hf:someorg/unreachable")
+
+
+def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path) -> None:
+    assert hf_hub.looks_like_repo_id("Qwen/Qwen2.5-7B")
+    assert not hf_hub.looks_like_repo_id("gpt2")
+    assert not hf_hub.looks_like_repo_id("../shared/config.json")
+    assert not hf_hub.looks_like_repo_id("/abs/path/config.json")
+    folder = tmp_path / "org"
+    (folder / "name").mkdir(parents=True)
+    (folder / "name" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    # an existing local folder spelled like a hub id is a path
+    assert not hf_hub.looks_like_repo_id(str(folder / "name"))

@@ -1,0 +1,103 @@
+"""Mixture-of-experts configs trace with even, deterministic routing; NeuSight's configs trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.step import trace_step
+from boom_ml.zoo import build_model
+from boom_ml.zoo.hf_moe import expert_loads
+from data_collection.paths import shared_data_dir
+
+NEUSIGHT_CONFIGS = shared_data_dir() / "neusight" / "model_configs"
+NEUSIGHT_FILES = sorted(NEUSIGHT_CONFIGS.glob("*.json")) if NEUSIGHT_CONFIGS.is_dir() else []
+
+# A synthetic Mixtral-style config, shrunk so a step traces in a second: not a real model.
+TINY_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+}
+
+
+def test_expert_loads_even_and_imbalanced() -> None:
+    assert expert_loads(40, 4, 20) == [10, 10, 10, 10]
+    assert expert_loads(10, 4, 10) == [3, 3, 2, 2]  # the remainder goes to the first experts
+    assert expert_loads(40, 4, 20, imbalance=2.0) == [20, 7, 7, 6]
+    assert expert_loads(40, 4, 15, imbalance=2.0) == [15, 7, 7, 6]  # one token, one visit
+    assert expert_loads(512, 4, 64) == [64, 64, 64, 64]  # Switch capacity drops the overflow
+    with pytest.raises(InvalidInputError, match="moe_imbalance"):
+        expert_loads(40, 4, 20, imbalance=0.5)
+
+
+def _tiny_mixtral(tmp_path: Path, **options: float) -> ModelSpec:
+    path = tmp_path / "tiny_mixtral_synthetic.json"
+    path.write_text(json.dumps(TINY_MIXTRAL))
+    return ModelSpec(f"hf:{path}", dict(options))
+
+
+def _expert_mm_flops(graph, phase: str) -> list[int]:
+    nodes = graph.nodes
+    mine = nodes[
+        (nodes.phase == phase) & nodes.module.str.endswith("mlp.experts") & (nodes.op == "mm")
+    ]
+    return [int(f) for f in mine.flops]
+
+
+def test_tiny_moe_expert_flops_equal_even_routing(tmp_path: Path) -> None:
+    built = build_model(_tiny_mixtral(tmp_path))
+    assert built.info["moe_layers"] == 2 and built.info["moe_imbalance"] == 1.0
+    batch, seq = 2, 10
+    graph = trace_step(built, StepSpec(batch_size=batch, seq_len=seq, optimizer="none"))
+    hidden, inter = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"]
+    experts, top_k = TINY_MIXTRAL["num_local_experts"], TINY_MIXTRAL["num_experts_per_tok"]
+    per_expert = batch * seq * top_k // experts  # 10 tokens each
+    gate_up = 2 * per_expert * hidden * 2 * inter
+    down = 2 * per_expert * inter * hidden
+    layers = TINY_MIXTRAL["num_hidden_layers"]
+    assert _expert_mm_flops(graph, "forward") == [gate_up, down] * experts * layers
+    # backward: input and weight gradients of both projections, twice the forward
+    assert sum(_expert_mm_flops(graph, "backward")) == 2 * (gate_up + down) * experts * layers
+
+
+def test_moe_imbalance_scales_busiest_expert(tmp_path: Path) -> None:
+    built = build_model(_tiny_mixtral(tmp_path, moe_imbalance=2.0))
+    graph = trace_step(built, StepSpec(batch_size=2, seq_len=10, optimizer="none"))
+    hidden, inter = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"]
+    per_layer = _expert_mm_flops(graph, "forward")[:8]
+    tokens = [f // (2 * hidden * 2 * inter) for f in per_layer[0::2]]
+    assert tokens == expert_loads(40, 4, 20, imbalance=2.0) == [20, 7, 7, 6]
+
+
+def test_attn_implementation_option(tmp_path: Path) -> None:
+    spec = _tiny_mixtral(tmp_path, attn_implementation="eager")
+    assert build_model(spec).module.config._attn_implementation == "eager"
+    assert build_model(_tiny_mixtral(tmp_path)).info["attn_implementation"] == "sdpa"
+    with pytest.raises(InvalidInputError, match="attn_implementation"):
+        build_model(_tiny_mixtral(tmp_path, attn_implementation="flash"))
+
+
+@pytest.mark.skipif(not NEUSIGHT_FILES, reason=f"NeuSight configs absent ({NEUSIGHT_CONFIGS})")
+@pytest.mark.parametrize("path", NEUSIGHT_FILES, ids=lambda p: p.stem)
+def test_neusight_config_traces(path: Path) -> None:
+    """Every NeuSight model config (switchxl4 is a Switch Transformer MoE) traces at batch 1."""
+    built = build_model(ModelSpec(f"hf:{path}", {"attn_implementation": "eager"}))
+    graph = trace_step(built, StepSpec(batch_size=1, seq_len=32, optimizer="none"))
+    assert graph.num_ops > 0 and graph.flops > 0
+    raw = json.loads(path.read_text())
+    if raw["model_type"] == "switch_transformers":
+        # 12 sparse layers in each stack, every one routed by hf_moe
+        assert built.info["moe_layers"] == 24
