@@ -32,9 +32,66 @@ REQUIRED_HF = [
     "distilbert/distilgpt2",
     "t5-small",
     "facebook/opt-125m",
+    # issue #15: the configs people fine-tune today
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.1-70B",
+    "meta-llama/Llama-3.2-3B",
+    "Qwen/Qwen2.5-0.5B",
+    "Qwen/Qwen2.5-1.5B",
+    "Qwen/Qwen2.5-3B",
+    "Qwen/Qwen2.5-7B",
+    "Qwen/Qwen2.5-14B",
+    "Qwen/Qwen2.5-32B",
+    "Qwen/Qwen2.5-72B",
+    "Qwen/Qwen3-0.6B",
+    "Qwen/Qwen3-4B",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3-14B",
+    "Qwen/Qwen3-30B-A3B",
+    "Qwen/Qwen1.5-MoE-A2.7B",
+    "mistralai/Mistral-7B-v0.3",
+    "mistralai/Mixtral-8x7B-v0.1",
+    "google/gemma-2-2b",
+    "google/gemma-2-9b",
+    "google/gemma-3-1b-pt",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "microsoft/phi-4",
+    "deepseek-ai/DeepSeek-V2-Lite",
+    "allenai/OLMo-2-1124-7B",
+    "HuggingFaceTB/SmolLM2-135M",
+    "HuggingFaceTB/SmolLM2-360M",
+    "HuggingFaceTB/SmolLM2-1.7B",
+    "tiiuae/falcon-7b",
+    "facebook/deit-base-patch16-224",
+    "google/flan-t5-base",
 ]
 # Published parameter counts (millions, rounded): the configs are the real architectures.
-PUBLISHED_M = {"gpt2": 124, "bert-base-uncased": 110, "meta-llama/Meta-Llama-3-8B": 8030}
+PUBLISHED_M = {
+    "gpt2": 124,
+    "bert-base-uncased": 110,
+    "meta-llama/Meta-Llama-3-8B": 8030,
+    "Qwen/Qwen2.5-0.5B": 494,  # model card: 0.49B
+    "Qwen/Qwen1.5-MoE-A2.7B": 14316,  # model card: 14.3B in total
+    "facebook/deit-base-patch16-224": 87,  # DeiT paper: 86M
+}
+# Exact counts of a build from the shipped config; the first two equal the published exact
+# totals (Llama-3.1-8B: 8,030,261,248; SmolLM2-135M: 134,515,008).
+EXACT_PARAMS = {
+    "meta-llama/Llama-3.1-8B": 8_030_261_248,
+    "HuggingFaceTB/SmolLM2-135M": 134_515_008,
+    "Qwen/Qwen2.5-7B": 7_615_616_512,
+    "mistralai/Mixtral-8x7B-v0.1": 46_702_792_704,
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
+    "deepseek-ai/DeepSeek-V2-Lite": 15_706_484_224,
+    "meta-llama/Llama-3.1-70B": 70_553_706_496,
+}
+# Shipped mixture-of-experts configs and how many of their layers route tokens.
+MOE_LAYERS = {
+    "mistralai/Mixtral-8x7B-v0.1": 32,
+    "Qwen/Qwen3-30B-A3B": 48,
+    "Qwen/Qwen1.5-MoE-A2.7B": 24,
+    "deepseek-ai/DeepSeek-V2-Lite": 26,  # first_k_dense_replace = 1
+}
 
 
 def test_hf_gpt2_small_seq() -> None:
@@ -107,12 +164,28 @@ def test_shipped_config_builds_on_meta(model_id: str) -> None:
     arch = json.loads(shipped()[model_id].read_text())["architectures"][0]
     assert type(built.module).__name__ == arch
     assert built.module.config._attn_implementation in ("sdpa", "eager")
+    n = sum(p.numel() for p in built.module.parameters())
     if model_id in PUBLISHED_M:
-        n = sum(p.numel() for p in built.module.parameters())
         assert round(n / 1e6) == PUBLISHED_M[model_id]
+    if model_id in EXACT_PARAMS:
+        assert n == EXACT_PARAMS[model_id]
+    assert built.info["moe_layers"] == MOE_LAYERS.get(model_id, 0)
+    raw = json.loads(shipped()[model_id].read_text())
+    assert raw["_name_or_path"] == model_id  # every shipped config names its source id
     batch = built.make_inputs(StepSpec(batch_size=2, seq_len=8), CPU)
-    key = "pixel_values" if "vit" in model_id else "input_ids"
+    key = "pixel_values" if built.default_image_size is not None else "input_ids"
     assert batch[key].shape[0] == 2 and "labels" in batch
+
+
+@pytest.mark.parametrize("model_id", sorted(MOE_LAYERS))
+def test_shipped_moe_configs_train_every_expert(model_id: str) -> None:
+    """Two layers of each shipped MoE config: forward + backward on fake tensors, every
+    expert's weights get a gradient (even routing reaches all of them)."""
+    layers = {"num_hidden_layers": 2}
+    if model_id.startswith("deepseek"):
+        layers["first_k_dense_replace"] = 1  # one dense layer, one MoE layer
+    built = build_model(ModelSpec(f"hf:{model_id}", layers))
+    fake_step(built, StepSpec(batch_size=2, seq_len=16))
 
 
 def test_hf_defaults() -> None:
