@@ -1,8 +1,9 @@
 """The kernel harness's op registry: for each op, how to build its inputs for one config.
 
-A registry entry (``OpDef``) names the op's family, the sweep parameters it takes, the
-``Builder`` that turns (params, dtype, device) into a runnable ``Case``, and how params
-map onto the canonical kernel columns. ``data_collection.kernels`` runs and times them.
+A registry entry (``OpDef``) names the op's family (the op registry's family of the aten op
+it launches, ``boom_ml.trace.ops``, so that measured rows and traced nodes agree), the sweep
+parameters it takes, the ``Builder`` that turns (params, dtype, device) into a runnable
+``Case``, and how params map onto the canonical kernel columns. ``data_collection.kernels`` runs and times them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from boom_ml.trace.ops import family_of
 
 DTYPES = {
     "float32": torch.float32,
@@ -183,8 +186,11 @@ def _copy(kind: str) -> Builder:
     return build
 
 
-def _op(family: str, params: str, build: Builder, cols: str = "", **kw: Any) -> OpDef:
+def _op(kernel: Any, params: str, build: Builder, cols: str = "", **kw: Any) -> OpDef:
     """An OpDef from space-separated names; ``cols`` maps schema columns to params.
+
+    ``kernel`` is the aten op the case launches (its registry family labels the rows), or a
+    family name for a case that launches several.
 
     ``"rows cols numel=rows*cols"``: a bare name copies the param of that name, ``a=x*y``
     multiplies params (or integer literals). Empty ``cols`` copies every param.
@@ -198,6 +204,7 @@ def _op(family: str, params: str, build: Builder, cols: str = "", **kw: Any) -> 
             c: math.prod(int(f) if f.isdigit() else p[f] for f in fs) for c, fs in mapping.items()
         }
 
+    family = kernel if isinstance(kernel, str) else family_of(kernel)
     return OpDef(family, names, build, columns, **kw)
 
 
@@ -207,27 +214,36 @@ _BN = "batch in_channels=channels input_h=h input_w=w rows=batch*h*w cols=channe
 _SDPA = "batch heads seq head_dim causal"
 _CONV = "batch in_channels out_channels kernel_size input_h input_w stride padding"
 _NUMEL = ("numel",)
+aten = torch.ops.aten
+# The aten op each elementwise case launches (dropout: the fused CUDA kernel).
+_ELEMENTWISE_ATEN = {"add": aten.add, "mul": aten.mul, "relu": aten.relu, "gelu": aten.gelu,
+                     "gelu_tanh": aten.gelu, "silu": aten.silu, "sigmoid": aten.sigmoid,
+                     "tanh": aten.tanh, "dropout": aten.native_dropout}  # fmt: skip
 # fmt: off
 REGISTRY: dict[str, OpDef] = {
-    "mm": _op("gemm", "m n k", _gemm("mm"), "b=1 m n k", tf32=True),
-    "bmm": _op("gemm", "b m n k", _gemm("bmm"), tf32=True),
-    "linear": _op("gemm", "b m n k", _gemm("linear"), tf32=True),
-    "conv2d": _op("conv", _CONV, _conv, tf32=True),
-    "sdpa_flash": _op("attention", _SDPA, _sdpa("flash"), _ATTN, half_only_cuda=True),
+    "mm": _op(aten.mm, "m n k", _gemm("mm"), "b=1 m n k", tf32=True),
+    "bmm": _op(aten.bmm, "b m n k", _gemm("bmm"), tf32=True),
+    "linear": _op(aten.addmm, "b m n k", _gemm("linear"), tf32=True),
+    "conv2d": _op(aten.convolution, _CONV, _conv, tf32=True),
+    "sdpa_flash": _op(aten._scaled_dot_product_flash_attention, _SDPA, _sdpa("flash"), _ATTN,
+                      half_only_cuda=True),
+    # The math backend launches GEMMs and a softmax; its row stands for the attention call.
     "sdpa_math": _op("attention", _SDPA, _sdpa("math"), _ATTN, tf32=True),
-    "layer_norm": _op("norm", "rows cols", _norm("layer_norm"), _ROWS),
-    "rms_norm": _op("norm", "rows cols", _norm("rms_norm"), _ROWS),
-    "batch_norm": _op("norm", "batch channels h w", _norm("batch_norm"), _BN),
-    "softmax": _op("softmax", "rows cols", _norm("softmax"), _ROWS),
+    "layer_norm": _op(aten.native_layer_norm, "rows cols", _norm("layer_norm"), _ROWS),
+    "rms_norm": _op(aten._fused_rms_norm, "rows cols", _norm("rms_norm"), _ROWS),
+    "batch_norm": _op(aten.native_batch_norm, "batch channels h w", _norm("batch_norm"), _BN),
+    "softmax": _op(aten._softmax, "rows cols", _norm("softmax"), _ROWS),
+    # log_softmax + nll_loss in one row; the canonical schema has no "loss" family.
     "cross_entropy": _op("other", "rows cols", _norm("cross_entropy"), _ROWS),
-    "embedding": _op("embedding", "num_embeddings dim tokens", _embedding,
+    "embedding": _op(aten.embedding, "num_embeddings dim tokens", _embedding,
                      "rows=tokens cols=dim numel=tokens*dim"),
-    **{n: _op("elementwise", "numel", _elementwise(n), numel_params=_NUMEL)
+    **{n: _op(_ELEMENTWISE_ATEN[n], "numel", _elementwise(n), numel_params=_NUMEL)
        for n in ("add", "mul", *_UNARY)},
-    **{n: _op("optimizer", "tensors numel", _optimizer(n), "rows=tensors cols=numel numel=tensors*numel",
-              backward=False, numel_params=_NUMEL) for n in ("sgd", "adam", "adamw")},
-    **{n: _op("copy", "numel", _copy(n), backward=False, numel_params=_NUMEL)
-       for n in ("to_copy", "copy_")},
-    "transpose_copy": _op("copy", "rows cols", _copy("transpose_copy"), _ROWS, backward=False),
+    **{n: _op(aten._foreach_add_, "tensors numel", _optimizer(n),
+              "rows=tensors cols=numel numel=tensors*numel", backward=False, numel_params=_NUMEL)
+       for n in ("sgd", "adam", "adamw")},
+    "to_copy": _op(aten._to_copy, "numel", _copy("to_copy"), backward=False, numel_params=_NUMEL),
+    "copy_": _op(aten.copy_, "numel", _copy("copy_"), backward=False, numel_params=_NUMEL),
+    "transpose_copy": _op(aten.clone, "rows cols", _copy("transpose_copy"), _ROWS, backward=False),
 }
 # fmt: on

@@ -34,12 +34,11 @@ with warnings.catch_warnings():  # torch_geometric's import warns about torch.ji
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.roofline import MATRIX_FAMILIES, NO_GPU_FAMILIES, compute_dtype, roofline_ms
+from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
 
 FEATURE_VERSION = 1
 ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
-FAMILIES = ("gemm", "conv", "attention", "norm", "softmax", "reduction", "loss", "elementwise",
-            "pooling", "fill", "embedding", "optimizer", "copy", "host", "other")  # fmt: skip
 PHASES = ("zero_grad", "input", "forward", "loss", "backward", "recompute", "optimizer")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 N_STATIC = len(FAMILIES) + len(PHASES) + len(DTYPES) + 1 + 7

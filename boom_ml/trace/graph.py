@@ -16,7 +16,7 @@ NODE_COLUMNS = {
     "id": "int64",
     "aten_op": "string",  # e.g. "aten.mm.default" as traced on CPU
     "op": "string",  # CUDA-equivalent canonical op, e.g. "mm", "cudnn_batch_norm", "flash_attention"
-    "family": "string",  # gemm, conv, attention, norm, softmax, reduction, elementwise, ...
+    "family": "string",  # trace/families.py; "other": no op-registry entry
     "phase": "string",  # forward, backward, optimizer, recompute, loss
     "module": "string",  # owning module path ("" when outside any module)
     "input_shapes": "string",  # JSON list of shapes (tensor inputs only)
@@ -84,6 +84,12 @@ class OpGraph:
     @property
     def flops(self) -> int:
         return int(self.nodes["flops"].sum())
+
+    @property
+    def unknown_ops(self) -> dict[str, int]:
+        """Calls per op without an op-registry entry (family "other"), most frequent first."""
+        other = self.nodes.loc[self.nodes["family"] == "other", "op"]
+        return {str(op): int(n) for op, n in other.value_counts().items()}
 
     def phase_nodes(self, phase: str) -> pd.DataFrame:
         return self.nodes[self.nodes["phase"] == phase]

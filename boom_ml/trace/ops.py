@@ -1,14 +1,22 @@
-"""The aten-op registry: CPU op → CUDA-equivalent op, op family, and FLOP formulas.
+"""The op registry: one entry per aten ``OpOverloadPacket``, the single source of op metadata.
 
-We trace on fake CPU tensors, but predict for CUDA: a few ops have CPU-only names
-(``_scaled_dot_product_flash_attention_for_cpu``, ``native_batch_norm``) that a CUDA run
-would launch under another name. The CUDA name is what timing models and reports use.
-FLOPs come from ``torch.utils.flop_counter``'s registry, plus formulas for the CPU-named
-attention kernels that the registry lacks (so attention FLOPs are not silently zero).
+Each entry says what a CUDA run launches for the op (we trace on fake CPU tensors, and a
+few ops have CPU-only names: ``_scaled_dot_product_flash_attention_for_cpu``,
+``native_batch_norm``), its family (which decides its time head and feature rows), whether
+it launches a kernel at all (views and metadata queries do not), and its FLOP and byte
+formulas. Entries are registered in the style of ``torch/utils/flop_counter.py``: by
+``register(...)``, which used as a decorator also installs the decorated FLOP formula.
+
+Names are matched exactly, never by prefix (prefixes put ``maximum`` and
+``max_pool2d_with_indices`` among the reductions). An op without an entry gets family
+"other"; the graph counts them (``OpGraph.unknown_ops``) and ``explain=true`` prints them.
+FLOPs default to ``torch.utils.flop_counter``'s formula for the packet.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,127 +27,99 @@ from torch.utils.flop_counter import (
     shape_wrapper,
 )
 
-aten = torch.ops.aten
+from boom_ml.trace.families import FAMILIES, UNKNOWN
 
-# Ops that launch no kernel on a GPU: metadata queries, views, and bare allocations.
-NO_KERNEL_OPS = {
-    "profiler._record_function_enter",
-    "profiler._record_function_enter_new",
-    "profiler._record_function_exit",
-    "prim.device",
-    "prim.layout",
-    "aten.size",
-    "aten.sym_size",
-    "aten.stride",
-    "aten.sym_stride",
-    "aten.numel",
-    "aten.sym_numel",
-    "aten.dim",
-    "aten.storage_offset",
-    "aten.sym_storage_offset",
-    "aten.is_contiguous",
-    "aten.is_strides_like_format",
-    "aten.is_non_overlapping_and_dense",
-    "aten.sym_is_contiguous",
-    "aten.detach",
-    "aten.alias",
-    "aten.view",
-    "aten._unsafe_view",
-    "aten.reshape",
-    "aten.t",
-    "aten.transpose",
-    "aten.permute",
-    "aten.expand",
-    "aten.squeeze",
-    "aten.unsqueeze",
-    "aten.slice",
-    "aten.select",
-    "aten.split",
-    "aten.split_with_sizes",
-    "aten.unbind",
-    "aten.chunk",
-    "aten.as_strided",
-    "aten.view_as_real",
-    "aten.view_as_complex",
-    "aten._reshape_alias",
-    "aten.unfold",
-    "aten.diagonal",
-    "aten.narrow",
-    "aten.lift_fresh",
-    "aten._local_scalar_dense",
-    "aten.empty",
-    "aten.empty_like",
-    "aten.empty_strided",
-    "aten.new_empty",
-    "aten.new_empty_strided",
-    "aten.resize_",
-    "aten.set_",
-}
-ALLOC_ONLY_OPS = {"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
-                  "aten.new_empty_strided", "aten.resize_"}  # fmt: skip
-
-# CPU op name (overload packet) → what CUDA launches for the same call.
-CUDA_NAMES = {
-    "aten._scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward": "_scaled_dot_product_flash_attention_backward",
-    "aten.native_batch_norm": "cudnn_batch_norm",
-    "aten._native_batch_norm_legit": "cudnn_batch_norm",
-    "aten._native_batch_norm_legit_functional": "cudnn_batch_norm",
-    "aten._native_batch_norm_legit_no_training": "cudnn_batch_norm",
-    "aten._batch_norm_with_update": "cudnn_batch_norm",
-    "aten._batch_norm_with_update_functional": "cudnn_batch_norm",
-    "aten.native_batch_norm_backward": "cudnn_batch_norm_backward",
-    "aten.batch_norm_backward": "cudnn_batch_norm_backward",
-    "aten.convolution": "cudnn_convolution",
-    "aten.convolution_backward": "convolution_backward",
-    "aten.max_pool2d_with_indices": "max_pool2d_with_indices",
-    "aten._log_softmax": "_log_softmax",
-    "aten.mkldnn_rnn_layer": "_cudnn_rnn",
-}
-
-_FAMILY_PREFIXES = [
-    ("attention", ("_scaled_dot_product", "_flash_attention", "_efficient_attention")),
-    ("gemm", ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "matmul")),
-    ("conv", ("cudnn_convolution", "convolution", "_convolution", "conv")),
-    ("norm", ("native_layer_norm", "cudnn_batch_norm", "native_group_norm", "_fused_rms_norm",
-              "layer_norm", "group_norm")),
-    ("softmax", ("_softmax", "_log_softmax", "softmax")),
-    ("embedding", ("embedding",)),
-    ("loss", ("nll_loss", "cross_entropy", "mse_loss", "binary_cross_entropy")),
-    ("optimizer", ("_foreach_", "_fused_adam", "_fused_adamw", "_fused_sgd",
-                   "_amp_foreach_non_finite", "_amp_update_scale")),
-    ("copy", ("_to_copy", "copy_", "clone", "contiguous", "cat", "stack", "index_select",
-              "gather", "scatter", "index", "constant_pad_nd", "_unsafe_index")),
-    ("reduction", ("sum", "mean", "amax", "amin", "max", "min", "var", "std", "norm",
-                   "linalg_vector_norm", "argmax", "any", "all", "prod", "cumsum")),
-    ("pooling", ("max_pool", "avg_pool", "adaptive_avg_pool", "adaptive_max_pool")),
-]  # fmt: skip
-
-# FLOP formulas the registry lacks: the CPU attention kernels count as their CUDA twins.
+Packet = torch._ops.OpOverloadPacket
+# torch's convention: formula(*args, out_val=out, **kwargs) -> FLOPs of one call.
+FlopFormula = Callable[..., int]
+# (tensor inputs, outputs in fresh blocks, inputs written in place) -> (bytes read, written)
+BytesFormula = Callable[[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], tuple[int, int]]  # fmt: skip
 
 
-# They take shapes, like the registry's own formulas; FlopCounterMode(custom_mapping=...)
-# accepts them as they are, which is how the tests check our totals against it.
+def view_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
-def _cpu_flash_fwd(q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return sdpa_flop_count(q_shape, k_shape, v_shape)
+def streamed_bytes(
+    inputs: list[torch.Tensor], fresh: list[torch.Tensor], mutated: list[torch.Tensor]
+) -> tuple[int, int]:
+    """Every input read once; every new output and every in-place target written once."""
+    return sum(map(view_bytes, inputs)), sum(map(view_bytes, fresh)) + sum(map(view_bytes, mutated))
 
 
-def _cpu_flash_bwd(
-    g_shape, q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any
-) -> int:
-    return sdpa_backward_flop_count(g_shape, q_shape, k_shape, v_shape)
+@dataclass(frozen=True)
+class OpEntry:
+    """What the tracer and the timing models know about one op."""
+
+    name: str  # "aten.mm": the packet's qualified name
+    family: str
+    cuda_name: str  # the op a CUDA run launches for the same call ("cudnn_convolution")
+    kernel: bool = True  # False: launches no GPU kernel (views, metadata, bare allocations)
+    allocates: bool = False  # a bare allocation (empty*): no kernel, but its block is recorded
+    flops: FlopFormula | None = None
+    bytes: BytesFormula = streamed_bytes
 
 
-EXTRA_FLOP_SHAPE_FORMULAS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_fwd,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_bwd,
-}
-FLOP_FORMULAS = {
-    **flop_registry,
-    **{k: shape_wrapper(v) for k, v in EXTRA_FLOP_SHAPE_FORMULAS.items()},
-}
+REGISTRY: dict[Packet, OpEntry] = {}
+# Registered names this PyTorch does not have (a test asserts none under the pinned one).
+MISSING: list[str] = []
+# FLOP formulas torch's registry lacks, as shape formulas: FlopCounterMode(custom_mapping=)
+# takes them as they are, which is how trace_step's cross-check counts like we do.
+EXTRA_FLOP_SHAPE_FORMULAS: dict[Packet, Callable[..., int]] = {}
+
+
+def _packet(qualified: str) -> Packet | None:
+    namespace, _, name = qualified.rpartition(".")
+    try:
+        return getattr(getattr(torch.ops, namespace or "aten"), name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def register(
+    names: str,
+    family: str,
+    *,
+    cuda: str | None = None,
+    kernel: bool = True,
+    allocates: bool = False,
+    nbytes: BytesFormula = streamed_bytes,
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Register the space-separated ops ``names`` ("mm addmm", "prim.device"; aten by default).
+
+    Used bare, each entry takes torch's FLOP formula for its packet, if any. Used as a
+    decorator, the decorated function (a shape formula, as torch's are written) is the FLOP
+    formula of every op in ``names``. ``cuda`` renames them to the op a CUDA run launches.
+    """
+    if family not in FAMILIES or family == UNKNOWN:
+        raise ValueError(f"register({names!r}): {family!r} is not a registry family")
+    packets = []
+    for qualified in names.split():
+        qualified = qualified if "." in qualified else f"aten.{qualified}"
+        packet = _packet(qualified)
+        if packet is None:
+            MISSING.append(qualified)
+            continue
+        if packet in REGISTRY:
+            raise ValueError(f"{qualified} is registered twice")
+        REGISTRY[packet] = OpEntry(
+            name=qualified,
+            family=family,
+            cuda_name=cuda or qualified.rpartition(".")[2],
+            kernel=kernel,
+            allocates=allocates,
+            flops=flop_registry.get(packet),
+            bytes=nbytes,
+        )
+        packets.append(packet)
+
+    def decorate(formula: Callable[..., int]) -> Callable[..., int]:
+        for packet in packets:
+            EXTRA_FLOP_SHAPE_FORMULAS[packet] = formula
+            REGISTRY[packet] = replace(REGISTRY[packet], flops=shape_wrapper(formula))
+        return formula
+
+    return decorate
 
 
 def packet_name(func: Any) -> str:
@@ -148,26 +128,143 @@ def packet_name(func: Any) -> str:
     return getattr(packet, "_qualified_op_name", str(packet)).replace("::", ".")
 
 
-def cuda_op_name(packet: str) -> str:
-    """The op a CUDA run would launch for the traced CPU op ``packet`` ('aten.mm' → 'mm')."""
-    return CUDA_NAMES.get(packet, packet.split(".", 1)[-1])
+def entry_of(func: Any) -> OpEntry:
+    """The entry of ``func`` (an OpOverload or its packet); family "other" when unregistered."""
+    packet = getattr(func, "overloadpacket", func)
+    entry = REGISTRY.get(packet)
+    if entry is not None:
+        return entry
+    name = packet_name(func)
+    return OpEntry(name, UNKNOWN, name.rpartition(".")[2], flops=flop_registry.get(packet))
 
 
-def op_family(op: str, phase: str = "forward") -> str:
-    """Family of a canonical CUDA op name; 'elementwise' when nothing more specific fits."""
-    base = op.removesuffix("_backward").removesuffix("_backward_data")
-    if base in ("fill_", "zero_", "zeros", "ones", "full", "zeros_like", "ones_like",
-                "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor"):  # fmt: skip
-        return "fill"
-    for family, prefixes in _FAMILY_PREFIXES:
-        if any(base == p or base.startswith(p) for p in prefixes):
-            return family
-    return "elementwise"
+def family_of(func: Any) -> str:
+    """Family of an op (``aten.mm`` → "gemm"): what importers and the harness label rows with."""
+    return entry_of(func).family
 
 
-def flops_of(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
-    """FLOPs of one call, by the registry's formula (0 for ops it does not count)."""
-    formula = FLOP_FORMULAS.get(func.overloadpacket)
-    if formula is None:
+def flops_of(entry: OpEntry, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs of one call by the entry's formula (0 for ops without one)."""
+    if entry.flops is None:
         return 0
-    return int(formula(*args, **kwargs, out_val=out))
+    return int(entry.flops(*args, **kwargs, out_val=out))
+
+
+# -- no kernel -------------------------------------------------------------------------------
+register(
+    "profiler._record_function_enter profiler._record_function_enter_new "
+    "profiler._record_function_exit prim.device prim.layout",
+    "elementwise",
+    kernel=False,
+)
+register(
+    "size sym_size stride sym_stride numel sym_numel dim storage_offset "
+    "sym_storage_offset is_contiguous is_strides_like_format is_non_overlapping_and_dense "
+    "sym_is_contiguous _local_scalar_dense lift_fresh",
+    "elementwise",
+    kernel=False,
+)
+register(
+    "detach alias view _unsafe_view reshape _reshape_alias t transpose permute expand "
+    "squeeze unsqueeze slice select split split_with_sizes unbind chunk as_strided "
+    "view_as_real view_as_complex unfold diagonal narrow set_",
+    "copy",
+    kernel=False,
+)
+register("empty empty_like empty_strided new_empty new_empty_strided resize_", "fill",
+         kernel=False, allocates=True)  # fmt: skip
+
+# -- matrix families ---------------------------------------------------------------------------
+register("mm addmm bmm baddbmm addbmm _addmm_activation matmul _scaled_mm", "gemm")
+register("convolution", "conv", cuda="cudnn_convolution")
+register("_convolution cudnn_convolution cudnn_convolution_transpose convolution_backward "
+         "convolution_overrideable convolution_backward_overrideable _slow_conv2d_forward "
+         "_slow_conv2d_backward _conv_depthwise2d", "conv")  # fmt: skip
+register("_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_backward "
+         "_scaled_dot_product_efficient_attention _scaled_dot_product_efficient_attention_backward "
+         "_scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward "
+         "_efficient_attention_forward _efficient_attention_backward _flash_attention_forward "
+         "_flash_attention_backward", "attention")  # fmt: skip
+
+
+# The CPU flash kernels are counted as their CUDA twins, whose formulas torch has.
+@register("_scaled_dot_product_flash_attention_for_cpu", "attention",
+          cuda="_scaled_dot_product_flash_attention")  # fmt: skip
+def _cpu_flash_fwd(q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+    return sdpa_flop_count(q_shape, k_shape, v_shape)
+
+
+@register("_scaled_dot_product_flash_attention_for_cpu_backward", "attention",
+          cuda="_scaled_dot_product_flash_attention_backward")  # fmt: skip
+def _cpu_flash_bwd(
+    g_shape, q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any
+) -> int:
+    return sdpa_backward_flop_count(g_shape, q_shape, k_shape, v_shape)
+
+
+# -- row-wise and lookup families ------------------------------------------------------------
+register("native_batch_norm _native_batch_norm_legit _native_batch_norm_legit_functional "
+         "_native_batch_norm_legit_no_training _batch_norm_with_update "
+         "_batch_norm_with_update_functional", "norm", cuda="cudnn_batch_norm")  # fmt: skip
+register("native_batch_norm_backward batch_norm_backward", "norm", cuda="cudnn_batch_norm_backward")
+register("cudnn_batch_norm cudnn_batch_norm_backward native_layer_norm native_layer_norm_backward "
+         "native_group_norm native_group_norm_backward _fused_rms_norm _fused_rms_norm_backward",
+         "norm")  # fmt: skip
+register("_softmax _softmax_backward_data _log_softmax _log_softmax_backward_data _safe_softmax",
+         "softmax")  # fmt: skip
+register("embedding embedding_dense_backward _embedding_bag _embedding_bag_backward "
+         "embedding_renorm_", "embedding")  # fmt: skip
+register("nll_loss_forward nll_loss_backward nll_loss2d_forward nll_loss2d_backward mse_loss "
+         "mse_loss_backward binary_cross_entropy binary_cross_entropy_backward "
+         "binary_cross_entropy_with_logits smooth_l1_loss smooth_l1_loss_backward huber_loss "
+         "huber_loss_backward", "loss")  # fmt: skip
+register("sum mean amax amin aminmax max min var std var_mean std_mean norm linalg_vector_norm "
+         "argmax argmin any all prod cumsum cumprod logsumexp nansum", "reduction")  # fmt: skip
+register("max_pool2d_with_indices max_pool2d_with_indices_backward max_pool3d_with_indices "
+         "max_pool3d_with_indices_backward avg_pool2d avg_pool2d_backward avg_pool3d "
+         "avg_pool3d_backward _adaptive_avg_pool2d _adaptive_avg_pool2d_backward "
+         "_adaptive_avg_pool3d _adaptive_avg_pool3d_backward adaptive_max_pool2d "
+         "adaptive_max_pool2d_backward adaptive_max_pool3d adaptive_max_pool3d_backward "
+         "max_unpool2d max_unpool3d", "pooling")  # fmt: skip
+
+# -- optimizer: multi-tensor and fused kernels --------------------------------------------------
+_FOREACH = ("abs acos add addcdiv addcmul asin atan ceil clamp_max clamp_min copy cos cosh div "
+            "erf erfc exp expm1 floor frac lerp lgamma log log10 log1p log2 maximum minimum mul "
+            "neg pow reciprocal round rsqrt sigmoid sign sin sinh sqrt sub tan tanh trunc zero")  # fmt: skip
+register(" ".join(f"_foreach_{o} _foreach_{o}_" for o in _FOREACH.split()), "optimizer")
+register("_foreach_norm _foreach_max _foreach_clone _foreach_powsum _fused_adam _fused_adam_ "
+         "_fused_adamw _fused_adamw_ _fused_sgd _fused_sgd_ _fused_adagrad _fused_adagrad_ "
+         "_amp_foreach_non_finite_check_and_unscale _amp_foreach_non_finite_check_and_unscale_ "
+         "_amp_update_scale _amp_update_scale_", "optimizer")  # fmt: skip
+
+# -- data movement and fills -----------------------------------------------------------------
+register("_to_copy copy copy_ _copy_from _copy_from_and_resize clone cat stack index_select "
+         "gather scatter scatter_ scatter_add scatter_add_ scatter_reduce scatter_reduce_ index "
+         "index_put index_put_ _index_put_impl_ index_add index_add_ index_copy index_copy_ "
+         "index_fill index_fill_ constant_pad_nd _unsafe_index _unsafe_index_put", "copy")  # fmt: skip
+register("fill fill_ zero_ zeros ones full zeros_like ones_like full_like new_zeros new_ones "
+         "new_full scalar_tensor", "fill")  # fmt: skip
+
+# -- elementwise: one pass over the elements (the ``_`` twin is the in-place kernel) ----------
+_POINTWISE = (
+    "abs add sub mul div neg reciprocal pow sqrt rsqrt exp exp2 expm1 log log1p log2 log10 "
+    "sin cos tan tanh sinh cosh asin acos atan atan2 erf erfc erfinv sigmoid logit sign "
+    "floor ceil round trunc frac remainder fmod clamp clamp_min clamp_max "
+    "lerp addcmul addcdiv relu gelu silu mish hardsigmoid hardswish hardtanh elu leaky_relu "
+    "threshold masked_fill eq ne lt le gt ge logical_and logical_or logical_not "
+    "bitwise_and bitwise_or bitwise_xor bitwise_not nan_to_num tril triu "
+    "bernoulli uniform normal exponential random copysign square"
+)
+register(" ".join(f"{o} {o}_" for o in _POINTWISE.split()), "elementwise")
+register("rsub maximum minimum softplus where isnan isinf "
+         "gelu_backward silu_backward mish_backward hardsigmoid_backward hardswish_backward "
+         "hardtanh_backward elu_backward leaky_relu_backward softplus_backward tanh_backward "
+         "sigmoid_backward threshold_backward native_dropout native_dropout_backward "
+         "glu glu_backward _prelu_kernel _prelu_kernel_backward arange linspace rand randn "
+         "randint randperm select_backward slice_backward slice_scatter select_scatter "
+         "as_strided_scatter roll flip repeat sort topk masked_scatter "
+         "upsample_nearest2d upsample_nearest2d_backward upsample_bilinear2d "
+         "upsample_bilinear2d_backward im2col col2im", "elementwise")  # fmt: skip
+# A metadata-only in-place view, but recorded as a kernel node so far: dropping it would
+# renumber the nodes of every graph that has one (the GNN's training graphs among them).
+register("as_strided_", "elementwise")

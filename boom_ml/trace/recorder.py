@@ -19,22 +19,11 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from boom_ml.trace.accumulation import InPlaceAccumulation, current_grad_fn
-from boom_ml.trace.ops import (
-    ALLOC_ONLY_OPS,
-    NO_KERNEL_OPS,
-    cuda_op_name,
-    flops_of,
-    op_family,
-    packet_name,
-)
+from boom_ml.trace.ops import entry_of, flops_of
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
-
-
-def _view_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 class OpRecorder(TorchDispatchMode):
@@ -130,8 +119,8 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
         self.accumulation.settle(self)
-        name = packet_name(func)
-        if not self.recording or name in NO_KERNEL_OPS and name not in ALLOC_ONLY_OPS:
+        entry = entry_of(func)
+        if not self.recording or not (entry.kernel or entry.allocates):
             return func(*args, **kwargs)
         inputs = _tensors((args, kwargs))
         in_blocks = [self.block_of(t) for t in inputs]
@@ -139,7 +128,7 @@ class OpRecorder(TorchDispatchMode):
         in_engine = torch._C._current_graph_task_id() != -1
         if phase == "backward" and in_engine and torch.is_grad_enabled():
             phase = "recompute"
-        node_id = len(self.nodes) if name not in ALLOC_ONLY_OPS else -1
+        node_id = len(self.nodes) if entry.kernel else -1
         self._current_node = node_id
         saved_phase, self.phase = self.phase, phase
         try:
@@ -152,11 +141,11 @@ class OpRecorder(TorchDispatchMode):
             self._current_node = -1
             return out
         mutated = self._mutated_inputs(func, args, kwargs)
-        op = cuda_op_name(name)
+        op = entry.cuda_name
         new_blocks = [b for b in out_blocks if self.block_node.get(b) == node_id]
         if phase == "backward" and in_engine:
             self.accumulation.note(self, func, args, kwargs, out, new_blocks)
-        family = op_family(op)
+        family = entry.family
         if in_blocks and all(self.block_phase.get(b) == "host" for b in in_blocks):
             # e.g. Adam's step counters: CPU tensors in a CUDA run, no kernel, no GPU memory.
             family = "host"
@@ -164,6 +153,8 @@ class OpRecorder(TorchDispatchMode):
                 self.block_phase[b] = "host"
         elif op == "_to_copy" and any(self.block_phase.get(b) == "parameter" for b in in_blocks):
             self.autocast_blocks.update(new_blocks)
+        fresh = [t for t, b in zip(outputs, out_blocks, strict=True) if b not in in_blocks]
+        bytes_read, bytes_written = entry.bytes(inputs, fresh, mutated)
         self.nodes.append(
             {
                 "id": node_id,
@@ -176,14 +167,9 @@ class OpRecorder(TorchDispatchMode):
                 "input_dtypes": json.dumps([str(t.dtype).removeprefix("torch.") for t in inputs]),
                 "output_shapes": json.dumps([list(t.shape) for t in outputs]),
                 "output_dtypes": json.dumps([str(t.dtype).removeprefix("torch.") for t in outputs]),
-                "flops": flops_of(func, args, kwargs, out),
-                "bytes_read": sum(_view_bytes(t) for t in inputs),
-                "bytes_written": sum(
-                    _view_bytes(t)
-                    for t, b in zip(outputs, out_blocks, strict=True)
-                    if b not in in_blocks
-                )
-                + sum(_view_bytes(t) for t in mutated),
+                "flops": flops_of(entry, args, kwargs, out),
+                "bytes_read": bytes_read,
+                "bytes_written": bytes_written,
             }
         )
         for b in in_blocks:
