@@ -4,35 +4,179 @@ Examples:
   python -m boom_ml.predict model=hf:gpt2 gpu=[a100-80gb-sxm,h100-sxm,l4] batch_size=8 seq_len=1024 amp=bf16 output=json
   python -m boom_ml.predict model=torchvision:resnet50 gpu=all batch_size=64
 Run with --help for every option (Hydra syntax: key=value).
+
+Everything the user typed is checked before torch or a model library is imported (they take
+seconds to import; a typo should answer at once): keys against configs/predict.yaml, the model
+spec's syntax, GPU ids and YAML GPU files, numbers and choices. This module therefore imports
+nothing heavy at module level, and neither may the modules it validates with.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import sys
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from boom_ml.errors import BoomError, InvalidInputError, suggest
+from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
+from boom_ml.gpus import parse_gpu_list
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 OUTPUTS = ("table", "json")
+MODEL_SCHEMES = (
+    "torchvision",
+    "timm",
+    "hf",
+    "file",
+)  # as boom_ml.zoo.SCHEMES (which imports torch)
+BOOL_KEYS = ("explain", "advice", "tf32")
+# argv spellings rewritten before Hydra parses them: {alias key: config key}
+KEY_ALIASES = {"optimizer.impl": "optimizer_impl"}
+_CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
+
+
+@functools.cache
+def config_keys(config_name: str = "predict") -> frozenset[str]:
+    """Every key of ``configs/<config_name>.yaml``, nested ones dotted (``stack.torch``)."""
+    import yaml  # PyYAML: a few ms, and Hydra needs it anyway
+
+    data = yaml.safe_load((Path(CONFIG_DIR) / f"{config_name}.yaml").read_text()) or {}
+    keys: set[str] = set()
+
+    def walk(mapping: Mapping[str, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            if prefix == "" and key in ("defaults", "hydra"):
+                continue  # Hydra's own; `hydra.*` overrides are passed through
+            keys.add(prefix + str(key))
+            if isinstance(value, Mapping):
+                walk(value, f"{prefix}{key}.")
+
+    walk(data, "")
+    return frozenset(keys)
+
+
+def rewrite_aliases(argv: list[str]) -> list[str]:
+    """``optimizer.impl=X`` → ``optimizer_impl=X`` (``optimizer`` is a string, not a mapping)."""
+    out = []
+    for arg in argv:
+        prefix = arg[: len(arg) - len(arg.lstrip("+~"))]
+        key, sep, value = arg[len(prefix) :].partition("=")
+        out.append(f"{prefix}{KEY_ALIASES[key]}{sep}{value}" if key in KEY_ALIASES else arg)
+    return out
+
+
+def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
+    """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error."""
+    known = config_keys(config_name)
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue  # --help, -m, --cfg job: Hydra's flags
+        key = arg.split("=", 1)[0].lstrip("+~")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            continue
+        if key not in known:
+            raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
+
+
+def check_model_syntax(text: Any) -> None:
+    """The model spec's form (``scheme:name``, a bare name, ``file:path.py:factory``).
+
+    Names are not looked up here: that needs the model libraries. A file model's path is
+    checked because a mistyped path is the common mistake and costs one ``stat``.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise UnknownModelError("empty model name; e.g. model=torchvision:resnet50")
+    spec = ModelSpec(text.strip())
+    if spec.scheme is None:
+        head, sep, _ = spec.text.partition(":")
+        # "org/name:rev" or "C:\\path" are not schemes; "torchvison:resnet50" is a typo of one
+        if sep and head and "/" not in head and "." not in head:
+            raise UnknownModelError(
+                f"unknown model scheme {head!r} in {spec.text!r}{suggest(head, MODEL_SCHEMES)};"
+                f" use one of: {', '.join(MODEL_SCHEMES)}"
+            )
+        return
+    if not spec.name.strip():
+        raise UnknownModelError(f"{spec.text!r} names no model after the scheme")
+    if spec.scheme == "file":
+        path, sep, factory = spec.name.rpartition(":")
+        if not sep or not path or not factory or factory.endswith(".py"):
+            where = spec.name if spec.name.endswith(".py") else path or spec.name
+            raise UnknownModelError(
+                f"{spec.text} names no factory; write file:{where}:<function returning an nn.Module>"
+            )
+        if not Path(path).expanduser().is_file():
+            raise UnknownModelError(f"{spec.text}: no such file {path!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be true or false, got {value!r}")
+
+
+def _cache_flag(value: Any) -> bool:
+    # YAML reads `cache: on` as True; Hydra's command line passes `cache=off` as a string.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _CACHE_WORDS:
+        return _CACHE_WORDS[value.strip().lower()]
+    raise InvalidInputError(f"cache must be on or off, got {value!r}")
+
+
+def validate(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every option without importing torch; returns them with ``cache`` as a bool.
+
+    Raises the same one-line :class:`BoomError` that the prediction itself would, so a
+    typo costs milliseconds instead of the seconds torch takes to import.
+    """
+    options = dict(options)
+    unknown = sorted(set(options) - config_keys())
+    if unknown:
+        raise InvalidInputError(
+            f"unknown option(s): {', '.join(unknown)}{suggest(unknown[0], config_keys())}"
+        )
+    if options.get("output", "table") not in OUTPUTS:
+        raise InvalidInputError(
+            f"unknown output {options['output']!r}; choose one of: {', '.join(OUTPUTS)}"
+        )
+    for name in BOOL_KEYS:
+        if name in options:
+            _check_bool(name, options[name])
+    if "cache" in options:
+        options["cache"] = _cache_flag(options["cache"])
+    check_model_syntax(options.get("model"))
+    step_fields = {f.name for f in dataclasses.fields(StepSpec)}
+    StepSpec(**{k: v for k, v in options.items() if k in step_fields})  # ranges and choices
+    parse_gpu_list(options.get("gpu"))  # ids, aliases, YAML files: gpus.csv read with csv
+    stack = resolve_stack(options.get("stack"))  # stacks.csv, read without torch
+    if "optimizer_impl" in options:
+        resolve_optimizer_impl(options.get("optimizer", "adamw"), options["optimizer_impl"], stack)
+    plot = options.get("plot")
+    if plot is not None and not isinstance(plot, str):
+        raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
+    return options
 
 
 def run(cfg: Any) -> str:
     """Plain function behind the CLI: a config mapping in, the rendered output out."""
-    from omegaconf import OmegaConf
+    if not isinstance(cfg, Mapping):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    options = validate(cfg)  # before the imports below: they take seconds
+    output = options.pop("output", "table")
+    explain = bool(options.pop("explain", False))
 
     from boom_ml.api import predict
     from boom_ml.report.table import render_table
 
-    options = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    output = options.pop("output", "table")
-    explain = bool(options.pop("explain", False))
-    if output not in OUTPUTS:
-        raise InvalidInputError(f"unknown output {output!r}; choose one of: {', '.join(OUTPUTS)}")
     known = set(predict.__code__.co_varnames[: predict.__code__.co_argcount])
     unknown = sorted(set(options) - known)
     if unknown:
@@ -46,36 +190,28 @@ def run(cfg: Any) -> str:
     return text
 
 
-def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
-    """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error."""
-    import yaml
-
-    known = set(yaml.safe_load((Path(CONFIG_DIR) / f"{config_name}.yaml").read_text()))
-    for arg in argv:
-        key = arg.split("=", 1)[0].lstrip("+~")
-        if "=" in arg and not arg.startswith("-") and key.split(".")[0] not in known | {"hydra"}:
-            raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
+def _fail(err: BoomError) -> None:
+    print(f"error: {err}", file=sys.stderr)
+    sys.exit(err.exit_code)
 
 
 def main() -> None:
-    import hydra
-
     # transformers' notices about configs we build on purpose are noise on a terminal
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
+    sys.argv[1:] = rewrite_aliases(sys.argv[1:])
     try:
         check_override_keys(sys.argv[1:])
     except BoomError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        _fail(err)
+
+    import hydra  # ~0.15 s; composes the config, values are checked in run() before torch
 
     @hydra.main(config_path=CONFIG_DIR, config_name="predict", version_base="1.3")
     def _entry(cfg: Any) -> None:
         try:
             print(run(cfg))
         except BoomError as err:
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(err.exit_code)
+            _fail(err)
 
     _entry()
 

@@ -1,0 +1,152 @@
+"""`python -m boom_ml.predict`: every input is checked before torch is imported.
+
+The imports are read from ``python -X importtime`` (one stderr line per module imported):
+behaviour, not time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from boom_ml.errors import InvalidInputError, UnknownGpuError, UnknownModelError
+from boom_ml.predict import (
+    check_model_syntax,
+    check_override_keys,
+    config_keys,
+    rewrite_aliases,
+    validate,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+NEEDS_STACK_KEYS = pytest.mark.skipif(
+    not {"stack.torch", "optimizer_impl"} <= config_keys(), reason="predict.yaml without stack keys"
+)
+HEAVY = ("torch", "transformers", "lightgbm", "torch_geometric", "mlflow", "timm", "torchvision")
+
+
+def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[str], list[str]]:
+    """(process, top-level packages imported, stderr lines that are not importtime's)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    imported, other = set(), []
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:"):
+            name = line.rsplit("|", 1)[1].strip()
+            imported.add(name.split(".")[0])
+        elif line.strip():
+            other.append(line)
+    return proc, imported, other
+
+
+@pytest.mark.parametrize(
+    "arg,words",
+    [
+        ("gpu=h100-sxn", "error: unknown GPU 'h100-sxn' (did you mean: h100-sxm"),
+        ("batch_size=-1", "error: batch_size must be an integer >= 1, got -1"),
+        ("amp=fp8", "error: unknown amp 'fp8'; choose one of: none, fp16, bf16"),
+        ("model=torchvison:resnet50", "error: unknown model scheme 'torchvison'"),
+        (
+            "gpu=/nonexistent/my_gpu.yaml",
+            "error: GPU spec file not found: /nonexistent/my_gpu.yaml",
+        ),
+        ("gpus=l4", "error: unknown option 'gpus' (did you mean: gpu?)"),
+        ("cache=sometimes", "error: cache must be on or off, got 'sometimes'"),
+        pytest.param(
+            "stack.torch=1.2",
+            "error: unknown stack.torch 1.2; known releases: 1.12,",
+            marks=NEEDS_STACK_KEYS,
+        ),
+        pytest.param(
+            "optimizer.impl=fusd",
+            "error: unknown optimizer.impl 'fusd'; choose one of: auto,",
+            marks=NEEDS_STACK_KEYS,
+        ),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_before_torch(arg, words):
+    proc, imported, lines = run_with_importtime("-m", "boom_ml.predict", arg)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(words), lines
+    assert proc.stdout == ""
+    assert "hydra" in imported or arg.startswith("gpus=")  # the check ran, not a crash earlier
+    assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_help_and_gpu_table_do_not_import_torch():
+    proc, imported, _ = run_with_importtime("-m", "boom_ml.predict", "--help")
+    assert proc.returncode == 0 and "cache=on|off" in proc.stdout
+    assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+    proc, imported, _ = run_with_importtime("-m", "boom_ml.gpus", "h100-sxm")
+    assert proc.returncode == 0 and "H100" in proc.stdout
+    assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+
+
+def test_config_keys_are_read_from_the_yaml_with_nested_keys(tmp_path, monkeypatch):
+    (tmp_path / "nested.yaml").write_text(
+        "defaults: [_self_]\nmodel: x\nstack:\n  torch: null\n  cuda: '12.4'\nhydra:\n  run: {}\n"
+    )
+    monkeypatch.setattr("boom_ml.predict.CONFIG_DIR", str(tmp_path))
+    assert config_keys("nested") == {"model", "stack", "stack.torch", "stack.cuda"}
+    check_override_keys(["stack.torch=2.5.1", "stack={torch: 2.5.1}", "hydra.run.dir=."], "nested")
+    with pytest.raises(InvalidInputError, match=r"unknown option 'stack\.torh' \(did you mean"):
+        check_override_keys(["stack.torh=2.5.1"], "nested")
+    with pytest.raises(InvalidInputError, match="unknown option 'model.name'"):
+        check_override_keys(["+model.name=3"], "nested")
+
+
+def test_predict_yaml_keys_include_cache():
+    assert {"model", "gpu", "batch_size", "cache", "plot"} <= config_keys("predict")
+
+
+def test_optimizer_impl_alias_is_rewritten():
+    argv = ["optimizer.impl=fused", "+optimizer.impl=foreach", "optimizer=adamw", "--help"]
+    assert rewrite_aliases(argv) == [
+        "optimizer_impl=fused",
+        "+optimizer_impl=foreach",
+        "optimizer=adamw",
+        "--help",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("", "empty model name"),
+        ("torchvision:", "names no model after the scheme"),
+        ("timn:resnet50", "unknown model scheme 'timn'.*did you mean: timm"),
+        ("file:model.py", "names no factory"),
+        ("file:/no/such/dir/model.py:make", "no such file '/no/such/dir/model.py'"),
+    ],
+)
+def test_model_syntax_errors(text, words):
+    with pytest.raises(UnknownModelError, match=words):
+        check_model_syntax(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["resnet50", "torchvision:resnet50", "hf:meta-llama/Meta-Llama-3-8B", "meta-llama/x:main"],
+)
+def test_model_syntax_accepts_names_without_looking_them_up(text):
+    check_model_syntax(text)  # "torchvision:resnet5O" would pass too: names resolve later
+
+
+def test_validate_normalises_cache_and_checks_values():
+    base = {"model": "torchvision:resnet50", "gpu": ["l4"], "batch_size": 2}
+    assert validate({**base, "cache": "off"})["cache"] is False
+    assert validate({**base, "cache": True})["cache"] is True
+    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 'yes'"):
+        validate({**base, "tf32": "yes"})
+    with pytest.raises(InvalidInputError, match="image_size must be an integer >= 1"):
+        validate({**base, "image_size": "big"})
+    with pytest.raises(UnknownGpuError, match="unknown GPU 'h100-sxn'"):
+        validate({**base, "gpu": ["l4", "h100-sxn"]})
