@@ -1,0 +1,180 @@
+"""``python -m boom_ml.models``: the model zoo — shipped HF configs and the other schemes.
+
+Listing the shipped Hugging Face configs reads their JSON only (no torch import, well under
+a second); parameter counts come from the config by formula for the decoder families whose
+layout is known (``config_params``), else are left blank. ``--scheme torchvision`` /
+``--scheme timm`` import those libraries to list their names.
+
+    python -m boom_ml.models                     # shipped hf: configs + how to name others
+    python -m boom_ml.models --scheme timm       # every timm name (imports timm)
+    python -m boom_ml.models --json              # the hf table as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path(__file__).parent / "zoo" / "hf_configs"
+SCHEMES = ("hf", "torchvision", "timm", "file")
+
+# Decoder families laid out as Llama (embedding, N x [attention, gated MLP or MoE, norms],
+# final norm, LM head): per family, the norms per layer and the q/k norm layout.
+_LLAMA_LIKE = {
+    # model_type: (norm vectors of width hidden per layer, q/k norm: None | "head" | "full")
+    "llama": (2, None),
+    "mistral": (2, None),
+    "mixtral": (2, None),
+    "qwen2": (2, None),
+    "qwen2_moe": (2, None),
+    "qwen3": (2, "head"),
+    "qwen3_moe": (2, "head"),
+    "phi3": (2, None),
+    "olmo2": (2, "full"),
+    "gemma2": (4, None),
+    "gemma3_text": (4, "head"),
+}
+
+
+def _moe_layer(raw: dict[str, Any], layer: int) -> bool:
+    if raw["model_type"] == "mixtral":
+        return True
+    if layer in (raw.get("mlp_only_layers") or []):
+        return False
+    step = int(raw.get("decoder_sparse_step", 1) or 1)
+    return int(raw.get("num_experts", 0) or 0) > 0 and (layer + 1) % step == 0
+
+
+def config_params(raw: dict[str, Any]) -> int | None:
+    """Parameters of the model a config builds, by formula; None for unknown layouts.
+
+    Exact for the families in ``_LLAMA_LIKE`` (tests compare it with a meta build of every
+    shipped config it answers for).
+    """
+    kind = raw.get("model_type")
+    if kind not in _LLAMA_LIKE:
+        return None
+    norms, qk_norm = _LLAMA_LIKE[kind]
+    h, vocab, layers = raw["hidden_size"], raw["vocab_size"], raw["num_hidden_layers"]
+    heads = raw["num_attention_heads"]
+    kv = raw.get("num_key_value_heads") or heads
+    hd = raw.get("head_dim") or h // heads
+    # Gemma always ties; these families' config classes default to untied
+    tied = True if kind.startswith("gemma") else raw.get("tie_word_embeddings", False)
+    attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    if kind in ("qwen2", "qwen2_moe"):  # q, k, v biases
+        attn += heads * hd + 2 * kv * hd
+    elif raw.get("attention_bias"):
+        attn += heads * hd + 2 * kv * hd + h
+    if qk_norm == "head":
+        attn += 2 * hd
+    elif qk_norm == "full":
+        attn += heads * hd + kv * hd
+    inter = raw["intermediate_size"]
+    dense_mlp = 3 * h * inter + (2 * inter + h if raw.get("mlp_bias") else 0)
+    total = vocab * h * (1 if tied else 2) + h  # embeddings (+ head) and the final norm
+    for layer in range(layers):
+        total += attn + norms * h
+        if kind == "mixtral":
+            experts = raw["num_local_experts"]
+            total += experts * h + experts * 3 * h * inter
+        elif kind.endswith("_moe") and _moe_layer(raw, layer):
+            experts, moe_inter = raw["num_experts"], raw["moe_intermediate_size"]
+            total += experts * h + experts * 3 * h * moe_inter
+            shared = raw.get("shared_expert_intermediate_size") or 0
+            if shared:  # Qwen2-MoE's always-on expert and its sigmoid gate
+                total += 3 * h * shared + h
+        else:
+            total += dense_mlp
+    return total
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return ""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def shipped_rows() -> list[dict[str, Any]]:
+    """One row per shipped HF config: id, architecture, model type, params, source."""
+    rows = []
+    for path in sorted(CONFIG_DIR.glob("*.json"), key=lambda p: p.stem.lower()):
+        raw = json.loads(path.read_text())
+        model_id = path.stem.replace("--", "/")
+        rows.append(
+            {
+                "id": f"hf:{model_id}",
+                "architecture": (raw.get("architectures") or [""])[0],
+                "model_type": raw.get("model_type", ""),
+                "params": config_params(raw),
+                "moe": bool(
+                    raw.get("num_local_experts")
+                    or raw.get("num_experts")
+                    or raw.get("n_routed_experts")
+                ),
+                "source": raw.get("_source") or f"https://huggingface.co/{model_id}",
+            }
+        )
+    return rows
+
+
+def _print_hf(rows: list[dict[str, Any]]) -> None:
+    print(f"Hugging Face configs shipped with boom-ml ({len(rows)}; hf:<id>, built on meta):")
+    width = max(len(r["id"]) for r in rows)
+    arch_width = max(len(r["architecture"]) for r in rows)
+    print(f"  {'id':<{width}}  {'architecture':<{arch_width}}  {'params':>8}  source")
+    for r in rows:
+        kind = r["architecture"] + (" (MoE)" if r["moe"] else "")
+        source = r["source"].split(";")[0]
+        print(f"  {r['id']:<{width}}  {kind:<{arch_width}}  {_human(r['params']):>8}  {source}")
+    print(
+        "  Any other hub id works too: hf:<org>/<name> reads config.json from the local "
+        "Hugging Face cache\n  (HF_HOME / HF_HUB_CACHE), else downloads config.json alone "
+        "(never weights) unless HF_HUB_OFFLINE=1;\n  hf:<path> takes a local config.json "
+        "or a folder holding one."
+    )
+
+
+def _print_others() -> None:
+    print("Other schemes:")
+    print(
+        "  torchvision:<name>        torchvision classifiers (python -m boom_ml.models --scheme torchvision)"
+    )
+    print("  timm:<name>               any timm model (python -m boom_ml.models --scheme timm)")
+    print("  file:<path.py>:<factory>  your own nn.Module factory, e.g. file:my_model.py:make")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m boom_ml.models", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--scheme", choices=SCHEMES, help="list one scheme's names only")
+    parser.add_argument("--json", action="store_true", help="JSON instead of a table")
+    args = parser.parse_args(argv)
+    if args.scheme in (None, "hf"):
+        rows = shipped_rows()
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        _print_hf(rows)
+        if args.scheme is None:
+            print()
+            _print_others()
+        return 0
+    if args.scheme == "file":
+        print(
+            "file:<path.py>:<factory> builds whatever nn.Module your factory returns; nothing to list."
+        )
+        return 0
+    from boom_ml.zoo import list_models  # imports torch (and timm / torchvision)
+
+    names = list_models(args.scheme)
+    print(json.dumps(names, indent=1) if args.json else "\n".join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
