@@ -101,3 +101,12 @@ def test_neusight_config_traces(path: Path) -> None:
     if raw["model_type"] == "switch_transformers":
         # 12 sparse layers in each stack, every one routed by hf_moe
         assert built.info["moe_layers"] == 24
+
+
+def test_hf_build_options_elsewhere_only_at_their_defaults() -> None:
+    """A caller may always pass the hf build options; other schemes drop the defaults."""
+    defaults = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
+    built = build_model(ModelSpec("torchvision:resnet18", defaults))
+    assert type(built.module).__name__ == "ResNet"
+    with pytest.raises(InvalidInputError, match="moe_imbalance=2.0 applies to hf: models only"):
+        build_model(ModelSpec("torchvision:resnet18", {"moe_imbalance": 2.0}))

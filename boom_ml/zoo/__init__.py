@@ -11,6 +11,10 @@ Schemes::
 
 ``ModelSpec.options`` are constructor overrides: keyword arguments of the torchvision /
 timm constructor or of the file factory, or config fields for hf (``num_hidden_layers``).
+Two options are build choices of hf models rather than config fields:
+``attn_implementation`` ("sdpa", the default, or "eager") and ``moe_imbalance`` (>= 1.0, the
+busiest expert's share of tokens over an even share; see ``hf_moe``). Other schemes accept
+them at their defaults (so a caller may always pass them) and reject other values.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ __all__ = ["BuiltModel", "SCHEMES", "build_model", "list_models", "resolve_name"
 SCHEMES = ("torchvision", "timm", "hf", "file")
 # Bare-name lookup order (file models always need their scheme).
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
+# hf build options and their defaults: meaningless for other schemes
+HF_BUILD_OPTIONS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
 _BUILDERS = {
     "torchvision": torchvision_models.build,
     "timm": timm_models.build,
@@ -100,4 +106,20 @@ def build_model(spec: ModelSpec | str, device: str | torch.device = "meta") -> B
     assert scheme is not None  # resolve_name always returns scheme:name
     if not name:
         raise UnknownModelError(f"{spec.text!r} names no model after the scheme")
+    if scheme != "hf":
+        spec = ModelSpec(spec.text, _without_hf_options(spec))
     return _BUILDERS[scheme](spec, name, device)
+
+
+def _without_hf_options(spec: ModelSpec) -> dict:
+    """Drop hf-only build options left at their defaults; others are the user's mistake."""
+    options = dict(spec.options)
+    for key, default in HF_BUILD_OPTIONS.items():
+        if key not in options:
+            continue
+        value = options.pop(key)
+        if str(value) != str(default) and not (
+            isinstance(value, (int, float)) and float(value) == float(default)
+        ):
+            raise InvalidInputError(f"{key}={value} applies to hf: models only, not {spec.text}")
+    return options
