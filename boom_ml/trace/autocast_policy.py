@@ -4,9 +4,12 @@ boom-ml traces a CUDA step on fake CPU tensors under ``torch.autocast("cpu")``, 
 ``AutocastCPU`` and ``AutocastCUDA`` dispatch keys register different op lists. CUDA runs
 pow/exp/log/softmax/layer_norm/sum/losses in fp32 and lowers einsum/addmv/mv/RNN cells;
 CPU does neither, and instead runs cat/stack/fft/linalg/padding ops in fp32 or promoted
-where CUDA leaves them in their input dtype. Under :func:`cuda_autocast_policy`, Python
-kernels registered once on ``AutocastCPU`` apply the CUDA policy to every op whose two
-policies differ; outside it they reproduce the CPU policy, so other code is unaffected.
+where CUDA leaves them in their input dtype. While :func:`cuda_autocast_policy` is open,
+Python kernels registered on ``AutocastCPU`` apply the CUDA policy to every op whose two
+policies differ. They are registered when the first such context opens and removed when
+the last one closes (on any thread), so a process that imports boom_ml, e.g. a notebook,
+runs PyTorch's own kernels outside a trace. Other threads that autocast while a trace is
+running meet our kernels, which reproduce the CPU policy for them.
 
 Contract: keep the context open over forward *and* backward. Non-reentrant checkpointing
 recomputes the forward inside ``backward()`` (re-entering CPU autocast with the forward's
@@ -314,42 +317,39 @@ def _make_kernel(op_name: str, op: torch._ops.OpOverload) -> Callable[..., Any]:
     return kernel
 
 
-# -- registration ----------------------------------------------------------------------
+# -- installation ----------------------------------------------------------------------
 _LOCK = threading.Lock()
-_LIB: torch.library.Library | None = None
-REGISTERED: dict[str, tuple[str, str]] = {}  # op → (cpu, cuda) policy, once registered
+_ACTIVE = 0  # open cuda_autocast_policy contexts, all threads together
+_LIB: torch.library.Library | None = None  # our AutocastCPU kernels while _ACTIVE > 0
+REGISTERED: dict[str, tuple[str, str]] = {}  # op → (cpu, cuda) policy, at the last install
 SKIPPED: dict[str, str] = {}  # op → why its policy is left to the build
-
-
-def _ensure_registered() -> None:
-    global _LIB
-    with _LOCK:
-        if _LIB is not None:
-            return
-        lib = torch.library.Library("aten", "IMPL")
-        for op_name, cpu, cuda in policy_differences():
-            op = _resolve(op_name)
-            assert op is not None
-            has_cpu_kernel = torch._C._dispatch_has_kernel_for_dispatch_key(
-                f"aten::{op_name}", "AutocastCPU"
-            )
-            if has_cpu_kernel != (cpu != NONE):
-                # Our CPU table disagrees with this build; emulating the wrong CPU policy
-                # outside the context would change user code, so leave the op alone.
-                SKIPPED[op_name] = f"CPU_POLICY says {cpu}, build kernel={has_cpu_kernel}"
-                continue
-            with warnings.catch_warnings():
-                # "Overriding a previously registered kernel" for ops CPU autocast wraps.
-                warnings.simplefilter("ignore")
-                lib.impl(op_name, _make_kernel(op_name, op), "AutocastCPU", with_keyset=True)
-            REGISTERED[op_name] = (cpu, cuda)
-        _LIB = lib  # kept alive for the process: dropping it would unregister the kernels
-
-
 # torch.autocast.__exit__ calls torch.clear_autocast_cache() when it leaves the outermost
 # autocast region; wrapping it lets our cast cache live exactly as long as the C++ one.
-_HOOK_USERS = 0
 _ORIGINAL_CLEAR: Callable[[], None] | None = None
+
+
+def _register() -> torch.library.Library:
+    """Our kernel on AutocastCPU for every op whose CPU and CUDA policies differ."""
+    lib = torch.library.Library("aten", "IMPL")
+    REGISTERED.clear()
+    SKIPPED.clear()
+    for op_name, cpu, cuda in policy_differences():
+        op = _resolve(op_name)
+        assert op is not None
+        has_cpu_kernel = torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"aten::{op_name}", "AutocastCPU"
+        )
+        if has_cpu_kernel != (cpu != NONE):
+            # Our CPU table disagrees with this build; emulating the wrong CPU policy for
+            # other threads during a trace would change their results: leave the op alone.
+            SKIPPED[op_name] = f"CPU_POLICY says {cpu}, build kernel={has_cpu_kernel}"
+            continue
+        with warnings.catch_warnings():
+            # "Overriding a previously registered kernel" for ops CPU autocast wraps.
+            warnings.simplefilter("ignore")
+            lib.impl(op_name, _make_kernel(op_name, op), "AutocastCPU", with_keyset=True)
+        REGISTERED[op_name] = (cpu, cuda)
+    return lib
 
 
 def _clear_autocast_cache() -> None:
@@ -358,15 +358,33 @@ def _clear_autocast_cache() -> None:
     _ORIGINAL_CLEAR()
 
 
-def _hook_clear(install: bool) -> None:
-    global _HOOK_USERS, _ORIGINAL_CLEAR
+def _install() -> None:
+    global _ACTIVE, _LIB, _ORIGINAL_CLEAR
     with _LOCK:
-        _HOOK_USERS += 1 if install else -1
-        if install and _HOOK_USERS == 1:
+        _ACTIVE += 1
+        if _ACTIVE == 1:  # ~10 ms for ~170 ops: cheap next to any trace
+            _LIB = _register()
             _ORIGINAL_CLEAR = torch.clear_autocast_cache
             torch.clear_autocast_cache = _clear_autocast_cache
-        elif not install and _HOOK_USERS == 0:
+
+
+def _uninstall() -> None:
+    global _ACTIVE, _LIB, _ORIGINAL_CLEAR
+    with _LOCK:
+        _ACTIVE -= 1
+        if _ACTIVE == 0:
             torch.clear_autocast_cache = _ORIGINAL_CLEAR
+            _ORIGINAL_CLEAR = None
+            assert _LIB is not None
+            # Deregisters our kernels; the dispatcher falls back to the build's own
+            # AutocastCPU kernel (or fallthrough) for each op.
+            _LIB._destroy()
+            _LIB = None
+
+
+def installed() -> bool:
+    """Whether our kernels are registered now (only while a policy context is open)."""
+    return _LIB is not None
 
 
 @contextlib.contextmanager
@@ -376,8 +394,7 @@ def cuda_autocast_policy() -> Iterator[None]:
     Has no effect unless CPU autocast is enabled as well; the low-precision dtype is
     ``torch.get_autocast_dtype("cpu")``. Wrap backward too (see the module docstring).
     """
-    _ensure_registered()
-    _hook_clear(install=True)
+    _install()
     _STATE.depth += 1
     try:
         yield
@@ -385,4 +402,4 @@ def cuda_autocast_policy() -> Iterator[None]:
         _STATE.depth -= 1
         if _STATE.depth == 0:
             _STATE.cache.clear()
-        _hook_clear(install=False)
+        _uninstall()
