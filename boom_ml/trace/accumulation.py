@@ -10,24 +10,31 @@ traced engine takes the out-of-place branch: ``old + new``, one extra gradient-s
 allocation per accumulation and a different block for the sum. That changes peaks and,
 through the allocator's best-fit choices, which segments get split.
 
-:class:`InPlaceAccumulation` recognises such a sum in the recorded stream and rewrites it
-to what the plain run does: the sum keeps the block of the operand the engine could
-overwrite. The sign that the engine held the only reference is that the operand's storage
-died right after the sum, before the next op ran.
+:class:`InPlaceAccumulation` recognises such a sum and names the block the plain run would
+have written it into: the operand the engine could overwrite. The sign that the engine held
+the only reference is that the operand's storage died right after the sum, before the next op
+ran. It is the recorder's gradient-sum hook (``OpRecorder(sums=...)``): it only reads block
+ids through :class:`Blocks`; the recorder holds back the sum's events until the hook has
+answered and records the folded sum itself.
 """
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from boom_ml.trace.recorder import OpRecorder
-
 ADD = torch.ops.aten.add.Tensor
+
+
+class Blocks(Protocol):
+    """What the hook reads of the recorder: block ids and the autograd node behind each."""
+
+    def block_of(self, t: torch.Tensor) -> int: ...
+
+    def grad_fn_of(self, block: int) -> int: ...
 
 
 def current_grad_fn() -> int:
@@ -51,7 +58,6 @@ class _Pending:
     out_block: int
     old_block: int
     new_block: int
-    alloc_index: int  # index of the sum's alloc event in recorder.events
 
 
 class InPlaceAccumulation:
@@ -62,56 +68,41 @@ class InPlaceAccumulation:
 
     def note(
         self,
-        rec: OpRecorder,
         func: Any,
         args: tuple,
         kwargs: dict,
         out: Any,
         new_blocks: list[int],
-    ) -> None:
-        """Remember ``out = old + new`` if it looks like an engine accumulation."""
+        blocks: Blocks,
+    ) -> bool:
+        """Whether ``out = old + new`` looks like an engine accumulation (then it is pending)."""
         if func is not ADD or kwargs or len(args) != 2 or len(new_blocks) != 1:
-            return
+            return False
         old, new = args
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
-            return
+            return False
         if not (isinstance(out, torch.Tensor) and _dense_like(old, out) and _dense_like(new, out)):
-            return
-        old_block, new_block = rec.block_of(old), rec.block_of(new)
+            return False
+        old_block, new_block = blocks.block_of(old), blocks.block_of(new)
         here = current_grad_fn()
         # InputBuffer adds the buffered gradient (from an earlier node) to the one the
         # running node just produced, in that order.
-        if here < 0 or rec.block_grad_fn.get(new_block) != here:
-            return
-        if rec.block_grad_fn.get(old_block, -1) == here:
-            return
-        alloc = next(
-            i
-            for i in range(len(rec.events) - 1, -1, -1)
-            if rec.events[i]["block"] == new_blocks[0] and rec.events[i]["action"] == "alloc"
-        )
-        self.pending = _Pending(new_blocks[0], old_block, new_block, alloc)
+        if here < 0 or blocks.grad_fn_of(new_block) != here:
+            return False
+        if blocks.grad_fn_of(old_block) == here:
+            return False
+        self.pending = _Pending(new_blocks[0], old_block, new_block)
+        return True
 
-    def settle(self, rec: OpRecorder) -> None:
-        """Fold the pending sum into the operand whose storage died right after it."""
+    def settle(self, freed: Collection[int]) -> int | None:
+        """The block the pending sum takes over, given the blocks freed right after it.
+
+        None when the sum stays out of place: neither operand died, or the sum itself did.
+        """
         p, self.pending = self.pending, None
         if p is None:
-            return
-        freed = {
-            e["block"]: i
-            for i, e in enumerate(rec.events[p.alloc_index + 1 :], start=p.alloc_index + 1)
-            if e["action"] == "free"
-        }
+            return None
         keep = p.old_block if p.old_block in freed else p.new_block
         if keep not in freed or p.out_block in freed:
-            return
-        storage_ref = rec._refs.pop(p.out_block, None)  # its callback dies with it
-        storage = storage_ref() if storage_ref is not None else None
-        if storage is None:
-            return
-        drop = {p.alloc_index, freed[keep]}
-        rec.events = [e for i, e in enumerate(rec.events) if i not in drop]
-        rec._blocks[storage] = keep
-        rec._refs[keep] = weakref.ref(storage, lambda _r, b=keep: rec._freed(b))
-        if p.out_block in rec._producer:
-            rec._producer[keep] = rec._producer.pop(p.out_block)
+            return None
+        return keep

@@ -10,20 +10,36 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from boom_ml.trace.accumulation import InPlaceAccumulation, current_grad_fn
+from boom_ml.trace.accumulation import Blocks, InPlaceAccumulation, current_grad_fn
 from boom_ml.trace.ops import entry_of, flops_of
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+class GradientSums(Protocol):
+    """The hook that recognises the autograd engine's gradient sums (``trace/accumulation.py``).
+
+    ``note`` sees each op the engine runs in backward, once it has run, and says whether it
+    is a sum a plain run does in place; the recorder then holds back that op's events. When
+    the next op starts, ``settle`` gets the blocks freed since the sum's allocation and names
+    the block the sum takes over (or None: it stays where it is).
+    """
+
+    def note(
+        self, func: Any, args: tuple, kwargs: dict, out: Any, new_blocks: list[int], blocks: Blocks
+    ) -> bool: ...
+
+    def settle(self, freed: Collection[int]) -> int | None: ...
 
 
 class OpRecorder(TorchDispatchMode):
@@ -33,13 +49,19 @@ class OpRecorder(TorchDispatchMode):
     ``module_of`` returns the current module path. An op that runs inside the autograd
     engine with grad mode on is a checkpoint recomputation: the engine runs backward
     kernels with grad mode off, while ``torch.utils.checkpoint`` re-runs the forward under
-    ``enable_grad``.
+    ``enable_grad``. ``sums`` folds the engine's gradient sums as a plain run does
+    (default: :class:`~boom_ml.trace.accumulation.InPlaceAccumulation`).
     """
 
-    def __init__(self, module_of: Callable[[], str] = lambda: "") -> None:
+    def __init__(
+        self, module_of: Callable[[], str] = lambda: "", sums: GradientSums | None = None
+    ) -> None:
         super().__init__()
         self.module_of = module_of
-        self.accumulation = InPlaceAccumulation()
+        self.sums: GradientSums = sums if sums is not None else InPlaceAccumulation()
+        # Events of the running backward op, and after it of a pending sum, not yet final.
+        self._held: list[dict[str, Any]] | None = None
+        self._sum_block: int | None = None  # output block of the pending sum
         self._phase = "setup"
         self.nodes: list[dict[str, Any]] = []
         self.edges: set[tuple[int, int]] = set()
@@ -54,7 +76,7 @@ class OpRecorder(TorchDispatchMode):
         self.autocast_blocks: set[int] = set()  # low-precision copies of parameters
         self._next_block = 0
         self._current_node = -1
-        self.recording = True
+        self._recording = True
 
     @property
     def phase(self) -> str:
@@ -62,14 +84,22 @@ class OpRecorder(TorchDispatchMode):
 
     @phase.setter
     def phase(self, name: str) -> None:
-        self.accumulation.settle(self)
+        self._settle_sum()
         self._phase = name
+
+    @property
+    def recording(self) -> bool:
+        return self._recording
+
+    @recording.setter
+    def recording(self, on: bool) -> None:
+        self._settle_sum()  # a sum pending when recording stops is final
+        self._recording = on
 
     # -- storages -------------------------------------------------------------------------
     def block_of(self, t: torch.Tensor, phase: str | None = None) -> int:
         """The block id of ``t``'s storage, allocating one (and an alloc event) if new."""
-        if self.accumulation.pending is not None:
-            self.accumulation.settle(self)
+        self._settle_sum()
         st = t.untyped_storage()
         block = self._blocks.get(st)
         if block is not None:
@@ -100,17 +130,55 @@ class OpRecorder(TorchDispatchMode):
             self._event("free", block, self.block_bytes[block], self.phase)
 
     def _event(self, action: str, block: int, nbytes: int, phase: str) -> None:
-        self.events.append(
-            {
-                "seq": len(self.events),
-                "node_id": self._current_node,
-                "action": action,
-                "block": block,
-                "bytes": nbytes,
-                "category": "",
-                "phase": phase,
-            }
+        event = {"seq": -1, "node_id": self._current_node, "action": action, "block": block,
+                 "bytes": nbytes, "category": "", "phase": phase}  # fmt: skip
+        if self._held is not None:
+            self._held.append(event)
+        else:
+            self._commit([event])
+
+    def _commit(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            event["seq"] = len(self.events)
+            self.events.append(event)
+
+    def grad_fn_of(self, block: int) -> int:
+        """Sequence number of the autograd node whose op allocated ``block`` (-1: none)."""
+        return self.block_grad_fn.get(block, -1)
+
+    # -- the engine's gradient sums ----------------------------------------------------------
+    def _settle_sum(self) -> None:
+        """Ask the hook where the pending sum goes, and record its held events accordingly."""
+        if self._sum_block is None:
+            return
+        held, out_block = self._held or [], self._sum_block
+        self._held, self._sum_block = None, None
+        alloc = next(
+            i for i, e in enumerate(held) if e["block"] == out_block and e["action"] == "alloc"
         )
+        freed = {e["block"]: i for i, e in enumerate(held) if i > alloc and e["action"] == "free"}
+        keep = self.sums.settle(freed.keys())
+        if keep is not None and self._take_over(out_block, keep):
+            # As in a plain run: no new block for the sum, and the operand's block lives on.
+            held = [e for i, e in enumerate(held) if i not in (alloc, freed[keep])]
+        self._commit(held)
+
+    def _release(self) -> None:
+        """Record the held events of an op that is no sum to fold, as they happened."""
+        held, self._held = self._held or [], None
+        self._commit(held)
+
+    def _take_over(self, block: int, keep: int) -> bool:
+        """Make the storage of ``block`` be ``keep`` (whose storage has just died)."""
+        storage_ref = self._refs.pop(block, None)  # its callback dies with it
+        storage = storage_ref() if storage_ref is not None else None
+        if storage is None:
+            return False
+        self._blocks[storage] = keep
+        self._refs[keep] = weakref.ref(storage, lambda _r, b=keep: self._freed(b))
+        if block in self._producer:
+            self._producer[keep] = self._producer.pop(block)
+        return True
 
     def live_blocks(self) -> set[int]:
         return set(self._refs)
@@ -118,7 +186,7 @@ class OpRecorder(TorchDispatchMode):
     # -- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        self.accumulation.settle(self)
+        self._settle_sum()
         entry = entry_of(func)
         if not self.recording or not (entry.kernel or entry.allocates):
             return func(*args, **kwargs)
@@ -131,20 +199,30 @@ class OpRecorder(TorchDispatchMode):
         node_id = len(self.nodes) if entry.kernel else -1
         self._current_node = node_id
         saved_phase, self.phase = self.phase, phase
+        engine_backward = phase == "backward" and in_engine
+        if engine_backward:  # hold its events until the hook has seen it
+            self._held = []
         try:
             out = func(*args, **kwargs)
             outputs = _tensors(out)
             out_blocks = [self.block_of(t) for t in outputs]
+        except BaseException:
+            self._release()
+            raise
         finally:
             self.phase = saved_phase
         if node_id < 0:  # a bare allocation: no kernel, but its block is now known
+            self._release()
             self._current_node = -1
             return out
         mutated = self._mutated_inputs(func, args, kwargs)
         op = entry.cuda_name
         new_blocks = [b for b in out_blocks if self.block_node.get(b) == node_id]
-        if phase == "backward" and in_engine:
-            self.accumulation.note(self, func, args, kwargs, out, new_blocks)
+        if engine_backward:
+            if self.sums.note(func, args, kwargs, out, new_blocks, self):
+                self._sum_block = new_blocks[0]  # settled when the next op starts
+            else:
+                self._release()
         family = entry.family
         if in_blocks and all(self.block_phase.get(b) == "host" for b in in_blocks):
             # e.g. Adam's step counters: CPU tensors in a CUDA run, no kernel, no GPU memory.
