@@ -8,14 +8,17 @@ Llama-3-8B bs1x2048 bf16 + checkpointing + AdamW < 60 s, resnet50 bs128 < 10 s)
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from rich.console import Console
 from rich.table import Table
 
 from boom_ml.api import predict
 from boom_ml.gpus import get_gpu
+from boom_ml.max_batch import max_batch_size
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 from boom_ml.zoo import build_model
 
@@ -31,6 +34,10 @@ CASES = [
 GiB = float(1 << 30)
 
 
+def _trace_at(model: str, step: dict, batch: int) -> OpGraph:
+    return trace_step(build_model(ModelSpec(model)), StepSpec(**{**step, "batch_size": batch}))
+
+
 def main() -> None:
     table = Table(title=f"memory prediction on {GPU} (this machine)")
     for col in ("model", "step", "predict s", "target s", "trace s", "memory s",
@@ -43,15 +50,16 @@ def main() -> None:
         # The memory model alone, on a fresh trace (no cached search).
         graph = trace_step(build_model(ModelSpec(model)), StepSpec(**step))
         t1 = time.perf_counter()
-        est = estimate_memory(graph, get_gpu(GPU), max_batch=False)
-        t2 = time.perf_counter()
         est = estimate_memory(graph, get_gpu(GPU))
+        t2 = time.perf_counter()
+        retrace = partial(_trace_at, model, step)
+        largest = max_batch_size(graph, get_gpu(GPU), retrace).batch_size
         t3 = time.perf_counter()
         shape = " ".join(f"{k}={v}" for k, v in step.items())
         table.add_row(
             model, shape, f"{t_predict:.1f}", f"{target:.0f}",
             f"{result.graph['trace_seconds']:.1f}", f"{t2 - t1:.1f}", f"{t3 - t2:.1f}",
-            f"{est.total_bytes / GiB:.1f}", str(est.fits), str(est.max_batch_size),
+            f"{est.total_bytes / GiB:.1f}", est.fit, str(largest),
         )  # fmt: skip
     Console(width=170).print(table)
 

@@ -65,7 +65,11 @@ def test_prediction_and_summary():
     runs, sims, table = synthetic_runs([2, 4], 64 * MiB, traces)
     gpu = get_gpu("rtx-3060")
     pred = vm.predict(runs, sims, gpu, table, 64 * MiB)
-    context = table.outside_allocator(gpu, sims["graph"].iloc[0])["cuda_context"]
+    stack = vm.resolve_stack(vm.XMEM_STACK)
+    terms = table.outside(gpu, sims["graph"].iloc[0], stack)
+    # the context's own terms: driver baseline + 28 SMs x 1536 threads x 1 KiB + heaps
+    context = sum(a.nbytes for a in terms if a.library == "cuda")
+    assert context == 171966464 + 28 * 1536 * 1024 + (1 << 20) + (8 << 20)
     assert np.allclose(pred["err"], 0)
     assert (pred["pred_total"] - pred["pred_measured"] == context).all()
     assert not pred["pred_oom"].any()
@@ -80,7 +84,7 @@ def test_oom_verdict_on_a_device_too_small():
 
     traces = TinyTraces()
     runs, sims, table = synthetic_runs([4], 0, traces)
-    small = dataclasses.replace(get_gpu("rtx-3060"), memory_bytes=320 * MiB)
+    small = dataclasses.replace(get_gpu("rtx-3060"), total_memory_bytes=216 * MiB)  # context ~215 MiB
     pred = vm.predict(runs, sims, small, table, 0)
     assert pred["pred_oom"].all()
 

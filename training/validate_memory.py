@@ -6,8 +6,10 @@
 Ground truth (``shared/data/memory/SOURCE.md``): the NVML maximum of used device memory
 minus the first sample. xMem creates the CUDA context (``set_per_process_memory_fraction``
 calls ``cudaMemGetInfo``) before its monitor starts, so the first sample already holds
-the context: the comparable prediction is ``total_bytes - cuda_context``, i.e. the
-allocator's reserved peak plus what is loaded into the context later (``lazy_kernels``).
+the context: the comparable prediction is ``total_bytes`` less the context's own terms
+(driver baseline, local memory, printf/malloc heaps: library ``cuda`` in overheads.csv),
+i.e. the allocator's reserved peak plus what is loaded into the context later
+(``lazy_kernels``). The stack is xMem's: PyTorch 2.6 with its default CUDA variant.
 That last term cannot be derived; it is fitted on the FIT_MODELS runs only (median of
 ``measured - reserved``) and tested on the other models. OOM verdicts compare our
 ``fits`` (capacity = the measured 12622168064 bytes) with ``real_oom``.
@@ -42,10 +44,11 @@ import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.memory.capacity import BatchScaling
+from boom_ml.max_batch import BatchScaling
 from boom_ml.memory.estimate import simulate_step
 from boom_ml.memory.overheads import TABLE_PATH, OverheadTable, Term, load_overheads
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.stack import resolve_stack
 from boom_ml.trace import TRACE_VERSION
 from boom_ml.trace.graph import OpGraph
 from boom_ml.zoo.base import BuiltModel
@@ -59,7 +62,10 @@ FIT_MODELS = (
     "hf:t5-small",
 )
 FITTED_TERM = "lazy_kernels"
-CONTEXT_TERM = "cuda_context"
+# Terms of the context itself (library "cuda" in overheads.csv): present at the first sample.
+CONTEXT_LIBRARY = "cuda"
+# xMem's README names PyTorch 2.6.0; the stack table gives its default CUDA/cuDNN.
+XMEM_STACK = {"torch": "2.6"}
 ESTIMATORS = {"xMem": "xmem", "DNNMem": "dnnmem", "SchedTune": "schedtune"}
 # Models whose measured runs used eager attention: the transformers releases current
 # with torch 2.6 (early 2025) had no SDPA path for T5; GPT-2/GPT-Neo keep the zoo's choice.
@@ -180,12 +186,15 @@ def simulate_configs(
         steps = int(group["n_optimizer_steps"].max())  # xMem ran 4 optimizer steps
         cfg = Config(model, _int(ncls), opt, _int(img), _int(seq))
         for batch, graph in traces.graphs(cfg, group["batch_size"].astype(int)).items():
-            sm = simulate_step(graph, gpu, steps=steps, table=table, capacity=False)
+            sm = simulate_step(
+                graph, gpu, stack=resolve_stack(XMEM_STACK), steps=steps, table=table,
+                capacity=False,
+            )  # fmt: skip
             rows.append(
                 {
                     "model": model, "optimizer": opt, "batch_size": batch,
                     "reserved": sm.result.peak_reserved, "allocated": sm.result.peak_allocated,
-                    "outside": sum(sm.outside_bytes.values()), "graph": graph,
+                    "outside": sm.outside_total, "graph": graph,
                 }
             )  # fmt: skip
     return pd.DataFrame(rows)
@@ -219,7 +228,8 @@ def scan_cudnn_workspace(
     out = []
     for mib in grid_mib:
         rows = [t for t in base.terms if t.term != "cudnn_workspace"]
-        ws = Term("cudnn_workspace", "per_conv", (), "conv", mib << 20, 0.0, 0, "scan")
+        ws = Term("cudnn_workspace", "cudnn", "per_conv", "", (), "conv", (), mib << 20, 0.0, 0,
+                  "scan")  # fmt: skip
         sims = simulate_configs(cnn, gpu, OverheadTable([*rows, ws]), traces)
         data = cnn.merge(sims.drop(columns=["graph"]), on=["model", "optimizer", "batch_size"])
         ok = data[~data["real_oom"].astype(bool)]
@@ -243,9 +253,11 @@ def predict(
     """
     table = table.with_values(**{FITTED_TERM: lazy})
     merged = runs.merge(sims, on=["model", "optimizer", "batch_size"], how="left")
-    context = table.outside_allocator(gpu, merged["graph"].iloc[0]).get(CONTEXT_TERM, 0)
+    stack = resolve_stack(XMEM_STACK)
+    terms = table.outside(gpu, merged["graph"].iloc[0], stack)
+    context = sum(a.nbytes for a in terms if a.library == CONTEXT_LIBRARY)
     outside = merged["outside"].to_numpy() + lazy
-    limit = gpu.memory_bytes - outside
+    limit = gpu.capacity_bytes - outside
     reserved = merged["reserved"].to_numpy().copy()
     oom = np.zeros(len(merged), dtype=bool)
     cache: dict[tuple, tuple[int, bool]] = {}
@@ -253,12 +265,12 @@ def predict(
         key = (merged["model"].iat[i], merged["optimizer"].iat[i], merged["batch_size"].iat[i])
         if key not in cache:
             steps = int(merged["n_optimizer_steps"].iat[i])
-            sm = simulate_step(merged["graph"].iat[i], gpu, steps=steps, table=table)
+            sm = simulate_step(merged["graph"].iat[i], gpu, stack=stack, steps=steps, table=table)
             cache[key] = (sm.result.peak_reserved, sm.result.oom)
         reserved[i], oom[i] = cache[key]
     merged["pred_total"] = reserved + outside
     merged["pred_measured"] = merged["pred_total"] - context  # the first sample holds it
-    merged["pred_oom"] = oom | (merged["pred_total"] > gpu.memory_bytes)
+    merged["pred_oom"] = oom | (merged["pred_total"] > gpu.capacity_bytes)
     merged["err"] = (merged["pred_measured"] - merged["ground_truth_peak_bytes"]).abs() / merged[
         "ground_truth_peak_bytes"
     ]
@@ -355,13 +367,17 @@ def write_fitted_term(value: int, n_runs: int) -> None:
     import io
 
     lines = TABLE_PATH.read_text().splitlines(keepends=True)
+    header: list[str] = []
     out = []
     for line in lines:
         row = next(csv.reader([line])) if line.strip() and not line.startswith("#") else []
-        if row and row[0] == FITTED_TERM:
-            version = int(row[6]) + (int(row[4]) != value)
-            row[4], row[6] = str(value), str(version)
-            row[7] = (
+        if row and not header:
+            header = row
+        elif row and row[0] == FITTED_TERM:
+            col = {name: i for i, name in enumerate(header)}
+            version = int(row[col["version"]]) + (int(row[col["bytes"]]) != value)
+            row[col["bytes"]], row[col["version"]] = str(value), str(version)
+            row[col["provenance"]] = (
                 f"fitted: training/validate_memory.py, {n_runs} non-OOM xMem RTX 3060 runs "
                 f"(shared/data/memory) of {', '.join(FIT_MODELS)}, HF models traced with "
                 f"transformers {installed_release()}; minimises the median "
