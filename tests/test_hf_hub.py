@@ -82,8 +82,8 @@ def test_offline_and_uncached_is_one_line_saying_what_to_do(offline_cache: Path)
     assert text == (
         "hf:someorg/not-cached is not shipped and its config.json is not in the local Hugging "
         f"Face cache ({offline_cache}), and HF_HUB_OFFLINE is set; with network access unset it "
-        "(HF_HUB_OFFLINE=0), or run `huggingface-cli download someorg/not-cached config.json`, "
-        "or pass a local config.json path as hf:<path>"
+        "(HF_HUB_OFFLINE=0), or run `hf download someorg/not-cached config.json`, or pass a "
+        "local config.json path as hf:<path>"
     )
 
 

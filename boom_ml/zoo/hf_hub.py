@@ -57,7 +57,7 @@ def _offline_message(repo_id: str) -> str:
     return (
         f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
         f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access unset it "
-        f"(HF_HUB_OFFLINE=0), or run `huggingface-cli download {repo_id} config.json`, or "
+        f"(HF_HUB_OFFLINE=0), or run `hf download {repo_id} config.json`, or "
         "pass a local config.json path as hf:<path>"
     )
 
@@ -98,7 +98,7 @@ def fetch_config(repo_id: str) -> Path:
         # no connection (or offline mode switched on after import): same advice as offline
         raise UnknownModelError(
             f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
-            f"cached ({cache_dir()}); run `huggingface-cli download {repo_id} config.json` "
+            f"cached ({cache_dir()}); run `hf download {repo_id} config.json` "
             "where there is network, or pass a local config.json path as hf:<path>"
         ) from err
     except RepositoryNotFoundError as err:
