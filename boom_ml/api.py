@@ -13,7 +13,7 @@ from boom_ml.memory.estimate import estimate_memory
 from boom_ml.report.advisor import advise
 from boom_ml.report.figures import check_plot_dir, write_plots
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.timing.gnn import estimate_time
+from boom_ml.timing.estimate import estimate_time
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 from boom_ml.trace_cache import TraceCache

@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
-from boom_ml.timing import gnn
+from boom_ml.timing import estimate, gnn_artifact, gnn_features, gnn_model
 from boom_ml.trace.step import trace_step
 from data_collection.paths import shared_data_dir
 from tests.tiny_models import tiny_cnn
@@ -21,10 +21,10 @@ from training.train_gnn import CONFIG_DIR
 SHARED = shared_data_dir()
 
 
-def _perturbed_model(seed: int = 0) -> gnn.StepGNN:
+def _perturbed_model(seed: int = 0) -> gnn_model.StepGNN:
     """A model whose corrections and overhead are non-zero (a fresh one starts at per-op)."""
     torch.manual_seed(seed)
-    model = gnn.StepGNN(hidden=16, layers=2)
+    model = gnn_model.StepGNN(hidden=16, layers=2)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -35,16 +35,16 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw"))
     gpu = get_gpu("a100-80gb-sxm")
     model = _perturbed_model()
-    per_op = gnn.per_op_function(None)[0]  # the heads when packaged, else the roofline
-    pred = gnn.predict_graph(model, graph, gpu, tf32=False, per_op=per_op)
+    per_op = gnn_features.per_op_function(None)[0]  # the heads when packaged, else the roofline
+    pred = gnn_model.predict_graph(model, graph, gpu, tf32=False, per_op=per_op)
     assert pred.overhead_ms > 0 and (pred.node_ms >= 0).all()
     assert pred.step_ms == pytest.approx(pred.overhead_ms + pred.node_ms.sum(), rel=1e-12)
     host = graph.nodes["family"].eq("host").to_numpy()
     assert (pred.node_ms[host] == 0).all()
 
     manifest = {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}}
-    monkeypatch.setattr(gnn, "load_model", lambda: (model, manifest))
-    est = gnn.estimate_time(graph, gpu, top_n=1000)
+    monkeypatch.setattr(estimate, "load_model", lambda: (model, manifest))
+    est = estimate.estimate_time(graph, gpu, top_n=1000)
     assert est.method == "gnn"
     assert est.step_ms == pytest.approx(pred.step_ms, rel=1e-6)
     attributed = est.step_ms - est.overhead_ms
@@ -59,11 +59,11 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
 def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
     manifest = {
-        "per_op": gnn.per_op_function(None)[0],
+        "per_op": gnn_features.per_op_function(None)[0],
         "use_gnn": {"cnn/no-amp": False, "other/no-amp": True},
     }
-    monkeypatch.setattr(gnn, "load_model", lambda: (_perturbed_model(), manifest))
-    est = gnn.estimate_time(graph, get_gpu("l4"))
+    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    est = estimate.estimate_time(graph, get_gpu("l4"))
     assert est.method != "gnn" and est.overhead_ms == 0.0
 
 
@@ -80,7 +80,7 @@ def test_graph_round_trips_through_cache(tmp_path) -> None:
     assert second.traced == 0  # read from disk, not traced again
     assert loaded.nodes.equals(traced.nodes) and loaded.edges.equals(traced.edges)
     assert loaded.meta["trace_config"]["model"] == cfg.model
-    a, b = gnn.graph_data(traced), gnn.graph_data(loaded)
+    a, b = gnn_features.graph_data(traced), gnn_features.graph_data(loaded)
     assert torch.equal(a.x, b.x) and torch.equal(a.edge_index, b.edge_index)
 
 
@@ -105,13 +105,13 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
     held = {line["held out"] for line in manifest["cv"]}
     assert {"gpu=titan-xp", "gpu=all (pooled)"} <= held
     assert all(np.isfinite(line["GNN MAPE %"]) for line in manifest["cv"])
-    model, saved = gnn.load_model(tmp_path / "artifact")
-    assert saved["use_gnn"] == manifest["use_gnn"] and isinstance(model, gnn.StepGNN)
+    model, saved = gnn_artifact.load_model(tmp_path / "artifact")
+    assert saved["use_gnn"] == manifest["use_gnn"] and isinstance(model, gnn_model.StepGNN)
 
 
 def test_gnn_not_used_when_trained_on_another_per_op_function(monkeypatch) -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
-    monkeypatch.setattr(gnn, "per_op_function", lambda name=None: ("per-op", None))
+    monkeypatch.setattr(estimate, "per_op_function", lambda name=None: ("per-op", None))
     manifest = {"per_op": "roofline", "use_gnn": {"cnn/no-amp": True}}
-    monkeypatch.setattr(gnn, "load_model", lambda: (_perturbed_model(), manifest))
-    assert gnn.estimate_time(graph, get_gpu("l4")).method != "gnn"  # its CV verdict is void
+    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    assert estimate.estimate_time(graph, get_gpu("l4")).method != "gnn"  # its CV verdict is void

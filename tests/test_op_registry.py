@@ -9,7 +9,7 @@ from torch.utils.flop_counter import flop_registry
 
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.timing import features, per_op, roofline
-from boom_ml.timing.gnn import FAMILIES as GNN_FAMILIES
+from boom_ml.timing.gnn_features import FAMILIES as GNN_FAMILIES
 from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.ops import MISSING, REGISTRY, entry_of, family_of, packet_name
 from boom_ml.trace.step import trace_step

@@ -98,18 +98,17 @@ def test_packaged_model_predicts_a_large_gemm_sensibly():
     assert np.isfinite(ms)
 
 
-def test_estimate_time_sums_per_op_predictions(small_model):  # noqa: F811
+def test_estimate_per_op_sums_per_op_predictions(small_model):  # noqa: F811
     from tiny_models import tiny_transformer
 
     from boom_ml.gpus import get_gpu
     from boom_ml.specs import StepSpec
-    from boom_ml.timing.estimate import estimate_time
-    from boom_ml.timing.per_op import predict_nodes
+    from boom_ml.timing.per_op import estimate_per_op, predict_nodes
     from boom_ml.trace.step import trace_step
 
     graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="adamw"))
     gpu = get_gpu("l4")
-    est = estimate_time(graph, gpu, model=small_model)
+    est = estimate_per_op(graph, gpu, model=small_model)
     per_node = predict_nodes(graph.nodes, gpu, model=small_model)
     assert est.method == "per-op"
     assert est.step_ms == pytest.approx(per_node["ms"].sum())

@@ -4,7 +4,7 @@ Every usable row of the canonical steps table is traced as the configuration it 
 (model, batch, image size or sequence length, optimizer, AMP, pure fp16) into an OpGraph.
 Traces do not depend on the GPU, so they are cached on disk keyed by configuration and
 shared by every GPU that measured it. Each row then gets the GPU-dependent inputs (per-op
-times on that GPU, spec features) from ``boom_ml.timing.gnn``, the same functions inference
+times on that GPU, spec features) from ``boom_ml.timing.gnn_features``, the same functions inference
 uses, and the measured step time as target.
 
 What is left out, and why, is counted in ``StepGraphDataset.excluded``.
@@ -25,7 +25,7 @@ import torch
 from torch_geometric.data import Data
 
 from boom_ml.gpus import get_gpu
-from boom_ml.timing.gnn import (
+from boom_ml.timing.gnn_features import (
     FEATURE_VERSION,
     RowInputs,
     graph_data,
@@ -279,7 +279,9 @@ class StepGraphDataset:
     rows: pd.DataFrame  # source, gpu_id, model, family, graph, target_ms, baseline_ms, ...
     graphs: list[Data]
     inputs: list[RowInputs]
-    per_op: str  # name of the per-op time function (see boom_ml.timing.gnn.per_op_function)
+    per_op: (
+        str  # name of the per-op time function (see boom_ml.timing.gnn_features.per_op_function)
+    )
     excluded: dict[str, int] = field(default_factory=dict)
     trace_seconds: float = 0.0
 

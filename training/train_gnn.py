@@ -23,15 +23,9 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from boom_ml.timing.gnn import (
-    ARTIFACT_DIR,
-    FEATURE_VERSION,
-    RowBatch,
-    StepGNN,
-    collate,
-    regime,
-    save_model,
-)
+from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
+from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate
+from boom_ml.timing.gnn_model import StepGNN
 from training.graph_dataset import StepGraphDataset, build_dataset
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")

@@ -1,67 +1,50 @@
-"""Step time on one GPU: per-op times summed, with attributions by family, op and module."""
+"""The one timing entry: the step time of a traced graph on one GPU.
+
+The packaged GNN (``gnn_model``, loaded by ``gnn_artifact``) where cross-validation found it
+better than the per-op sum for this kind of model, else the per-op sum (``per_op``).
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-import pandas as pd
-
+from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing.gnn_artifact import load_model, use_gnn_for
+from boom_ml.timing.gnn_features import per_op_function
+from boom_ml.timing.gnn_model import predict_graph
+from boom_ml.timing.per_op import estimate_per_op
+from boom_ml.timing.summary import summarise
 from boom_ml.trace.graph import OpGraph
 
 
 def estimate_time(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10, model: Any = None
+    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10
 ) -> TimeEstimate:
-    """Step time of ``graph`` on ``gpu``: the sum of per-op predictions.
+    """Step time from the GNN where CV says it wins, else the per-op estimate.
 
-    Ops of families with a learned head get its prediction; the others a calibrated
-    roofline (``boom_ml.timing.heads``). ``model`` is a PerOpModel (default: the packaged
-    one, or ``$BOOM_PER_OP_MODEL``).
+    ``method`` says which was used: "gnn", or the per-op estimate's own method.
     """
-    from boom_ml.timing.per_op import predict_nodes
-
-    # A missing or corrupt model raises ArtifactError (one line, exit 2 in the CLI):
-    # silently falling back to the roofline would hide it behind worse numbers.
-    pred = predict_nodes(graph.nodes, gpu, tf32=tf32, model=model)
-    return summarise(
-        graph.nodes,
-        pred["ms"].to_numpy(),
-        method="per-op",
-        top_n=top_n,
-        p10=pred["p10"].to_numpy(),
-        p90=pred["p90"].to_numpy(),
-    )
-
-
-def summarise(
-    nodes: pd.DataFrame,
-    per_node_ms: np.ndarray,
-    method: str,
-    top_n: int = 10,
-    p10: np.ndarray | None = None,
-    p90: np.ndarray | None = None,
-) -> TimeEstimate:
-    """Fold per-node times into a TimeEstimate (sums, and the top ops and modules)."""
-    frame = nodes.assign(ms=per_node_ms)
-    by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
-    by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
-    by_module = frame.groupby("module")["ms"].sum().nlargest(top_n)
-    by_phase = frame.groupby("phase")["ms"].sum()
-    return TimeEstimate(
-        step_ms=float(per_node_ms.sum()),
-        method=method,
-        p10_ms=float(p10.sum()) if p10 is not None else None,
-        p90_ms=float(p90.sum()) if p90 is not None else None,
-        by_family={k: round(float(v), 4) for k, v in by_family.items()},
-        by_phase={k: round(float(v), 4) for k, v in by_phase.items()},
-        top_ops=[
-            {"op": op, "phase": phase, "ms": round(float(r["sum"]), 4), "calls": int(r["count"])}
-            for (op, phase), r in by_op.iterrows()
-        ],
-        top_modules=[
-            {"module": m or "(top level)", "ms": round(float(v), 4)} for m, v in by_module.items()
-        ],
-    )
+    packaged = load_model()
+    family = str(graph.meta.get("model_family", "other"))
+    amp = graph.meta.get("step", {}).get("amp")
+    if packaged is None or not use_gnn_for(packaged[1], family, amp):
+        return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
+    model, manifest = packaged
+    try:
+        # CV compared the GNN with the per-op function it was trained on; if the
+        # predictor's per-op estimate is now another one (heads packaged later), that
+        # verdict is void.
+        if per_op_function(None)[0] != manifest["per_op"]:
+            return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
+        pred = predict_graph(model, graph, gpu, tf32, manifest["per_op"])
+    except (ImportError, ArtifactError):  # trained on per-op heads that are gone: no GNN
+        return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
+    est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
+    est.step_ms = pred.step_ms
+    est.overhead_ms = round(pred.overhead_ms, 4)
+    # The GNN has no quantile heads: carry the per-op interval over, scaled to its estimate.
+    base = estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
+    if base.p10_ms is not None and base.p90_ms is not None and base.step_ms > 0:
+        est.p10_ms = base.p10_ms * est.step_ms / base.step_ms
+        est.p90_ms = base.p90_ms * est.step_ms / base.step_ms
+    return est

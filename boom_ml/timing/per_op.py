@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
+from boom_ml.timing.summary import summarise
+from boom_ml.trace.graph import OpGraph
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 NO_TIME_FAMILIES = {"host"}
@@ -205,3 +208,25 @@ def predict_nodes(
             np.add.at(cols[col], pos, pred[src].to_numpy())  # sums multi-row nodes
         method[pos] = pred["method"].to_numpy()
     return pd.DataFrame({**cols, "method": method})
+
+
+def estimate_per_op(
+    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10, model: Any = None
+) -> TimeEstimate:
+    """Step time of ``graph`` on ``gpu``: the sum of per-op predictions.
+
+    Ops of families with a learned head get its prediction; the others a calibrated
+    roofline (``boom_ml.timing.heads``). ``model`` is a PerOpModel (default: the packaged
+    one, or ``$BOOM_PER_OP_MODEL``). A missing or corrupt model raises ArtifactError (one
+    line, exit 2 in the CLI): silently falling back to the roofline would hide it behind
+    worse numbers.
+    """
+    pred = predict_nodes(graph.nodes, gpu, tf32=tf32, model=model)
+    return summarise(
+        graph.nodes,
+        pred["ms"].to_numpy(),
+        method="per-op",
+        top_n=top_n,
+        p10=pred["p10"].to_numpy(),
+        p90=pred["p90"].to_numpy(),
+    )

@@ -1,15 +1,9 @@
-"""GNN step-time model over the traced operator graph, and its inference.
+"""The GNN's inputs: node and graph features of a traced step, and their batching.
 
-step_ms = overhead + sum over nodes of node_ms, with node_ms = per_op_ms * exp(correction).
-The correction of a node comes from message passing over the graph (data dependencies and
-program order), so it can see what the sum of isolated per-op times misses: launch gaps
-behind tiny kernels, fusion and cache reuse between neighbours. Keeping the prediction a
-sum of positive per-node terms is what makes every millisecond attributable to an op and
-its module, exactly.
-
-Message passing runs over GPU-independent node features, once per graph; the GPU enters in
-the per-node head (spec features, the node's per-op time on it), so one trace serves every
-GPU for the price of the head. Training (``training/graph_dataset.py``) uses these features.
+Message passing runs over GPU-independent node features (:func:`graph_data`), once per
+graph; the GPU enters through per-node GPU features and a graph context (:func:`row_inputs`),
+so one trace serves every GPU. Training (``training/graph_dataset.py``) and inference
+(``boom_ml/timing/gnn_model.py``) build their inputs with these same functions.
 """
 
 from __future__ import annotations
@@ -19,26 +13,22 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
 
 with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
     warnings.simplefilter("ignore", FutureWarning)
     from torch_geometric.data import Batch, Data
 
-from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.roofline import MATRIX_FAMILIES, NO_GPU_FAMILIES, compute_dtype, roofline_ms
 from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
 
 FEATURE_VERSION = 1
-ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
 PHASES = ("zero_grad", "input", "forward", "loss", "backward", "recompute", "optimizer")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 N_STATIC = len(FAMILIES) + len(PHASES) + len(DTYPES) + 1 + 7
@@ -241,11 +231,6 @@ def mean_adjacency(edge_index: torch.Tensor, edge_type: torch.Tensor, n: int) ->
     return tuple(out)
 
 
-def aggregate_mean(h: torch.Tensor, adjacency: tuple) -> list[torch.Tensor]:
-    """Mean of incoming neighbours' ``h`` for each edge type (zeros without neighbours)."""
-    return [torch.zeros_like(h).index_add_(0, dst, h[src]) * inv for src, dst, inv in adjacency]
-
-
 def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) -> RowBatch:
     """Batch unique graphs once and point each row's nodes at its graph's nodes."""
     batch = Batch.from_data_list(graphs)
@@ -261,155 +246,3 @@ def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) 
         row_start=torch.cumsum(sizes, 0) - sizes,
         adjacency=mean_adjacency(batch.edge_index, batch.edge_type, batch.num_nodes),
     )  # fmt: skip
-
-
-class RelationalLayer(nn.Module):
-    """Mean messages per edge type plus self, mixed by one linear map (R-GCN / SAGE style)."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(hidden * (1 + EDGE_TYPES), hidden)
-        self.norm = nn.LayerNorm(hidden)
-
-    def forward(self, h: torch.Tensor, adjacency: tuple) -> torch.Tensor:
-        z = torch.cat([h, *aggregate_mean(h, adjacency)], dim=1)
-        return self.norm(h + nn.functional.gelu(self.lin(z)))
-
-
-class StepGNN(nn.Module):
-    """Message passing per graph, then a GPU-conditioned positive time per node + overhead."""
-
-    def __init__(self, hidden: int = 64, layers: int = 3, max_log_correction: float = 4.0):
-        super().__init__()
-        self.config = {"hidden": hidden, "layers": layers, "max_log_correction": max_log_correction}
-        self.max_corr = max_log_correction
-        self.embed = nn.Sequential(nn.Linear(N_STATIC, hidden), nn.GELU())
-        self.layers = nn.ModuleList(RelationalLayer(hidden) for _ in range(layers))
-        # Per-node head, one hidden layer over [embedding, GPU node features, context]. It runs
-        # over every node of every row (the hot loop), so its first layer is split: embedding
-        # projected per graph node, context per row, only GPU node features per row-node.
-        self.head_h = nn.Linear(hidden, hidden)  # per graph node, before the gather
-        self.head_dyn = nn.Linear(N_DYNAMIC, hidden, bias=False)
-        self.head_ctx = nn.Linear(N_CONTEXT, hidden, bias=False)
-        self.head_out = nn.Linear(hidden, 1)
-        self.overhead = nn.Sequential(
-            nn.Linear(hidden + N_CONTEXT, hidden), nn.GELU(), nn.Linear(hidden, 1)
-        )
-        # Start exactly at the per-op sum (zero correction) with a small overhead, so the
-        # model only has to learn where the per-op sum is wrong.
-        nn.init.zeros_(self.head_out.weight)
-        nn.init.zeros_(self.head_out.bias)
-        nn.init.zeros_(self.overhead[-1].weight)
-        nn.init.constant_(self.overhead[-1].bias, -2.0)
-
-    def node_embeddings(self, b: RowBatch) -> torch.Tensor:
-        h = self.embed(b.graphs.x)
-        for layer in self.layers:
-            h = layer(h, b.adjacency)
-        return h
-
-    def forward(self, b: RowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(node_ms (M,), overhead_ms (R,), step_ms (R,))."""
-        h = self.node_embeddings(b)
-        z = (
-            self.head_h(h)[b.node_of]
-            + self.head_dyn(b.dynamic)
-            + self.head_ctx(b.context)[b.row_of]
-        )
-        raw = self.head_out(nn.functional.gelu(z)).squeeze(1)
-        corr = self.max_corr * torch.tanh(raw / self.max_corr)
-        mask = b.graphs.gpu_mask[b.node_of]
-        node_ms = torch.exp(b.log_per_op + corr) * mask
-        # Mean node embedding of each row's graph (pooled per graph, then gathered per row).
-        graph_of = b.graphs.batch
-        pooled = torch.zeros(b.graphs.num_graphs, h.shape[1]).index_add_(0, graph_of, h)
-        pooled = pooled / torch.bincount(graph_of, minlength=b.graphs.num_graphs)[:, None]
-        pooled = pooled[graph_of[b.node_of[b.row_start]]]
-        overhead = nn.functional.softplus(self.overhead(torch.cat([pooled, b.context], 1)))[:, 0]
-        step = overhead + torch.zeros(b.num_rows).index_add_(0, b.row_of, node_ms)
-        return node_ms, overhead, step
-
-
-@dataclass
-class GnnPrediction:  # node_ms: per graph node in graph.nodes order (0 for host nodes)
-    node_ms: np.ndarray
-    overhead_ms: float
-    step_ms: float  # overhead_ms + node_ms.sum()
-
-
-def save_model(model: StepGNN, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    torch.save({"config": model.config, "state": model.state_dict()}, directory / "model.pt")
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    load_model.cache_clear()
-
-
-@functools.cache
-def load_model(directory: Path = ARTIFACT_DIR) -> tuple[StepGNN, dict[str, Any]] | None:
-    """The packaged model and its manifest, or None when none is packaged."""
-    if not (directory / "model.pt").exists():
-        return None
-    blob = torch.load(directory / "model.pt", weights_only=True)
-    model = StepGNN(**blob["config"])
-    model.load_state_dict(blob["state"])
-    return model.eval(), json.loads((directory / "manifest.json").read_text())
-
-
-def predict_graph(
-    model: StepGNN, graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op: str,
-    channels_last: bool = False,
-) -> GnnPrediction:  # fmt: skip
-    """Node times and overhead of one traced step on one GPU."""
-    _, fn = per_op_function(per_op)
-    base = np.asarray(fn(graph.nodes, gpu, tf32), dtype=float)
-    row = row_inputs(graph, gpu, tf32, base, channels_last)
-    with torch.no_grad():
-        node_ms, overhead, _ = model(collate([graph_data(graph)], [0], [row]))
-    nodes, over = node_ms.double().numpy(), float(overhead[0])
-    return GnnPrediction(node_ms=nodes, overhead_ms=over, step_ms=over + float(nodes.sum()))
-
-
-def regime(family: str, amp: str | None) -> str:
-    """The cell a CV verdict is kept per: model family x AMP or not ("cnn/amp", ...)."""
-    return f"{family}/{'no-amp' if amp in (None, 'none') else 'amp'}"
-
-
-def use_gnn_for(manifest: dict[str, Any], family: str, amp: str | None) -> bool:
-    """Whether CV said the GNN beats the per-op sum in this cell ("other/*": unseen family)."""
-    rule = manifest.get("use_gnn", {})
-    return bool(rule.get(regime(family, amp), rule.get(regime("other", amp), False)))
-
-
-def estimate_time(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10
-) -> TimeEstimate:
-    """Step time from the GNN where CV says it wins, else the per-op estimate.
-
-    ``method`` says which was used: "gnn", or the per-op estimate's own method.
-    """
-    from boom_ml.errors import ArtifactError
-    from boom_ml.timing import estimate as per_op_estimate
-
-    packaged = load_model()
-    family = str(graph.meta.get("model_family", "other"))
-    # CV compared the GNN with the per-op function it was trained on; if the predictor's
-    # per-op estimate is now another one (heads packaged later), that verdict is void.
-    amp = graph.meta.get("step", {}).get("amp")
-    if packaged is None or not use_gnn_for(packaged[1], family, amp):
-        return per_op_estimate.estimate_time(graph, gpu, tf32=tf32, top_n=top_n)
-    model, manifest = packaged
-    try:
-        if per_op_function(None)[0] != manifest["per_op"]:
-            return per_op_estimate.estimate_time(graph, gpu, tf32=tf32, top_n=top_n)
-        pred = predict_graph(model, graph, gpu, tf32, manifest["per_op"])
-    except (ImportError, ArtifactError):  # trained on per-op heads that are gone: no GNN
-        return per_op_estimate.estimate_time(graph, gpu, tf32=tf32, top_n=top_n)
-    est = per_op_estimate.summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
-    est.step_ms = pred.step_ms
-    est.overhead_ms = round(pred.overhead_ms, 4)
-    # The GNN has no quantile heads: carry the per-op interval over, scaled to its estimate.
-    base = per_op_estimate.estimate_time(graph, gpu, tf32=tf32, top_n=top_n)
-    if base.p10_ms is not None and base.p90_ms is not None and base.step_ms > 0:
-        est.p10_ms = base.p10_ms * est.step_ms / base.step_ms
-        est.p90_ms = base.p90_ms * est.step_ms / base.step_ms
-    return est

@@ -1,0 +1,48 @@
+"""The packaged GNN: its weights and manifest on disk, and the manifest's use-the-GNN rule.
+
+Training (``training/train_gnn.py``) saves the model with a manifest that says which per-op
+function it was trained on and, per cell (model family x AMP), whether cross-validation found
+it better than the per-op sum; ``boom_ml/timing/estimate.py`` asks :func:`use_gnn_for`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from boom_ml.timing.gnn_model import StepGNN
+
+ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
+
+
+def save_model(model: StepGNN, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": model.config, "state": model.state_dict()}, directory / "model.pt")
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    load_model.cache_clear()
+
+
+@functools.cache
+def load_model(directory: Path = ARTIFACT_DIR) -> tuple[StepGNN, dict[str, Any]] | None:
+    """The packaged model and its manifest, or None when none is packaged."""
+    if not (directory / "model.pt").exists():
+        return None
+    blob = torch.load(directory / "model.pt", weights_only=True)
+    model = StepGNN(**blob["config"])
+    model.load_state_dict(blob["state"])
+    return model.eval(), json.loads((directory / "manifest.json").read_text())
+
+
+def regime(family: str, amp: str | None) -> str:
+    """The cell a CV verdict is kept per: model family x AMP or not ("cnn/amp", ...)."""
+    return f"{family}/{'no-amp' if amp in (None, 'none') else 'amp'}"
+
+
+def use_gnn_for(manifest: dict[str, Any], family: str, amp: str | None) -> bool:
+    """Whether CV said the GNN beats the per-op sum in this cell ("other/*": unseen family)."""
+    rule = manifest.get("use_gnn", {})
+    return bool(rule.get(regime(family, amp), rule.get(regime("other", amp), False)))

@@ -1,0 +1,124 @@
+"""GNN step-time model over the traced operator graph, and its prediction for one GPU.
+
+step_ms = overhead + sum over nodes of node_ms, with node_ms = per_op_ms * exp(correction).
+The correction of a node comes from message passing over the graph (data dependencies and
+program order), so it can see what the sum of isolated per-op times misses: launch gaps
+behind tiny kernels, fusion and cache reuse between neighbours. Keeping the prediction a
+sum of positive per-node terms is what makes every millisecond attributable to an op and
+its module, exactly. Its inputs come from ``boom_ml/timing/gnn_features.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing.gnn_features import (
+    EDGE_TYPES,
+    N_CONTEXT,
+    N_DYNAMIC,
+    N_STATIC,
+    RowBatch,
+    collate,
+    graph_data,
+    per_op_function,
+    row_inputs,
+)
+from boom_ml.trace.graph import OpGraph
+
+
+def aggregate_mean(h: torch.Tensor, adjacency: tuple) -> list[torch.Tensor]:
+    """Mean of incoming neighbours' ``h`` for each edge type (zeros without neighbours)."""
+    return [torch.zeros_like(h).index_add_(0, dst, h[src]) * inv for src, dst, inv in adjacency]
+
+
+class RelationalLayer(nn.Module):
+    """Mean messages per edge type plus self, mixed by one linear map (R-GCN / SAGE style)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(hidden * (1 + EDGE_TYPES), hidden)
+        self.norm = nn.LayerNorm(hidden)
+
+    def forward(self, h: torch.Tensor, adjacency: tuple) -> torch.Tensor:
+        z = torch.cat([h, *aggregate_mean(h, adjacency)], dim=1)
+        return self.norm(h + nn.functional.gelu(self.lin(z)))
+
+
+class StepGNN(nn.Module):
+    """Message passing per graph, then a GPU-conditioned positive time per node + overhead."""
+
+    def __init__(self, hidden: int = 64, layers: int = 3, max_log_correction: float = 4.0):
+        super().__init__()
+        self.config = {"hidden": hidden, "layers": layers, "max_log_correction": max_log_correction}
+        self.max_corr = max_log_correction
+        self.embed = nn.Sequential(nn.Linear(N_STATIC, hidden), nn.GELU())
+        self.layers = nn.ModuleList(RelationalLayer(hidden) for _ in range(layers))
+        # Per-node head, one hidden layer over [embedding, GPU node features, context]. It runs
+        # over every node of every row (the hot loop), so its first layer is split: embedding
+        # projected per graph node, context per row, only GPU node features per row-node.
+        self.head_h = nn.Linear(hidden, hidden)  # per graph node, before the gather
+        self.head_dyn = nn.Linear(N_DYNAMIC, hidden, bias=False)
+        self.head_ctx = nn.Linear(N_CONTEXT, hidden, bias=False)
+        self.head_out = nn.Linear(hidden, 1)
+        self.overhead = nn.Sequential(
+            nn.Linear(hidden + N_CONTEXT, hidden), nn.GELU(), nn.Linear(hidden, 1)
+        )
+        # Start exactly at the per-op sum (zero correction) with a small overhead, so the
+        # model only has to learn where the per-op sum is wrong.
+        nn.init.zeros_(self.head_out.weight)
+        nn.init.zeros_(self.head_out.bias)
+        nn.init.zeros_(self.overhead[-1].weight)
+        nn.init.constant_(self.overhead[-1].bias, -2.0)
+
+    def node_embeddings(self, b: RowBatch) -> torch.Tensor:
+        h = self.embed(b.graphs.x)
+        for layer in self.layers:
+            h = layer(h, b.adjacency)
+        return h
+
+    def forward(self, b: RowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(node_ms (M,), overhead_ms (R,), step_ms (R,))."""
+        h = self.node_embeddings(b)
+        z = (
+            self.head_h(h)[b.node_of]
+            + self.head_dyn(b.dynamic)
+            + self.head_ctx(b.context)[b.row_of]
+        )
+        raw = self.head_out(nn.functional.gelu(z)).squeeze(1)
+        corr = self.max_corr * torch.tanh(raw / self.max_corr)
+        mask = b.graphs.gpu_mask[b.node_of]
+        node_ms = torch.exp(b.log_per_op + corr) * mask
+        # Mean node embedding of each row's graph (pooled per graph, then gathered per row).
+        graph_of = b.graphs.batch
+        pooled = torch.zeros(b.graphs.num_graphs, h.shape[1]).index_add_(0, graph_of, h)
+        pooled = pooled / torch.bincount(graph_of, minlength=b.graphs.num_graphs)[:, None]
+        pooled = pooled[graph_of[b.node_of[b.row_start]]]
+        overhead = nn.functional.softplus(self.overhead(torch.cat([pooled, b.context], 1)))[:, 0]
+        step = overhead + torch.zeros(b.num_rows).index_add_(0, b.row_of, node_ms)
+        return node_ms, overhead, step
+
+
+@dataclass
+class GnnPrediction:  # node_ms: per graph node in graph.nodes order (0 for host nodes)
+    node_ms: np.ndarray
+    overhead_ms: float
+    step_ms: float  # overhead_ms + node_ms.sum()
+
+
+def predict_graph(
+    model: StepGNN, graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op: str,
+    channels_last: bool = False,
+) -> GnnPrediction:  # fmt: skip
+    """Node times and overhead of one traced step on one GPU."""
+    _, fn = per_op_function(per_op)
+    base = np.asarray(fn(graph.nodes, gpu, tf32), dtype=float)
+    row = row_inputs(graph, gpu, tf32, base, channels_last)
+    with torch.no_grad():
+        node_ms, overhead, _ = model(collate([graph_data(graph)], [0], [row]))
+    nodes, over = node_ms.double().numpy(), float(overhead[0])
+    return GnnPrediction(node_ms=nodes, overhead_ms=over, step_ms=over + float(nodes.sum()))

@@ -1,0 +1,39 @@
+"""Fold per-node times into a TimeEstimate: sums by family, phase, op and module."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from boom_ml.estimates import TimeEstimate
+
+
+def summarise(
+    nodes: pd.DataFrame,
+    per_node_ms: np.ndarray,
+    method: str,
+    top_n: int = 10,
+    p10: np.ndarray | None = None,
+    p90: np.ndarray | None = None,
+) -> TimeEstimate:
+    """Fold per-node times into a TimeEstimate (sums, and the top ops and modules)."""
+    frame = nodes.assign(ms=per_node_ms)
+    by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
+    by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
+    by_module = frame.groupby("module")["ms"].sum().nlargest(top_n)
+    by_phase = frame.groupby("phase")["ms"].sum()
+    return TimeEstimate(
+        step_ms=float(per_node_ms.sum()),
+        method=method,
+        p10_ms=float(p10.sum()) if p10 is not None else None,
+        p90_ms=float(p90.sum()) if p90 is not None else None,
+        by_family={k: round(float(v), 4) for k, v in by_family.items()},
+        by_phase={k: round(float(v), 4) for k, v in by_phase.items()},
+        top_ops=[
+            {"op": op, "phase": phase, "ms": round(float(r["sum"]), 4), "calls": int(r["count"])}
+            for (op, phase), r in by_op.iterrows()
+        ],
+        top_modules=[
+            {"module": m or "(top level)", "ms": round(float(v), 4)} for m, v in by_module.items()
+        ],
+    )
