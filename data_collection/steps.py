@@ -15,13 +15,14 @@ An out-of-memory is a data point (``oom=True``), not a crash.
 
 For configurations chosen by ``profile_ops`` one more step runs under ``torch.profiler``
 and its aten ops are mapped onto the traced OpGraph's nodes (``op_profiles`` rows: kernel
-names and device time per node; CPU time in a ``device=cpu`` dry run).
+names and device time per node; CPU time in a ``device=cpu`` dry run; see
+``data_collection/op_profiles.py``). A dry run is a handful of configurations on toy sizes
+that still runs every code path (see :func:`expand`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import gc
 import json
 import logging
@@ -37,6 +38,7 @@ from boom_ml.zoo import build_model
 from data_collection import environment as env
 from data_collection import schema
 from data_collection.kernels import Timer, spread
+from data_collection.op_profiles import no_mark, profile_rows
 from data_collection.shards import ShardWriter, config_key, hydra_entry, my_share, run_configs
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,13 @@ log = logging.getLogger(__name__)
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _KEYED = ("model", "options", "batch_size", "seq_len", "image_size", "amp", "checkpointing",
           "optimizer", "tf32", "channels_last", "gpu_id")  # fmt: skip
+
+
+# A dry run's transformers: one narrow layer and a small vocabulary (standard config names;
+# transformers maps them onto GPT-2's n_layer/n_embd/n_head). Same code path, tiny cost.
+DRY_RUN_HF_OPTIONS = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2,
+                      "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128,
+                      "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2}  # fmt: skip
 
 
 def expand(
@@ -54,38 +63,54 @@ def expand(
     A model entry may override the ``amp``, ``checkpointing``, ``optimizers`` and ``tf32``
     lists and ``profile_ops``: ``first`` profiles the entry's first batch size of every
     other combination, ``all`` every config, ``none`` none (it is not part of the key).
+
+    A dry run (``dry_run``) runs the same code on toy sizes: batch <= ``dry_run_batch``,
+    sequences and images <= 32, HF models shrunk to :data:`DRY_RUN_HF_OPTIONS`, an entry's
+    ``dry_run_options`` applied (e.g. a ViT built for 32-pixel images). With
+    ``dry_run_configs: per_model`` (the default) each model entry runs one configuration,
+    the i-th entry the i-th combination of amp x checkpointing x optimizer x tf32 (cycling),
+    so a handful of configurations still runs every option value; ``all`` runs every one.
     """
     dry = bool(cfg.get("dry_run"))
+    one_per_model = dry and str(cfg.get("dry_run_configs", "per_model")) == "per_model"
     mode = str(cfg.get("profile_ops", "first"))
     seen: dict[str, dict[str, Any]] = {}
-    for entry in cfg["models"]:
+    for index, entry in enumerate(cfg["models"]):
         entry = dict(entry)
         sizes = [int(b) for b in entry["batch_sizes"]]
         seq, image = entry.get("seq_len"), entry.get("image_size")
+        options = dict(entry.get("options") or {})
         if dry:  # the same path at toy sizes
             sizes = sorted({min(b, int(cfg.get("dry_run_batch", 2))) for b in sizes})
             seq = min(int(seq), 32) if seq else seq
             image = min(int(image), 32) if image else image
+            if str(entry["name"]).startswith("hf:"):
+                options.update(DRY_RUN_HF_OPTIONS)
+            options.update(entry.get("dry_run_options") or {})
+            image = options.get("image_size", image)  # a model built for a fixed size
+        combos = [
+            (amp, ckpt, opt, bool(tf32))
+            for amp in entry.get("amp") or cfg["amp"]
+            for ckpt in entry.get("checkpointing") or cfg["checkpointing"]
+            for opt in entry.get("optimizers") or cfg["optimizers"]
+            for tf32 in entry.get("tf32") or cfg["tf32"]
+            if on_cuda or not tf32  # no TF32 on a CPU: it would be an fp32 row
+        ]
+        if one_per_model and combos:
+            combos = [combos[index % len(combos)]]
         entry_mode = str(entry.get("profile_ops", mode))
         for i, batch in enumerate(sizes):
-            for amp in entry.get("amp") or cfg["amp"]:
-                for ckpt in entry.get("checkpointing") or cfg["checkpointing"]:
-                    for opt in entry.get("optimizers") or cfg["optimizers"]:
-                        for tf32 in entry.get("tf32") or cfg["tf32"]:
-                            if tf32 and not on_cuda:
-                                continue  # no TF32 on a CPU: it would be an fp32 row
-                            config = {
-                                "model": entry["name"], "options": dict(entry.get("options") or {}),
-                                "batch_size": batch, "seq_len": seq, "image_size": image,
-                                "amp": amp, "checkpointing": ckpt, "optimizer": opt,
-                                "tf32": bool(tf32), "gpu_id": gpu_id,
-                                "channels_last": bool(entry.get("channels_last", False)),
-                            }  # fmt: skip
-                            key = config_key({k: config[k] for k in _KEYED})
-                            config["profile"] = entry_mode == "all" or (
-                                entry_mode == "first" and i == 0
-                            )
-                            seen.setdefault(key, config)
+            for amp, ckpt, opt, tf32 in combos:
+                config = {
+                    "model": entry["name"], "options": dict(options),
+                    "batch_size": batch, "seq_len": seq, "image_size": image,
+                    "amp": amp, "checkpointing": ckpt, "optimizer": opt,
+                    "tf32": tf32, "gpu_id": gpu_id,
+                    "channels_last": bool(entry.get("channels_last", False)),
+                }  # fmt: skip
+                key = config_key({k: config[k] for k in _KEYED})
+                config["profile"] = entry_mode == "all" or (entry_mode == "first" and i == 0)
+                seen.setdefault(key, config)
     return list(seen.items())
 
 
@@ -113,7 +138,7 @@ class StepRunner:
         amp = config["amp"]
         self.scaler = torch.amp.GradScaler(dev.type) if amp == "fp16" else None
         self.amp_dtype = AMP_DTYPES.get(amp)
-        self.marks: Callable[[str], contextlib.AbstractContextManager] = _no_mark
+        self.marks: Callable[[str], contextlib.AbstractContextManager] = no_mark
 
     def __call__(self) -> None:
         mark = self.marks
@@ -154,10 +179,6 @@ def _check_initialised(module: torch.nn.Module, what: str) -> None:
             if p.is_floating_point() and not bool(torch.isfinite(p).all()):
                 log.warning("%s: %s was not finite; re-initialised", what, name)
                 p.normal_(0.0, 0.02)
-
-
-def _no_mark(name: str) -> contextlib.AbstractContextManager:
-    return contextlib.nullcontext()
 
 
 def measure_step(
@@ -234,132 +255,6 @@ def measure_step(
         row.update(oom=True, notes=oom_at, step_time_ms=None)
         profile = []
     return {"steps": [row], "op_profiles": profile}
-
-
-MARK = "boom::"  # record_function prefix of the step's phase markers
-SEGMENTS = {"zero_grad": ("zero_grad",), "input": ("input",), "forward": ("forward", "loss"),
-            "backward": ("backward", "recompute"), "optimizer": ("optimizer",)}  # fmt: skip
-
-
-def canon(name: str) -> str:
-    """One spelling for ops that CPU traces and CUDA runs name differently."""
-    name = name.removeprefix("aten::").removeprefix("aten.").split(".")[0]
-    if name.startswith(("_scaled_dot_product_", "_flash_attention", "_efficient_attention")):
-        return "sdpa_backward" if "backward" in name else "sdpa"  # flash/efficient/cudnn/cpu
-    if "batch_norm" in name:  # native_/cudnn_/_native_..._legit/_with_update
-        return "batch_norm_backward" if "backward" in name else "batch_norm"
-    return name
-
-
-def align(
-    nodes: Any, events: list[Any], cuda: bool
-) -> tuple[dict[int, tuple[float, list[str]]], float]:
-    """Map profiled aten ops onto OpGraph nodes: ``{node id: (us, kernel names)}``, total us.
-
-    The profiler sees a tree (``aten::linear`` > ``aten::matmul`` > ``aten::mm``) while the
-    tracer saw only the ops below autograd. Per phase (from the markers the step records),
-    the tree is flattened in time order, stopping at the first op whose name some node of
-    that phase has (it takes its whole subtree's kernels); then the two name sequences are
-    aligned as a diff, so ops only one side has (a mask built another way, a sync) leave
-    their neighbours' matches intact.
-    """
-    start = lambda e: e.time_range.start  # noqa: E731
-    marks = sorted((e.time_range.start, e.time_range.end, e.name[len(MARK):])
-                   for e in events if e.name.startswith(MARK))  # fmt: skip
-    wanted: dict[str, list[tuple[int, str]]] = {seg: [] for seg in SEGMENTS}
-    for node in nodes.itertuples():
-        seg = next((s for s, phases in SEGMENTS.items() if node.phase in phases), None)
-        if seg is not None:
-            wanted[seg].append((int(node.id), canon(node.aten_op)))
-    known = {seg: {name for _, name in pairs} for seg, pairs in wanted.items()}
-    seen: dict[str, list[Any]] = {seg: [] for seg in SEGMENTS}
-
-    def visit(e: Any) -> None:
-        seg = next((m[2] for m in marks if m[0] <= start(e) <= m[1]), None)
-        if seg in seen and e.name.startswith("aten::") and canon(e.name) in known[seg]:
-            seen[seg].append(e)
-            return
-        for child in sorted(e.cpu_children, key=start):
-            visit(child)
-
-    for root in sorted((e for e in events if e.cpu_parent is None), key=start):
-        if root.device_type == torch.autograd.DeviceType.CPU:
-            visit(root)
-    found: dict[int, tuple[float, list[str]]] = {}
-    for seg, pairs in wanted.items():
-        got = seen[seg]
-        diff = difflib.SequenceMatcher(None, [n for _, n in pairs], [canon(e.name) for e in got],
-                                       autojunk=False)  # fmt: skip
-        for a, b, size in diff.get_matching_blocks():
-            for i in range(size):
-                found[pairs[a + i][0]] = _cost(got[b + i], cuda)
-    if cuda:
-        total = sum(k.duration for e in events for k in e.kernels)
-    else:  # CPU: the step's own time, i.e. the markers' spans
-        total = sum(e.cpu_time_total for e in events if e.name.startswith(MARK))
-    return found, float(total)
-
-
-def _cost(e: Any, cuda: bool) -> tuple[float, list[str]]:
-    """Device time (us) and kernel names of an op's subtree; CPU time on the CPU."""
-    if not cuda:
-        return float(e.cpu_time_total), []
-    us, names = float(sum(k.duration for k in e.kernels)), [k.name for k in e.kernels]
-    for child in e.cpu_children:
-        c_us, c_names = _cost(child, cuda)
-        us, names = us + c_us, names + c_names
-    return us, names
-
-
-def profile_rows(
-    runner: StepRunner, config: Mapping[str, Any], key: str, dev: torch.device,
-    base: Mapping[str, Any], step_row: Mapping[str, Any],
-) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
-    """op_profiles rows of one profiled step, and a note on how much time they cover."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from boom_ml.trace.step import trace_step
-
-    graph = trace_step(
-        build_model(ModelSpec(config["model"], dict(config["options"]))), runner.step
-    )
-    cuda = dev.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    runner.marks = lambda name: record_function(MARK + name)
-    try:
-        with profile(activities=activities) as prof:
-            runner()
-            if cuda:
-                torch.cuda.synchronize(dev)
-    finally:
-        runner.marks = _no_mark
-    found, total = align(graph.nodes, list(prof.events()), cuda)
-    rows = []
-    for node in graph.nodes.itertuples():
-        if int(node.id) not in found:
-            continue
-        us, names = found[int(node.id)]
-        out_dtypes = json.loads(node.output_dtypes)
-        rows.append({
-            **{c: None for c in schema.columns("op_profiles")},
-            "source": base["source"], "step_key": key, "gpu_id": base["gpu_id"],
-            "device_name": base["device_name"], "device_kind": base["device_kind"],
-            "model": step_row["model"], "batch_size": step_row["batch_size"],
-            "seq_len": step_row["seq_len"], "image_size": step_row["image_size"],
-            "phase_scope": step_row["phase_scope"], "variant": step_row["variant"],
-            "scope": "step", "node_index": int(node.id), "node_name": f"{node.module}/{node.op}",
-            "node_kind": "call_function", "op": node.op, "input_shapes": node.input_shapes,
-            "output_shape": node.output_shapes, "dtype": out_dtypes[0] if out_dtypes else None,
-            "kernel_names": ";".join(dict.fromkeys(names))[:2000] or None,
-            "duration_ms": us / 1e3,
-            # Harness columns beyond the canonical schema (kept in shards, dropped on merge):
-            "phase": node.phase, "module": node.module, "family": node.family,
-            "amp": config["amp"], "checkpointing": config["checkpointing"],
-        })  # fmt: skip
-    mapped = sum(found[i][0] for i in found)
-    share = mapped / total if total else 0.0
-    note = f"op_profile: {len(found)}/{graph.num_ops} nodes, {share:.0%} of {'kernel' if cuda else 'cpu'} time"
-    return rows, note
 
 
 def _family(family: str) -> str:

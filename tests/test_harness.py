@@ -52,7 +52,7 @@ def kernel_cfg(out: Path, **over: Any) -> dict[str, Any]:
 def step_cfg(out: Path, **over: Any) -> dict[str, Any]:
     base = RUNNER.load_config(REPO / "configs" / "collect" / "steps.yaml")
     return RUNNER.merge(base, {"out": str(out), "device": "cpu", "dry_run": True,
-                               "models": TINY_MODELS, **over})  # fmt: skip
+                               "dry_run_configs": "all", "models": TINY_MODELS, **over})  # fmt: skip
 
 
 def test_kernel_harness_every_op_on_cpu(tmp_path: Path) -> None:
@@ -107,6 +107,23 @@ def test_step_harness_on_cpu_with_op_profiles_and_resume(tmp_path: Path) -> None
     assert {"forward", "backward", "optimizer"} <= set(prof["phase"])
     assert "recompute" in set(prof["phase"])  # checkpointing's re-run forward is mapped
     assert (prof["duration_ms"] >= 0).all()
+
+
+def test_step_dry_run_is_a_handful_of_configs_covering_every_option() -> None:
+    cfg = RUNNER.merge(RUNNER.load_config(REPO / "configs" / "collect" / "steps.yaml"),
+                       {"device": "cpu", "dry_run": True})  # fmt: skip
+    plan = [c for _, c in steps.expand(cfg, "cpu", on_cuda=False)]
+    assert [c["model"] for c in plan] == [m["name"] for m in cfg["models"]]  # one per model
+    assert [(c["amp"], c["checkpointing"]) for c in plan] == [
+        ("none", "none"), ("none", "full"), ("fp16", "none"), ("fp16", "full"), ("bf16", "none")
+    ]  # fmt: skip
+    assert all(c["profile"] and c["batch_size"] == 2 for c in plan)
+    assert all(c["seq_len"] == 32 for c in plan if c["model"].startswith("hf:"))
+    assert all(c["options"]["hidden_size"] == 64 for c in plan if c["model"].startswith("hf:"))
+    vit = next(c for c in plan if c["model"] == "torchvision:vit_b_16")
+    assert vit["image_size"] == vit["options"]["image_size"] == 32
+    full = steps.expand({**cfg, "dry_run_configs": "all"}, "cpu", on_cuda=False)
+    assert len(full) == 30  # 5 models x 3 amp x 2 checkpointing
 
 
 def test_oom_is_a_data_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
