@@ -160,3 +160,18 @@ def test_unknown_op_is_other_and_counted() -> None:
 def _packet(name: str) -> torch._ops.OpOverloadPacket:
     namespace, _, op = name.rpartition(".")
     return getattr(getattr(torch.ops, namespace), op)
+
+
+def test_explain_names_unknown_ops() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    prediction = boom_ml.predict(
+        model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=64, advice=False
+    )
+    line = "ops without an op-registry entry (family 'other'): twice x2, scan x1"
+    prediction.graph["unknown_ops"] = {}
+    assert "op-registry" not in render_table(prediction, explain=True)
+    prediction.graph["unknown_ops"] = {"twice": 2, "scan": 1}
+    assert line in render_table(prediction, explain=True).splitlines()
+    assert line not in render_table(prediction, explain=False)

@@ -115,4 +115,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
         for line in explain_lines(fastest):
             console.print(line, highlight=False, soft_wrap=True)
+        if unknown := prediction.graph.get("unknown_ops"):  # OpGraph.unknown_ops
+            names = ", ".join(f"{op} x{n}" for op, n in unknown.items())
+            console.print(
+                f"ops without an op-registry entry (family 'other'): {names}",
+                highlight=False,
+                soft_wrap=True,
+            )
     return buf.getvalue().rstrip()
