@@ -49,10 +49,10 @@ def _tiny_mixtral(tmp_path: Path, **options: float) -> ModelSpec:
     return ModelSpec(f"hf:{path}", dict(options))
 
 
-def _expert_mm_flops(graph, phase: str) -> list[int]:
+def _expert_gemm_flops(graph, phase: str) -> list[int]:
     nodes = graph.nodes
     mine = nodes[
-        (nodes.phase == phase) & nodes.module.str.endswith("mlp.experts") & (nodes.op == "mm")
+        (nodes.phase == phase) & nodes.module.str.endswith("mlp.experts") & (nodes.op == "bmm")
     ]
     return [int(f) for f in mine.flops]
 
@@ -63,23 +63,26 @@ def test_tiny_moe_expert_flops_equal_even_routing(tmp_path: Path) -> None:
     batch, seq = 2, 10
     graph = trace_step(built, StepSpec(batch_size=batch, seq_len=seq, optimizer="none"))
     hidden, inter = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"]
-    experts, top_k = TINY_MIXTRAL["num_local_experts"], TINY_MIXTRAL["num_experts_per_tok"]
-    per_expert = batch * seq * top_k // experts  # 10 tokens each
-    gate_up = 2 * per_expert * hidden * 2 * inter
-    down = 2 * per_expert * inter * hidden
+    top_k = TINY_MIXTRAL["num_experts_per_tok"]
+    pairs = batch * seq * top_k  # 40 token-expert pairs, 10 per expert
+    # even loads: one batched GEMM per projection over all 4 experts
+    gate_up = 2 * pairs * hidden * 2 * inter
+    down = 2 * pairs * inter * hidden
     layers = TINY_MIXTRAL["num_hidden_layers"]
-    assert _expert_mm_flops(graph, "forward") == [gate_up, down] * experts * layers
+    assert _expert_gemm_flops(graph, "forward") == [gate_up, down] * layers
     # backward: input and weight gradients of both projections, twice the forward
-    assert sum(_expert_mm_flops(graph, "backward")) == 2 * (gate_up + down) * experts * layers
+    assert sum(_expert_gemm_flops(graph, "backward")) == 2 * (gate_up + down) * layers
 
 
 def test_moe_imbalance_scales_busiest_expert(tmp_path: Path) -> None:
     built = build_model(_tiny_mixtral(tmp_path, moe_imbalance=2.0))
     graph = trace_step(built, StepSpec(batch_size=2, seq_len=10, optimizer="none"))
     hidden, inter = TINY_MIXTRAL["hidden_size"], TINY_MIXTRAL["intermediate_size"]
-    per_layer = _expert_mm_flops(graph, "forward")[:8]
-    tokens = [f // (2 * hidden * 2 * inter) for f in per_layer[0::2]]
-    assert tokens == expert_loads(40, 4, 20, imbalance=2.0) == [20, 7, 7, 6]
+    first_layer = _expert_gemm_flops(graph, "forward")[:6]
+    # runs of equal loads [20], [7, 7], [6]: one gate_up and one down GEMM each
+    tokens = [f // (2 * hidden * 2 * inter) for f in first_layer[0::2]]
+    assert expert_loads(40, 4, 20, imbalance=2.0) == [20, 7, 7, 6]
+    assert tokens == [20, 14, 6]
 
 
 def test_attn_implementation_option(tmp_path: Path) -> None:

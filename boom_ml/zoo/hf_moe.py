@@ -11,9 +11,10 @@ per-expert capacity from the config (Switch Transformer's ``expert_capacity``, p
 as transformers applies it) caps every share; tokens over it are dropped, as on a GPU.
 
 The router still runs (its linear, softmax and top-k are real kernels and its logits feed
-the auxiliary losses); only which tokens go where is decided here. Each expert then runs
-what transformers' eager loop runs: gather its tokens, its projections, scale by the
-routing weight, ``index_add_`` back.
+the auxiliary losses); only which tokens go where is decided here. Experts with 3-D weights
+(Mixtral, Qwen-MoE, DeepSeek, OLMoE, ...) then run transformers' default grouped_mm path as
+batched GEMMs; Switch Transformer's separate expert modules run its eager loop (gather the
+expert's tokens, its MLP, scale, ``index_add_`` back).
 
 Patched per instance (``patch_moe``), so nothing global changes and a model built on a real
 device for a measurement keeps transformers' own routing.
@@ -60,14 +61,27 @@ def expert_loads(
     return [min(n, cap) for n in loads]
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Any, transposed: bool) -> torch.Tensor:
-    out = x @ weight if transposed else F.linear(x, weight)
-    return out + bias if bias is not None else out
-
-
 def _slots(start: int, count: int, device: torch.device) -> torch.Tensor:
     with torch.no_grad():
         return torch.arange(start, start + count, device=device)
+
+
+def _runs(loads: list[int]) -> list[tuple[int, int, int]]:
+    """(first expert, experts, tokens each) for each run of consecutive equal loads."""
+    runs: list[tuple[int, int, int]] = []
+    for expert, count in enumerate(loads):
+        if runs and runs[-1][2] == count:
+            first, n, _ = runs[-1]
+            runs[-1] = (first, n + 1, count)
+        else:
+            runs.append((expert, 1, count))
+    return [r for r in runs if r[2] > 0]
+
+
+def _grouped(x: torch.Tensor, weight: torch.Tensor, bias: Any, transposed: bool) -> torch.Tensor:
+    """One batched GEMM for experts with equal loads: x (g, n, in) by weight (g, out, in)."""
+    out = torch.bmm(x, weight if transposed else weight.transpose(1, 2))
+    return out + bias[:, None, :] if bias is not None else out
 
 
 def _fused_experts_forward(
@@ -76,34 +90,46 @@ def _fused_experts_forward(
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
 ) -> torch.Tensor:
-    """transformers' eager expert loop (3-D expert weights) with even, fixed routing."""
-    tokens, top_k = hidden_states.shape[0], top_k_index.shape[-1]
+    """transformers' grouped_mm expert path (its default since 5.0) with even, fixed routing.
+
+    grouped_mm gathers the token-expert pairs in expert order, runs one grouped GEMM per
+    projection and scatters the weighted rows back. Equal loads make a grouped GEMM a
+    batched one, so each run of experts with the same load is one ``bmm`` per projection
+    (one run when routing is even; up to three with ``moe_imbalance``).
+    """
+    tokens, hidden = hidden_states.shape
+    top_k = top_k_index.shape[-1]
     loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
-    final = torch.zeros_like(hidden_states)
-    weights = top_k_weights.reshape(-1)
-    start = 0
-    for expert, count in enumerate(loads):
-        if count == 0:
-            continue
-        # token-expert pair slots start..start+count; pair p is token p // top_k
-        pairs = _slots(start, count, hidden_states.device)
-        start += count
+    with torch.no_grad():
+        # pair p (token p // top_k) goes to the expert whose slot range holds p
+        pairs = torch.arange(tokens * top_k, device=hidden_states.device)
         token_idx = torch.div(pairs, top_k, rounding_mode="floor")
-        current = hidden_states[token_idx]
+    rows = hidden_states[token_idx]  # the sorted gather
+    outs = []
+    start = 0
+    for first, experts, count in _runs(loads):
+        last = first + experts
+        x = rows[start : start + experts * count].view(experts, count, hidden)
+        start += experts * count
         if self.has_gate:
-            bias = self.gate_up_proj_bias[expert] if self.has_bias else None
-            proj = _linear(current, self.gate_up_proj[expert], bias, self.is_transposed)
-            proj = self._apply_gate(proj)
+            bias = self.gate_up_proj_bias[first:last] if self.has_bias else None
+            proj = _grouped(x, self.gate_up_proj[first:last], bias, self.is_transposed)
+            proj = self._apply_gate(proj.reshape(experts * count, -1))
         else:
-            bias = self.up_proj_bias[expert] if self.has_bias else None
-            proj = self.act_fn(_linear(current, self.up_proj[expert], bias, self.is_transposed))
-        bias = self.down_proj_bias[expert] if self.has_bias else None
-        out = _linear(proj, self.down_proj[expert], bias, self.is_transposed)
+            bias = self.up_proj_bias[first:last] if self.has_bias else None
+            proj = _grouped(x, self.up_proj[first:last], bias, self.is_transposed)
+            proj = self.act_fn(proj.reshape(experts * count, -1))
+        bias = self.down_proj_bias[first:last] if self.has_bias else None
+        proj = proj.view(experts, count, -1)
+        out = _grouped(proj, self.down_proj[first:last], bias, self.is_transposed)
+        out = out.reshape(experts * count, hidden)
         if getattr(self, "has_post_expert_norm", False):
             out = self.post_expert_norm(out)
-        out = out * weights[pairs, None]
-        final.index_add_(0, token_idx, out.to(final.dtype))
-    return final
+        outs.append(out)
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+    out = out * top_k_weights.reshape(-1)[:, None]
+    out = out[pairs]  # the unsort gather (identity order here, the same kernel)
+    return out.view(tokens, top_k, hidden).sum(dim=1).to(hidden_states.dtype)
 
 
 def _switch_router_forward(self: nn.Module, hidden_states: torch.Tensor) -> tuple:
