@@ -100,6 +100,9 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
     raw.update(overrides or {})
+    # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
+    # and transformers 5 warns about them on every build.
+    raw.pop("cache_implementation", None)
     if raw.get("is_encoder_decoder") and raw.get("decoder_start_token_id") is None:
         # T5-family decoders start from the pad token (every published T5 / Switch config
         # says so); configs written by hand (NeuSight's switchxl4) leave it out, and the
