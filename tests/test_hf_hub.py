@@ -178,3 +178,13 @@ def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path) -> None:
     (folder / "name" / "config.json").write_text(json.dumps(TINY_LLAMA))
     # an existing local folder spelled like a hub id is a path
     assert not hf_hub.looks_like_repo_id(str(folder / "name"))
+
+
+def test_offline_error_names_close_shipped_configs(offline_cache: Path) -> None:
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:Qwen/Qwen2.5-7B-Instruct")
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("hf:Qwen/Qwen2.5-7B-Instruct is not shipped")
+    assert text.endswith(
+        "(shipped, same family: hf:Qwen/Qwen2.5-7B, hf:Qwen/Qwen2.5-72B, hf:Qwen/Qwen2.5-3B)"
+    )

@@ -80,7 +80,15 @@ def config_path(name: str) -> Path:
     if path.is_file():
         return path
     if hf_hub.looks_like_repo_id(name):
-        return hf_hub.fetch_config(name)
+        try:
+            return hf_hub.fetch_config(name)
+        except UnknownModelError as err:
+            # an -Instruct / -chat variant has its base model's architecture: say which
+            hits = closest(name, list(shipped()))
+            if not hits:
+                raise
+            close = ", ".join("hf:" + h for h in hits)
+            raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
     hits = closest(name, list(shipped()))
     hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
     raise UnknownModelError(
