@@ -241,7 +241,11 @@ register("_foreach_norm _foreach_max _foreach_clone _foreach_powsum _fused_adam 
 register("_to_copy copy copy_ _copy_from _copy_from_and_resize clone cat stack index_select "
          "gather scatter scatter_ scatter_add scatter_add_ scatter_reduce scatter_reduce_ index "
          "index_put index_put_ _index_put_impl_ index_add index_add_ index_copy index_copy_ "
-         "index_fill index_fill_ constant_pad_nd _unsafe_index _unsafe_index_put", "copy")  # fmt: skip
+         "index_fill index_fill_ constant_pad_nd _unsafe_index _unsafe_index_put "
+         "reflection_pad1d reflection_pad2d reflection_pad3d reflection_pad1d_backward "
+         "reflection_pad2d_backward reflection_pad3d_backward replication_pad1d replication_pad2d "
+         "replication_pad3d replication_pad1d_backward replication_pad2d_backward "
+         "replication_pad3d_backward", "copy")  # fmt: skip
 register("fill fill_ zero_ zeros ones full zeros_like ones_like full_like new_zeros new_ones "
          "new_full scalar_tensor", "fill")  # fmt: skip
 
@@ -263,8 +267,12 @@ register("rsub maximum minimum softplus where isnan isinf "
          "glu glu_backward _prelu_kernel _prelu_kernel_backward arange linspace rand randn "
          "randint randperm select_backward slice_backward slice_scatter select_scatter "
          "as_strided_scatter roll flip repeat sort topk masked_scatter "
-         "upsample_nearest2d upsample_nearest2d_backward upsample_bilinear2d "
-         "upsample_bilinear2d_backward im2col col2im", "elementwise")  # fmt: skip
+         "im2col col2im", "elementwise")  # fmt: skip
+register(" ".join(f"{o} {o}_backward" for o in (
+    "upsample_nearest1d upsample_nearest2d upsample_nearest3d _upsample_nearest_exact1d "
+    "_upsample_nearest_exact2d _upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d "
+    "upsample_bicubic2d upsample_trilinear3d _upsample_bilinear2d_aa _upsample_bicubic2d_aa"
+).split()), "elementwise")  # fmt: skip
 # A metadata-only in-place view, but recorded as a kernel node so far: dropping it would
 # renumber the nodes of every graph that has one (the GNN's training graphs among them).
 register("as_strided_", "elementwise")
