@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
-from boom_ml.estimates import GpuPrediction, Prediction
+from boom_ml.estimates import GpuPrediction, Prediction, TimeEstimate
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.max_batch import TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.report.advisor import advise
 from boom_ml.report.figures import check_plot_dir, write_plots
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_time
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
@@ -49,6 +53,7 @@ class Session:
         self,
         step: StepSpec,
         gpus: list[GpuSpec],
+        stack: Stack | None = None,
         max_batch: bool = False,
         time_unless_oom: bool = False,
     ) -> list[GpuPrediction]:
@@ -56,26 +61,62 @@ class Session:
 
         With ``time_unless_oom`` the time is only predicted where the step fits (the
         advisor's candidates that do not fit need no time); elsewhere it is ``None``.
+        The trace does not depend on ``grad_accum``: accumulation is a replay option.
         """
-        graph = self.graph(step)
+        stack = stack if stack is not None else resolve_stack()
+        traced = replace(step, grad_accum=1)
+        graph = self.graph(traced)
 
         def trace_at(batch: int) -> OpGraph:
-            return self.graph(replace(step, batch_size=batch))
+            return self.graph(replace(traced, batch_size=batch))
 
         results = []
         for spec in gpus:
-            memory = estimate_memory(graph, spec, max_batch=max_batch, trace_at=trace_at)
+            memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
+            if max_batch:
+                memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
             skip_time = time_unless_oom and not memory.fits
+            time = None if skip_time else estimate_time(graph, spec, tf32=step.tf32)
             results.append(
                 GpuPrediction(
                     gpu=spec.id,
                     name=spec.name,
                     memory=memory,
-                    time=None if skip_time else estimate_time(graph, spec, tf32=step.tf32),
+                    time=None if time is None else accumulated(time, step.grad_accum),
                     price_usd_per_hour=spec.price_usd_per_hour,
                 )
             )
         return results
+
+
+def _largest_batch(
+    graph: OpGraph, gpu: GpuSpec, trace_at: TraceFn, stack: Stack, step: StepSpec
+) -> int | None:
+    try:
+        return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1).batch_size
+    except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
+        logging.getLogger(__name__).warning("max batch size search failed: %s", err)
+        return None
+
+
+def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
+    """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
+    micro-batch, the optimizer once (``micro_step_ms`` keeps one micro-batch's time)."""
+    optimizer_ms = time.by_phase.get("optimizer", 0.0)
+    micro = time.step_ms - optimizer_ms
+    if grad_accum == 1:
+        return replace(time, micro_step_ms=micro)
+
+    def scale(v: float | None) -> float | None:
+        return None if v is None else grad_accum * (v - optimizer_ms) + optimizer_ms
+
+    return replace(
+        time,
+        step_ms=scale(time.step_ms),
+        p10_ms=scale(time.p10_ms),
+        p90_ms=scale(time.p90_ms),
+        micro_step_ms=micro,
+    )
 
 
 def predict(
@@ -91,15 +132,24 @@ def predict(
     advice: bool = True,
     plot: str | None = None,
     cache: bool = True,
+    stack: dict[str, Any] | None = None,
+    optimizer_impl: str = "auto",
+    grad_accum: int = 1,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
     ``gpu`` is an id, alias, YAML path, a list of those, or ``"all"``. With ``advice``,
     every GPU where the step does not fit gets the cheapest changes that make it fit.
     With ``plot``, PNG figures are written to that directory (``Prediction.plots``).
+    ``stack`` names the software stack (keys of :class:`boom_ml.stack.Stack`; default:
+    the installed torch with PyTorch's defaults); ``optimizer_impl`` the optimizer's
+    implementation (auto = what that stack's PyTorch picks); ``grad_accum`` the
+    micro-batches per optimizer step.
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     """
+    software = resolve_stack(stack)
+    StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
     step = StepSpec(
         batch_size=batch_size,
         seq_len=seq_len,
@@ -108,22 +158,25 @@ def predict(
         amp=amp,
         checkpointing=checkpointing,
         tf32=tf32,
+        optimizer_impl=_impl(optimizer, optimizer_impl, software),
+        grad_accum=grad_accum,
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     if plot is not None:
         check_plot_dir(plot)
     session = Session(model, cache=cache)
-    results = session.evaluate(step, gpus, max_batch=True)
-    graph = session.graph(step)
-    resolved = StepSpec(**graph.meta["step"])
+    results = session.evaluate(step, gpus, software, max_batch=True)
+    graph = session.graph(replace(step, grad_accum=1))
+    resolved = replace(StepSpec(**graph.meta["step"]), grad_accum=grad_accum)
     advised = {}
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
-        advised = advise(resolved, failing, partial(session.evaluate, time_unless_oom=True))
+        evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
+        advised = advise(resolved, failing, evaluate)
     prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,
-        step=graph.meta["step"],
+        step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={
             "num_ops": graph.num_ops,
             "flops": graph.flops,
@@ -136,3 +189,8 @@ def predict(
     if plot is not None:
         prediction.plots = [str(p) for p in write_plots(prediction, graph, gpus, plot)]
     return prediction
+
+
+def _impl(optimizer: str, impl: str, stack: Stack) -> str:
+    resolved = resolve_optimizer_impl(optimizer, impl, stack)
+    return "auto" if resolved == "none" else resolved

@@ -45,10 +45,10 @@ import pandas as pd
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import BatchScaling
-from boom_ml.memory.estimate import simulate_step
+from boom_ml.memory.estimate import simulate_step, step_fits
 from boom_ml.memory.overheads import TABLE_PATH, OverheadTable, Term, load_overheads
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.stack import resolve_stack
+from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace import TRACE_VERSION
 from boom_ml.trace.graph import OpGraph
 from boom_ml.zoo.base import BuiltModel
@@ -274,7 +274,24 @@ def predict(
     merged["err"] = (merged["pred_measured"] - merged["ground_truth_peak_bytes"]).abs() / merged[
         "ground_truth_peak_bytes"
     ]
+    merged["fit"] = verdicts(merged, gpu, table, stack)
     return merged.drop(columns=["graph"])
+
+
+def verdicts(merged: pd.DataFrame, gpu: GpuSpec, table: OverheadTable, stack: Stack) -> list[str]:
+    """The product's yes / tight / no per run: p90 fits → yes, only p10 fits → tight."""
+    out: dict[tuple, str] = {}
+    for i in range(len(merged)):
+        key = (merged["model"].iat[i], merged["optimizer"].iat[i], merged["batch_size"].iat[i])
+        if key not in out:
+            kw = dict(stack=stack, steps=int(merged["n_optimizer_steps"].iat[i]), table=table)
+            graph = merged["graph"].iat[i]
+            if step_fits(graph, gpu, level="p90", **kw)[0]:
+                out[key] = "yes"
+            else:
+                out[key] = "tight" if step_fits(graph, gpu, level="p10", **kw)[0] else "no"
+    return [out[(m, o, b)] for m, o, b in zip(merged["model"], merged["optimizer"],
+                                              merged["batch_size"], strict=True)]  # fmt: skip
 
 
 def summary(pred: pd.DataFrame, label: str) -> pd.DataFrame:
@@ -292,6 +309,12 @@ def summary(pred: pd.DataFrame, label: str) -> pd.DataFrame:
         for name, col in ESTIMATORS.items():
             row[f"{name}_%"] = 100 * ok[f"{col}_error"].median()
         row["oom_agree"] = f"{int((g['pred_oom'] == g['real_oom'].astype(bool)).sum())}/{len(g)}"
+        if "fit" in g:  # the verdict the product prints: how often it is wrong or unsure
+            ran = ~g["real_oom"].astype(bool)
+            row["tight"] = int((g["fit"] == "tight").sum())
+            row["wrong"] = int(
+                ((g["fit"] == "yes") & ~ran).sum() + ((g["fit"] == "no") & ran).sum()
+            )
         row["xMem_oom_agree"] = (
             f"{int((g['xmem_oom'].astype(bool) == g['real_oom'].astype(bool)).sum())}/{len(g)}"
         )

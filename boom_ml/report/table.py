@@ -7,9 +7,11 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import GpuPrediction, Prediction
+from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
 
 GIB = 1024**3
+MIB = 1024**2
+FIT_STYLE = {"yes": "yes", "tight": "[yellow]tight[/yellow]", "no": "[red]no[/red]"}
 
 
 def _title(prediction: Prediction) -> str:
@@ -20,7 +22,17 @@ def _title(prediction: Prediction) -> str:
         + (f"  image={step['image_size']}" if step.get("image_size") else "")
         + f"  opt={step['optimizer']}  amp={step['amp']}  ckpt={step['checkpointing']}"
         + ("  tf32" if step.get("tf32") else "")
+        + (f"  accum={step['grad_accum']}" if step.get("grad_accum", 1) > 1 else "")
     )
+
+
+def _peak(m: MemoryEstimate) -> str:
+    """``total (p10–p90) / capacity`` in GiB; the range only where the bounds differ."""
+    text = f"{m.total_bytes / GIB:.1f}"
+    lo, hi = m.p10_bytes, m.p90_bytes
+    if hi and f"{lo / GIB:.1f}" != f"{hi / GIB:.1f}":
+        text += f" ({lo / GIB:.1f}–{hi / GIB:.1f})"
+    return f"{text} / {m.capacity_bytes / GIB:.1f}"
 
 
 def cost_per_1000_steps(result: GpuPrediction) -> float | None:
@@ -32,20 +44,21 @@ def cost_per_1000_steps(result: GpuPrediction) -> float | None:
 def gpu_table(prediction: Prediction) -> Table:
     """One row per GPU, fastest first; GPUs where the step does not fit come last."""
     table = Table(title=_title(prediction))
-    columns = ("GPU", "fits", "peak / capacity GiB", "step ms (p10–p90)", "samples/s",
+    columns = ("GPU", "fits", "peak (p10–p90) / usable GiB", "step ms (p10–p90)", "samples/s",
                "$ / 1k steps", "max batch")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="left" if col == "GPU" else "right")
+    samples = prediction.batch_size * int(prediction.step.get("grad_accum", 1))
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
         interval = f" ({t.p10_ms:.0f}–{t.p90_ms:.0f})" if t.p10_ms and t.p90_ms else ""
         cost = cost_per_1000_steps(g)
         table.add_row(
             g.gpu,
-            "yes" if g.fits else "[red]no[/red]",
-            f"{m.total_bytes / GIB:.1f} / {m.capacity_bytes / GIB:.0f}",
+            FIT_STYLE.get(m.fit, "yes" if g.fits else "[red]no[/red]"),
+            _peak(m),
             f"{t.step_ms:.1f}{interval}",
-            f"{prediction.batch_size / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
+            f"{samples / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
             f"{cost:.2f}" if cost is not None else "-",
             str(m.max_batch_size) if m.max_batch_size is not None else "-",
         )
@@ -96,7 +109,38 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
         lines.append("  by module:")
         for row in m.by_module[:top_n]:
             lines.append(f"    {row['module'] or '(top level)':<55} {row['bytes'] / GIB:>8.2f} GiB")
+    return lines + overhead_lines(result)
+
+
+def overhead_lines(result: GpuPrediction) -> list[str]:
+    """Each term outside the traced tensors on one GPU (p50), with where its value comes from."""
+    m = result.memory
+    lines = [
+        f"Memory terms outside the traced tensors on {result.gpu} (p50; range "
+        f"{m.p10_bytes / GIB:.2f}–{m.p90_bytes / GIB:.2f} GiB, usable "
+        f"{m.capacity_bytes / GIB:.2f} GiB, verdict {m.fit or '-'}):"
+    ]
+    for t in m.terms:
+        lines.append(
+            f"    {t['term']:<17} {t['library']:<7} {t['bytes'] / MIB:>9.1f} MiB  "
+            f"({t['where']})  {t['source']}"
+        )
+    if m.capacity_source:
+        lines.append(f"    usable memory: {m.capacity_source}")
     return lines
+
+
+def stack_label(stack: dict) -> str:
+    extras = [f"{stack['module_loading']} module loading"]
+    extras += ["cudnn.benchmark"] if stack.get("cudnn_benchmark") else []
+    extras += ["expandable_segments"] if stack.get("expandable_segments") else []
+    if stack.get("max_split_size_mb") is not None:
+        extras.append(f"max_split_size_mb={stack['max_split_size_mb']}")
+    return (
+        f"torch {stack['torch']}, CUDA {stack['cuda']}, cuDNN {stack['cudnn']}, "
+        + ", ".join(extras)
+        + " (stack.* keys change it)"
+    )
 
 
 def render_table(prediction: Prediction, explain: bool = False) -> str:
@@ -109,6 +153,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, traced in {graph['trace_seconds']:.1f} s. "
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
+    stack = prediction.gpus[0].memory.stack
+    if stack:
+        console.print(f"Stack: {stack_label(stack)}", highlight=False, soft_wrap=True)
     for line in advice_lines(prediction):
         console.print(line, highlight=False, soft_wrap=True)
     if explain:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -18,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from boom_ml.errors import TraceError
 from boom_ml.specs import StepSpec
+from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
@@ -54,7 +56,9 @@ class _StepRunner:
         self.built = built
         self.step = step
         self.module = built.module
-        self.optimizer = make_optimizer(step.optimizer, list(self.module.parameters()))
+        self.optimizer = make_optimizer(
+            step.optimizer, list(self.module.parameters()), step.optimizer_impl
+        )
         self.scaler = torch.amp.GradScaler("cpu") if step.amp == "fp16" else None
         self.recorder: OpRecorder | None = None
         self.grad_blocks: set[int] = set()
@@ -178,6 +182,9 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     """Trace one steady-state training step of ``built`` under ``step`` into an OpGraph."""
     step = built.resolve_step(step)
+    if step.optimizer_impl == "auto":  # recorded as the implementation that ran
+        impl = resolve_optimizer_impl(step.optimizer, "auto", resolve_stack())
+        step = replace(step, optimizer_impl=impl if impl != "none" else "auto")
     started = time.perf_counter()
     with _materialised(built, step) as runner:
         runner.warm_up()
