@@ -32,7 +32,7 @@ from boom_ml.trace.families import FAMILIES, UNKNOWN
 Packet = torch._ops.OpOverloadPacket
 # torch's convention: formula(*args, out_val=out, **kwargs) -> FLOPs of one call.
 FlopFormula = Callable[..., int]
-# (tensor inputs, outputs in fresh blocks, inputs written in place) -> (bytes read, written)
+# (tensor inputs, outputs not in an input's storage, inputs written in place) -> (read, written)
 BytesFormula = Callable[[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], tuple[int, int]]  # fmt: skip
 
 
@@ -139,7 +139,7 @@ def entry_of(func: Any) -> OpEntry:
 
 
 def family_of(func: Any) -> str:
-    """Family of an op (``aten.mm`` → "gemm"): what importers and the harness label rows with."""
+    """Family of an op (``aten.mm`` → "gemm"), as the kernel harness labels its rows."""
     return entry_of(func).family
 
 
@@ -151,6 +151,7 @@ def flops_of(entry: OpEntry, args: tuple, kwargs: dict, out: Any) -> int:
 
 
 # -- no kernel -------------------------------------------------------------------------------
+# No node is recorded for these, so their family is never read; it only names what they are.
 register(
     "profiler._record_function_enter profiler._record_function_enter_new "
     "profiler._record_function_exit prim.device prim.layout",
