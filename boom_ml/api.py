@@ -31,8 +31,10 @@ class Session:
     variants of the same step, so each distinct StepSpec is traced once.
     """
 
-    def __init__(self, model: str, cache: bool = True) -> None:
-        self.model = ModelSpec(model)
+    def __init__(
+        self, model: str, cache: bool = True, options: dict[str, Any] | None = None
+    ) -> None:
+        self.model = ModelSpec(model, dict(options or {}))
         # The model is built on the first cache miss (an unknown model fails there, before
         # any trace): a graph from the on-disk cache needs no model library at all.
         self._cache = TraceCache() if cache else None
@@ -135,6 +137,8 @@ def predict(
     stack: dict[str, Any] | None = None,
     optimizer_impl: str = "auto",
     grad_accum: int = 1,
+    attention: str = "sdpa",
+    moe: dict[str, Any] | None = None,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
@@ -144,7 +148,9 @@ def predict(
     ``stack`` names the software stack (keys of :class:`boom_ml.stack.Stack`; default:
     the installed torch with PyTorch's defaults); ``optimizer_impl`` the optimizer's
     implementation (auto = what that stack's PyTorch picks); ``grad_accum`` the
-    micro-batches per optimizer step.
+    micro-batches per optimizer step. ``attention`` is the HF attention implementation
+    (sdpa or eager); ``moe`` holds ``imbalance`` (>= 1: the busiest expert's share of
+    tokens relative to even routing).
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     """
@@ -164,7 +170,8 @@ def predict(
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     if plot is not None:
         check_plot_dir(plot)
-    session = Session(model, cache=cache)
+    options = {"attn_implementation": attention, "moe_imbalance": (moe or {}).get("imbalance", 1.0)}
+    session = Session(model, cache=cache, options=options)
     results = session.evaluate(step, gpus, software, max_batch=True)
     graph = session.graph(replace(step, grad_accum=1))
     resolved = replace(StepSpec(**graph.meta["step"]), grad_accum=grad_accum)
