@@ -139,6 +139,8 @@ class TraceCache:
             os.utime(entry)
         except OSError:
             pass  # a read-only cache still serves hits
+        # trace_seconds stays the original trace's; this says it was not paid again
+        graph.meta["from_cache"] = True
         return graph
 
     def put(self, model: ModelSpec, step: StepSpec, graph: OpGraph) -> Path | None:

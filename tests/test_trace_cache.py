@@ -85,7 +85,7 @@ def test_put_get_round_trip_and_miss(tmp_path):
     entry = cache.put(model, STEP, graph)
     assert entry == tmp_path / cache_key(model, STEP)
     got = cache.get(model, STEP)
-    assert got is not None and got.meta == graph.meta
+    assert got is not None and got.meta == {**graph.meta, "from_cache": True}
     pd.testing.assert_frame_equal(got.nodes, graph.nodes)
     assert cache.get(model, StepSpec(batch_size=8)) is None
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
@@ -134,7 +134,7 @@ def test_session_reuses_the_disk_cache_and_cache_off_bypasses_it(tmp_path, mlp_f
     monkeypatch.setattr(api, "trace_step", counting)
     monkeypatch.setattr(api, "build_model", no_build)
     again = api.Session(model).graph(STEP)  # a fresh session, as in a new process
-    assert calls == [] and again.meta == first.meta
+    assert calls == [] and again.meta == {**first.meta, "from_cache": True}
     pd.testing.assert_frame_equal(again.nodes, first.nodes)
     pd.testing.assert_frame_equal(again.mem_events, first.mem_events)
 
