@@ -189,6 +189,7 @@ def predict(
             "flops": graph.flops,
             "num_parameters": graph.meta["num_parameters"],
             "trace_seconds": graph.meta["trace_seconds"],
+            "unknown_ops": graph.unknown_ops,
         },
         gpus=results,
         advice=advised,
