@@ -1,0 +1,134 @@
+"""How a training job is spread over GPUs: the parallel layout and the cluster it runs on.
+
+Torch-free on purpose: the CLI validates a layout before it imports torch, so a bad layout
+fails in milliseconds with one line (``InvalidInputError``, exit 2).
+
+Conventions (issue #14): ``batch_size`` of the StepSpec stays the micro-batch of one model
+replica; the global batch is ``batch_size * microbatches * dp``. ``fsdp`` means FSDP2 full
+sharding, which shards what ZeRO-3 shards, so it is modelled as ``zero3``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from boom_ml.errors import InvalidInputError, suggest
+
+SHARDING_MODES = ("none", "zero1", "zero2", "zero3", "fsdp")
+INTRA_LINKS = ("auto", "nvlink", "pcie")
+INTER_LINKS = ("auto", "ib-ndr400", "ib-hdr200", "roce-100g", "eth-25g")
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        hint = suggest(str(value), choices)
+        raise InvalidInputError(
+            f"unknown {name} {value!r}{hint}; choose one of: {', '.join(choices)}"
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Data (dp), tensor (tp) and pipeline (pp) parallel degrees, sharding and micro-batches."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    sharding: str = "none"  # none | zero1 | zero2 | zero3 | fsdp (= zero3)
+    microbatches: int = 1  # per optimizer step: pipeline micro-batches / accumulation steps
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "microbatches"):
+            _positive(f"parallel.{name}", getattr(self, name))
+        _choice("parallel.sharding", self.sharding, SHARDING_MODES)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def zero_stage(self) -> int:
+        """0 (none), 1, 2 or 3 (zero3 and fsdp)."""
+        return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[self.sharding]
+
+    @property
+    def is_single(self) -> bool:
+        return self.world == 1 and self.microbatches == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "world": self.world}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs per node and the links inside (intra) and between (inter) nodes."""
+
+    gpus_per_node: int = 8
+    intra: str = "auto"  # auto (the GPU's own link) | nvlink | pcie
+    inter: str = "auto"  # auto (ib-ndr400 for Hopper and later, else ib-hdr200) | ...
+
+    def __post_init__(self) -> None:
+        _positive("cluster.gpus_per_node", self.gpus_per_node)
+        _choice("cluster.intra", self.intra, INTRA_LINKS)
+        _choice("cluster.inter", self.inter, INTER_LINKS)
+
+    def nodes(self, layout: Layout) -> int:
+        return -(-layout.world // self.gpus_per_node)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validate(
+    layout: Layout,
+    cluster: Cluster,
+    *,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    hidden: int | None = None,
+    layers: int | None = None,
+    global_batch: int | None = None,
+    batch_size: int | None = None,
+) -> None:
+    """Raise one-line ``InvalidInputError`` for a layout the model or cluster cannot run.
+
+    Model facts are optional so the CLI can check the cluster before it knows the model.
+    Ranks are placed tp-innermost (Megatron's order) and a job on more than one node fills
+    whole nodes; a tensor-parallel group larger than a node is allowed (its all-reduces then
+    run at the inter-node rate, as vTrain's tp=16 runs did).
+    """
+    world = layout.world
+    if world > cluster.gpus_per_node and world % cluster.gpus_per_node:
+        raise InvalidInputError(
+            f"dp*tp*pp = {world} GPUs is not a multiple of cluster.gpus_per_node="
+            f"{cluster.gpus_per_node} (a job on more than one node fills whole nodes)"
+        )
+    if heads is not None and heads % layout.tp:
+        raise InvalidInputError(
+            f"parallel.tp={layout.tp} does not divide the model's {heads} attention heads"
+        )
+    if kv_heads is not None and kv_heads % layout.tp and layout.tp % kv_heads:
+        raise InvalidInputError(
+            f"parallel.tp={layout.tp} neither divides nor is a multiple of the model's "
+            f"{kv_heads} key/value heads"
+        )
+    if hidden is not None and hidden % layout.tp:
+        raise InvalidInputError(
+            f"parallel.tp={layout.tp} does not divide the model's hidden size {hidden}"
+        )
+    if layers is not None and layout.pp > layers:
+        raise InvalidInputError(
+            f"parallel.pp={layout.pp} exceeds the model's {layers} layers (one stage per layer at most)"
+        )
+    if global_batch is not None and batch_size is not None:
+        if global_batch % (batch_size * layout.dp):
+            raise InvalidInputError(
+                f"global batch {global_batch} is not divisible by batch_size={batch_size} x "
+                f"parallel.dp={layout.dp}"
+            )

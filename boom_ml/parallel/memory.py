@@ -1,0 +1,146 @@
+"""Memory of each pipeline stage's rank: the traced per-rank model plus analytic sharding terms.
+
+Start: the allocator replay of the per-rank model (tensor-parallel dimensions divided) with
+1 and 2 layers, extrapolated linearly to the stage's layers (``profile.py``). Then:
+
+* a stage that does not hold the embedding (or the LM head) loses their parameters, gradients
+  and optimizer state (the 1-layer trace holds both); a tied head is held again by the last
+  stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient);
+* ZeRO-1 divides optimizer state by dp, ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
+  and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit;
+* DDP (dp > 1, no sharding): one 25 MiB bucket of communication buffer (gradients are viewed
+  into the buckets, ``gradient_as_bucket_view``);
+* 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches in flight
+  (the first stage the most), i.e. (that - 1) more than the traced step;
+* NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB by default, NVIDIA/nccl src/init.cc
+  ``DEFAULT_BUFFSIZE (1 << 22)``) per channel and ring peer (2), for each communicator the rank is
+  in; channels per communicator: 8 (assumption: NCCL picks 2-32 by topology).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boom_ml.parallel.layout import Layout
+from boom_ml.parallel.profile import MemoryProfile
+
+MIB = 2**20
+DDP_BUCKET_BYTES = 25 * MIB  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
+NCCL_BUFFSIZE = 4 * MIB  # NCCL DEFAULT_BUFFSIZE (src/init.cc), per channel and peer
+NCCL_CHANNELS = 8  # assumption (NCCL chooses by topology)
+NCCL_PEERS = 2  # a ring: previous and next rank
+METHOD = (
+    "{method} per rank (1- and 2-layer traces of the tp-sharded model, linear in layers)"
+    " + analytic sharding (ZeRO/FSDP, DDP bucket, 1F1B in-flight activations, NCCL buffers)"
+)
+
+
+def _extrapolate(values: list[float], layers: int) -> float:
+    """v(L) = v(1) + (v(2) - v(1)) * (L - 1)."""
+    return values[0] + (values[1] - values[0]) * (layers - 1)
+
+
+def communicators(layout: Layout) -> int:
+    """Process groups this rank runs NCCL collectives in (tp, dp, pp and embedding groups)."""
+    count = sum(1 for n in (layout.tp, layout.dp) if n > 1)
+    if layout.pp > 1:
+        count += 2  # pipeline p2p and the tied-embedding group of first and last stage
+    return count
+
+
+def stage_memory(
+    prof: MemoryProfile, layout: Layout, stage: int, layers: int, microbatches: int
+) -> dict[str, Any]:
+    """Per-rank memory of pipeline stage ``stage`` holding ``layers`` layers (JSON-able)."""
+    pp, dp, zero = layout.pp, layout.dp, layout.zero_stage
+    first, last = stage == 0, stage == pp - 1
+    bd = {k: int(_extrapolate([prof.breakdowns[0].get(k, 0), prof.breakdowns[1].get(k, 0)],
+                              layers))
+          for k in set(prof.breakdowns[0]) | set(prof.breakdowns[1])}  # fmt: skip
+    total = _extrapolate(prof.totals, layers)
+    terms: dict[str, float] = {}
+
+    # Parameters this stage holds; the traced 1-layer model holds embedding and head.
+    p = prof.params
+    held = layers * p["layers"] + (p["first"] if first else 0) + (p["last"] if last else 0)
+    if last and pp > 1 and p["tied"]:
+        held += p["tied"]
+    traced = layers * p["layers"] + p["first"] + p["last"]
+    grads_alive = bd.get("gradient", 0) > 0
+    per_param = prof.param_bytes + prof.optimizer_bytes + (prof.param_bytes if grads_alive else 0)
+    terms["stage_parameters"] = (held - traced) * per_param
+    param_b = held * prof.param_bytes
+    opt_b = held * prof.optimizer_bytes
+    grad_b = held * prof.param_bytes  # gradients have the parameters' dtype
+    if zero >= 1 and dp > 1:
+        terms["zero_optimizer_state"] = -opt_b * (1 - 1 / dp)
+    if zero >= 2 and dp > 1 and grads_alive:
+        terms["zero_gradients"] = -grad_b * (1 - 1 / dp)
+    if zero >= 3 and dp > 1:
+        terms["zero_parameters"] = -param_b * (1 - 1 / dp)
+        # the unsharded unit being used plus one prefetched: two layers' parameters
+        terms["fsdp_allgather_buffers"] = 2 * p["layers"] * prof.param_bytes
+    if dp > 1 and zero == 0:
+        terms["ddp_bucket"] = DDP_BUCKET_BYTES
+    in_flight = min(pp - stage, microbatches) if pp > 1 else 1
+    if in_flight > 1:
+        terms["pipeline_activations"] = (in_flight - 1) * bd.get("activation", 0)
+    terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
+
+    delta = sum(terms.values())
+    adjusted = dict(bd)
+    adjusted["parameter"] = int(bd.get("parameter", 0) + (held - traced) * prof.param_bytes
+                                + terms.get("zero_parameters", 0))  # fmt: skip
+    adjusted["optimizer_state"] = int(
+        bd.get("optimizer_state", 0)
+        + (held - traced) * prof.optimizer_bytes
+        + terms.get("zero_optimizer_state", 0)
+    )
+    if grads_alive:
+        adjusted["gradient"] = int(bd.get("gradient", 0) + (held - traced) * prof.param_bytes
+                                   + terms.get("zero_gradients", 0))  # fmt: skip
+    adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0))
+    for name in ("fsdp_allgather_buffers", "ddp_bucket", "nccl_buffers"):
+        if terms.get(name):
+            adjusted[name] = int(terms[name])
+    total_b = int(total + delta)
+    p10 = int(_extrapolate(prof.p10, layers) + delta)
+    p90 = int(_extrapolate(prof.p90, layers) + delta)
+    cap = prof.capacity_bytes
+    fit = "yes" if p90 <= cap else ("tight" if p10 <= cap else "no")
+    return {
+        "stage": stage,
+        "layers": layers,
+        "parameters": int(held),
+        "total_bytes": total_b,
+        "p10_bytes": p10,
+        "p90_bytes": p90,
+        "capacity_bytes": cap,
+        "headroom_bytes": cap - total_b,
+        "fits": fit == "yes",
+        "fit": fit,
+        "breakdown": adjusted,
+        "parallel_terms": {k: int(v) for k, v in terms.items()},
+        "in_flight_microbatches": in_flight,
+    }
+
+
+def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]) -> dict[str, Any]:
+    """``memory.*`` of the worst rank, plus ``per_stage`` when pp > 1."""
+    stages = [
+        stage_memory(prof, layout, s, n, layout.microbatches)
+        for s, n in enumerate(layers_per_stage)
+    ]
+    worst = max(stages, key=lambda st: st["total_bytes"])
+    out = {k: v for k, v in worst.items() if k not in ("stage", "layers")}
+    out["worst_stage"] = worst["stage"]
+    out["method"] = METHOD.format(method=prof.method)
+    out["terms"] = prof.terms + [
+        {"name": "nccl_buffers", "bytes": worst["parallel_terms"]["nccl_buffers"],
+         "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "
+                   f"{NCCL_CHANNELS} channels (assumption) x {NCCL_PEERS} ring peers x "
+                   f"{communicators(layout)} communicators"},
+    ]  # fmt: skip
+    if layout.pp > 1:
+        out["per_stage"] = stages
+    return out

@@ -1,0 +1,101 @@
+"""``predict_parallel``: per-GPU memory of the worst rank and the step time of a layout.
+
+One trace pair (1 and 2 layers of the tensor-parallel rank's model) serves every stage,
+every data-parallel replica and every GPU count: the cost does not grow with the job's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.parallel.collectives import groups as make_groups
+from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.links import inter_link, intra_link
+from boom_ml.parallel.memory import rank_memory
+from boom_ml.parallel.profile import memory_profile, param_counts, time_profile
+from boom_ml.parallel.shard import check_model, load_raw, stage_layers
+from boom_ml.parallel.time import Shape, step_time
+from boom_ml.specs import StepSpec
+
+DECODER_SEQ_LEN = 2048  # the zoo's default for decoders (boom_ml/zoo/hf_models.py)
+
+
+def _seq_len(raw: dict[str, Any], step: StepSpec) -> int:
+    if step.seq_len:
+        return step.seq_len
+    limit = raw.get("max_position_embeddings") or raw.get("n_positions") or DECODER_SEQ_LEN
+    return min(int(limit), DECODER_SEQ_LEN)
+
+
+def predict_raw(
+    raw: dict[str, Any], gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
+    stack: Any = None, memory: bool = True, compute_scale: float = 1.0,
+    grad_bytes: int | None = None, overlap_grad_reduce: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
+
+    ``grad_bytes`` is the size of one gradient element on the wire (default: 4, PyTorch AMP
+    keeps fp32 gradients); ``overlap_grad_reduce=False`` reduces all gradients after the
+    backward (Megatron without gradient buckets); ``compute_scale`` multiplies compute times.
+    """
+    facts = check_model(raw, layout)
+    validate(layout, cluster, **facts)
+    per_stage = stage_layers(int(facts["layers"]), layout.pp)
+    time_step = replace(step, grad_accum=1)
+    mem_step = replace(step, grad_accum=max(layout.microbatches, step.grad_accum))
+    counts = param_counts(raw, layout.tp, time_step)
+    half = step.amp in ("fp16", "bf16")
+    shape = Shape(
+        batch_size=step.batch_size,
+        seq_len=_seq_len(raw, step),
+        hidden=int(facts["hidden"]),
+        act_bytes=2 if half else 4,
+        checkpointing=step.checkpointing != "none",
+        params_layer=counts["layers"],
+        params_first=counts["first"],
+        params_last=counts["last"] + (counts["tied"] if layout.pp > 1 else 0),
+        grad_bytes=grad_bytes or 4,
+        param_bytes=4,
+        overlap_grad_reduce=overlap_grad_reduce,
+    )
+    out = []
+    for gpu in gpus:
+        intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
+        inter = inter_link(cluster, gpu.architecture)
+        groups = make_groups(layout, cluster, intra, inter)
+        tprof = time_profile(raw, layout.tp, time_step, gpu)
+        time = step_time(tprof, shape, layout, per_stage, groups, counts["tied"], compute_scale)
+        global_batch = step.batch_size * layout.microbatches * layout.dp
+        time["global_batch"] = global_batch
+        time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
+        entry: dict[str, Any] = {
+            "gpu": gpu.id,
+            "name": gpu.name,
+            "parallel": {
+                **layout.to_dict(),
+                "cluster": cluster.to_dict(),
+                "nodes": cluster.nodes(layout),
+                "layers_per_stage": per_stage,
+                "links": {k: g.to_dict() for k, g in groups.items()},
+                "link_sources": {intra.name: intra.source, inter.name: inter.source},
+            },
+            "time": time,
+        }
+        if memory:
+            mprof = memory_profile(raw, layout.tp, mem_step, gpu, stack)
+            entry["memory"] = rank_memory(mprof, layout, per_stage)
+            entry["fits"] = entry["memory"]["fits"]
+        out.append(entry)
+    return out
+
+
+def predict_parallel(
+    model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
+    stack: Any = None,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Per GPU: ``parallel`` (layout, links), ``memory`` (worst rank, ``per_stage`` when
+    pp > 1), ``time`` (step over the global batch, compute / comm / exposed / bubble and
+    per-collective attributions) and ``fits``. ``model`` is ``hf:<id or config path>``."""
+    return predict_raw(load_raw(model), gpus, step, layout, cluster, stack=stack)

@@ -1,0 +1,192 @@
+"""One rank role, profiled from two traces: the per-rank model with 1 and with 2 layers.
+
+Everything per layer is the difference of the two traces; everything outside the layers
+(embedding, final norm, LM head, loss, input) is what the 1-layer trace has beyond one layer.
+A stage with L layers is then ``ends + L * layer`` (time and memory), which is exact for
+the layers' ops (every layer is the same graph) and keeps the cost of a prediction
+independent of the model's depth and of the GPU count. Results are cached per config, step
+and GPU in memory and on disk (``~/.cache/boom_ml/parallel``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
+from boom_ml.specs import ModelSpec, StepSpec
+
+CACHE_VERSION = 1
+PHASES_BACKWARD = ("backward", "recompute")
+# Optimizer state per fp32 parameter element (bytes): what ZeRO divides. Exact for these
+# optimizers (torch.optim state tensors); others (adafactor's factored rows and columns) use
+# the traced optimizer_state bytes per parameter, allocator rounding included.
+OPTIMIZER_STATE_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0, "adagrad": 4,
+                         "rmsprop": 4, "none": 0}  # fmt: skip
+
+
+@dataclass
+class TimeProfile:
+    """Per micro-batch times (ms) of one tensor-parallel rank on one GPU."""
+
+    layer_ms: float  # forward + backward (+ recompute) of one layer
+    first_ms: float  # embedding and input: the first pipeline stage only
+    last_ms: float  # final norm, LM head, loss, top level: the last stage only
+    opt_layer_ms: float  # optimizer step per layer's parameters
+    opt_ends_ms: float  # optimizer step of the parameters outside the layers
+    backward_fraction: float  # of layer_ms: the window DDP's all-reduce can hide behind
+    method: str
+
+
+@dataclass
+class MemoryProfile:
+    """Memory of the 1- and 2-layer per-rank models (allocator replay) and parameter counts."""
+
+    totals: list[int]  # nvidia-smi peak, [1 layer, 2 layers]
+    p10: list[int]
+    p90: list[int]
+    breakdowns: list[dict[str, int]]
+    capacity_bytes: int
+    params: dict[str, int]  # layers (per layer), first, last, tied
+    param_bytes: float  # bytes per parameter element as held (fp32 master weights: 4)
+    optimizer_bytes: float  # optimizer state bytes per parameter
+    method: str
+    terms: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _key(*parts: Any) -> str:
+    text = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def _disk_get(kind: str, key: str) -> dict[str, Any] | None:
+    path = cache_dir() / f"{kind}-{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _disk_put(kind: str, key: str, value: dict[str, Any]) -> None:
+    path = cache_dir() / f"{kind}-{key}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
+
+
+@functools.lru_cache(maxsize=64)
+def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
+    """(OpGraph, parameter split) of a per-rank config given as canonical json."""
+    from boom_ml.trace.step import trace_step
+    from boom_ml.zoo import build_model
+
+    path = config_file(json.loads(config_json))
+    built = build_model(ModelSpec(f"hf:{path}"))
+    params = param_split(built.module)
+    return trace_step(built, step), params
+
+
+def _graphs(raw: dict[str, Any], tp: int, step: StepSpec) -> list[tuple[Any, dict[str, int]]]:
+    return [_traced(json.dumps(rank_config(raw, tp, n), sort_keys=True), step) for n in (1, 2)]
+
+
+def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
+    from boom_ml.timing.estimate import estimate_time  # the timing entry, wherever it lives
+
+    est = estimate_time(graph, gpu, tf32=False, top_n=1_000_000)
+    opt = float(est.by_phase.get("optimizer", 0.0))
+    first = float(est.by_phase.get("input", 0.0))
+    roles = {"layer": 0.0, "first": 0.0, "last": 0.0}
+    for row in est.top_modules:
+        module = "" if row["module"] == "(top level)" else row["module"]
+        roles[module_role(module)] += float(row["ms"])
+    # top-level ops hold the optimizer and input phases: what is left of "last" is the loss
+    last = max(roles["last"] - opt - first, 0.0) + float(est.overhead_ms or 0.0)
+    bwd = sum(float(est.by_phase.get(p, 0.0)) for p in PHASES_BACKWARD)
+    nonopt = est.step_ms - opt
+    return {
+        "nonopt": nonopt,
+        "opt": opt,
+        "first": roles["first"] + first,
+        "last": last,
+        "bwd_fraction": bwd / nonopt if nonopt > 0 else 0.5,
+        "method": est.method,
+    }
+
+
+_MEMO: dict[str, Any] = {}
+
+
+def time_profile(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> TimeProfile:
+    key = _key("time", raw, tp, step.to_dict(), asdict(gpu))
+    if key in _MEMO:
+        return _MEMO[key]
+    hit = _disk_get("time", key)
+    if hit is not None:
+        _MEMO[key] = TimeProfile(**hit)
+        return _MEMO[key]
+    one, two = (_time_parts(g, gpu) for g, _ in _graphs(raw, tp, step))
+    layer = two["nonopt"] - one["nonopt"]
+    ends = one["nonopt"] - layer
+    # the 1-layer trace's module split of what lies outside the layer, scaled to sum to ends
+    split = one["first"] + one["last"]
+    first = ends * one["first"] / split if split > 0 else 0.0
+    prof = TimeProfile(
+        layer_ms=layer,
+        first_ms=first,
+        last_ms=ends - first,
+        opt_layer_ms=two["opt"] - one["opt"],
+        opt_ends_ms=max(2 * one["opt"] - two["opt"], 0.0),
+        backward_fraction=two["bwd_fraction"],
+        method=one["method"],
+    )
+    _disk_put("time", key, asdict(prof))
+    _MEMO[key] = prof
+    return prof
+
+
+def memory_profile(
+    raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec, stack: Any = None
+) -> MemoryProfile:
+    from boom_ml.memory.estimate import estimate_memory
+
+    key = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack))
+    hit = _disk_get("memory", key)
+    if hit is not None:
+        return MemoryProfile(**hit)
+    ests, splits = [], []
+    for graph, params in _graphs(raw, tp, step):
+        ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
+        splits.append(params)
+    one, two = splits
+    per_layer = two["layers"] - one["layers"]
+    total_params = one["layers"] + one["first"] + one["last"]
+    bd = ests[0].breakdown
+    prof = MemoryProfile(
+        totals=[e.total_bytes for e in ests],
+        p10=[e.p10_bytes for e in ests],
+        p90=[e.p90_bytes for e in ests],
+        breakdowns=[dict(e.breakdown) for e in ests],
+        capacity_bytes=ests[0].capacity_bytes,
+        params={"layers": per_layer, "first": one["first"], "last": one["last"],
+                "tied": one["tied"]},
+        param_bytes=float(one["bytes"]),
+        optimizer_bytes=float(OPTIMIZER_STATE_BYTES.get(
+            step.optimizer, bd.get("optimizer_state", 0) / max(total_params, 1))),
+        method=ests[0].method,
+        terms=list(ests[0].terms),
+    )  # fmt: skip
+    _disk_put("memory", key, asdict(prof))
+    return prof
+
+
+def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
+    """Parameters per layer, of the embedding (first stage) and of the rest (last stage)."""
+    (_, one), (_, two) = _graphs(raw, tp, step)
+    return {"layers": two["layers"] - one["layers"], "first": one["first"],
+            "last": one["last"], "tied": one["tied"]}  # fmt: skip

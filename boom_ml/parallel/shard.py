@@ -1,0 +1,171 @@
+"""The per-rank model: an HF config with its tensor-parallel dimensions divided and its layers cut.
+
+Megatron-style tensor parallelism splits attention heads, the MLP's intermediate size and the
+vocabulary (embedding and LM head) by ``tp`` and keeps the hidden size; a pipeline stage holds
+``layers / pp`` layers. We build that rank's model by editing the HF config the zoo would use
+and writing it to a cached json that ``hf:<path>`` loads (the zoo is not edited).
+
+Head width must stay ``hidden / heads`` when the heads are divided, so tp > 1 needs an
+architecture whose attention reads ``head_dim`` from the config (``HEAD_DIM_TYPES``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.parallel.layout import Layout
+
+# Architectures whose attention projections are heads * config.head_dim wide (not hidden).
+HEAD_DIM_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "nemotron",
+    "olmo2",
+)
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
+INTERMEDIATE_KEYS = (
+    "intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+)
+# A parameter or module path with a numeric component is inside a repeated block (a layer).
+LAYER_PATH = re.compile(r"\.\d+(\.|$)")
+EMBEDDING_PATH = re.compile(r"(embed|wte|wpe)", re.IGNORECASE)
+
+
+def cache_dir() -> Path:
+    # the project's cache root (boom_ml/trace_cache.py); tests point it at a temporary folder
+    root = os.environ.get("BOOM_CACHE_DIR") or os.path.join(Path.home(), ".cache", "boom_ml")
+    path = Path(root) / "parallel"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _first(raw: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
+    for key in keys:
+        if raw.get(key) is not None:
+            return key, raw[key]
+    return None, None
+
+
+def model_facts(raw: dict[str, Any]) -> dict[str, int | None]:
+    """Heads, key/value heads, hidden size and layers of an HF config dict (None if absent)."""
+    _, heads = _first(raw, HEAD_KEYS)
+    _, hidden = _first(raw, HIDDEN_KEYS)
+    _, layers = _first(raw, LAYER_KEYS)
+    kv = raw.get("num_key_value_heads") or heads
+    return {"heads": heads, "kv_heads": kv, "hidden": hidden, "layers": layers}
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers of each pipeline stage: as even as possible, the remainder on the first stages."""
+    base, extra = divmod(layers, pp)
+    return [base + (1 if s < extra else 0) for s in range(pp)]
+
+
+def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
+    """The config of one tensor-parallel rank with ``layers`` transformer layers."""
+    out = dict(raw)
+    key, _ = _first(raw, LAYER_KEYS)
+    if key is None:
+        raise InvalidInputError("parallel layouts need an HF config with a layer count")
+    out[key] = layers
+    if tp == 1:
+        return out
+    if raw.get("model_type") not in HEAD_DIM_TYPES:
+        raise InvalidInputError(
+            f"parallel.tp>1 is modelled for HF configs of type {', '.join(HEAD_DIM_TYPES)}; "
+            f"{raw.get('model_type')!r} ties its head width to the hidden size"
+        )
+    hkey, heads = _first(raw, HEAD_KEYS)
+    _, hidden = _first(raw, HIDDEN_KEYS)
+    out.setdefault("head_dim", raw.get("head_dim") or hidden // heads)
+    out[hkey] = heads // tp
+    kv = raw.get("num_key_value_heads") or heads
+    # Megatron replicates key/value heads when there are fewer than tp of them.
+    out["num_key_value_heads"] = max(kv // tp, 1)
+    for ikey in INTERMEDIATE_KEYS:
+        if raw.get(ikey):
+            out[ikey] = math.ceil(raw[ikey] / tp)
+    out["vocab_size"] = math.ceil(raw["vocab_size"] / tp)
+    return out
+
+
+def config_file(raw: dict[str, Any]) -> Path:
+    """Write ``raw`` once to the cache (named by its content) and return the path."""
+    text = json.dumps(raw, sort_keys=True)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
+    path = cache_dir() / f"config-{digest}.json"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def load_raw(model: str) -> dict[str, Any]:
+    """The HF config dict behind ``hf:<id or path>`` (shipped, local, or hub cache)."""
+    from boom_ml.zoo.hf_models import config_path  # the zoo's own resolution
+
+    if not model.startswith("hf:"):
+        raise InvalidInputError(f"parallel layouts support hf: models for now, got {model!r}")
+    path = config_path(model[3:])
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise InvalidInputError(f"malformed HF config {path}: {err}") from err
+
+
+def param_split(module: Any) -> dict[str, int]:
+    """Parameter counts of a built (meta) module: layers, embedding (first stage), rest (last).
+
+    Tied weights appear once (under the embedding); ``tied`` says whether the LM head is tied,
+    because a pipeline's last stage then holds its own copy (Megatron's layout).
+    """
+    counts = {"layers": 0, "first": 0, "last": 0, "tied": 0, "bytes": 4}
+    for name, param in module.named_parameters():
+        counts["bytes"] = param.element_size()  # the zoo builds fp32 master weights
+        if LAYER_PATH.search(name):
+            counts["layers"] += param.numel()
+        elif EMBEDDING_PATH.search(name):
+            counts["first"] += param.numel()
+        else:
+            counts["last"] += param.numel()
+    out_emb = getattr(module, "get_output_embeddings", lambda: None)()
+    in_emb = getattr(module, "get_input_embeddings", lambda: None)()
+    if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
+        counts["tied"] = int(in_emb.weight.numel())
+    return counts
+
+
+def module_role(module_path: str) -> str:
+    """'layer', 'first' (embedding) or 'last' (head, final norm, loss, top level)."""
+    if LAYER_PATH.search(module_path):
+        return "layer"
+    if EMBEDDING_PATH.search(module_path):
+        return "first"
+    return "last"
+
+
+def check_model(raw: dict[str, Any], layout: Layout) -> dict[str, int | None]:
+    facts = model_facts(raw)
+    if layout.tp > 1 and raw.get("model_type") not in HEAD_DIM_TYPES:
+        rank_config(raw, layout.tp, 1)  # raises the one-line error
+    return facts

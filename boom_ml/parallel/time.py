@@ -1,0 +1,212 @@
+"""Step time of a parallel layout: per-stage compute from the traced rank, collectives from
+the alpha-beta model, and a 1F1B pipeline schedule.
+
+Per micro-batch, stage s takes ``T_s = C_s + X_s``: compute ``C_s`` (its layers, plus the
+embedding on the first stage and head + loss on the last, from ``profile.py``) and the
+communication on its critical path ``X_s`` (Megatron tensor-parallel all-reduces: 2 per layer
+forward, 2 backward, 2 more when checkpointing recomputes the forward; pipeline sends of the
+activation forward and its gradient backward). 1F1B then takes ``sum_s T_s + (m - 1) max_s T_s``
+(fill and drain once, the slowest stage m - 1 more times); for equal stages that is
+``(m + pp - 1) T``, and the bubble is ``(pp - 1) / (m + pp - 1)`` of it. After the last
+micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
+except its last bucket; ZeRO-1/2 reduce-scatter + all-gather of the updated parameters;
+FSDP all-gathers per micro-batch prefetched behind compute) and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from boom_ml.parallel.collectives import (
+    Collective,
+    GroupLink,
+    all_gather_ms,
+    all_reduce_ms,
+    reduce_scatter_ms,
+    send_ms,
+)
+from boom_ml.parallel.layout import Layout
+from boom_ml.parallel.memory import DDP_BUCKET_BYTES
+from boom_ml.parallel.profile import TimeProfile
+
+METHOD = (
+    "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
+    " layers + alpha-beta ring collectives (links.csv) + 1F1B schedule"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the collectives' sizes depend on."""
+
+    batch_size: int  # micro-batch
+    seq_len: int
+    hidden: int
+    act_bytes: int  # bytes per activation element on the wire (2 under fp16/bf16 autocast)
+    checkpointing: bool
+    params_layer: int  # per tensor-parallel rank
+    params_first: int
+    params_last: int
+    grad_bytes: int = 4  # bytes per gradient element all-reduced across dp
+    param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
+    overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
+
+
+def schedule_1f1b(stage_ms: list[float], microbatches: int) -> tuple[float, float]:
+    """(pipeline ms, bubble ms) of 1F1B over stages with per-micro-batch times ``stage_ms``."""
+    slowest = max(stage_ms)
+    total = sum(stage_ms) + (microbatches - 1) * slowest
+    return total, total - microbatches * slowest
+
+
+def tp_collectives(
+    shape: Shape, layers: int, first: bool, last: bool, group: GroupLink
+) -> list[Collective]:
+    """Megatron tensor-parallel all-reduces of one micro-batch on one stage."""
+    if group.size <= 1:
+        return []
+    act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
+    per_layer = 6 if shape.checkpointing else 4
+    out = [Collective("all_reduce", "tp", "layer activations (attention and MLP outputs)",
+                      act, per_layer * layers, 0.0, 0.0)]  # fmt: skip
+    if first:
+        out.append(Collective("all_reduce", "tp", "vocab-parallel embedding output", act, 1, 0, 0))
+    if last:
+        out.append(Collective("all_reduce", "tp", "LM head input gradient", act, 1, 0, 0))
+        small = shape.batch_size * shape.seq_len * 4
+        out.append(Collective("all_reduce", "tp", "vocab-parallel cross-entropy (max, sum, target)",
+                              small, 3, 0, 0))  # fmt: skip
+    for c in out:
+        c.ms = all_reduce_ms(c.bytes, group) * c.calls
+        c.exposed_ms = c.ms
+    return out
+
+
+def pp_collectives(shape: Shape, first: bool, last: bool, group: GroupLink) -> list[Collective]:
+    """Activation sends of one micro-batch leaving or entering a stage (forward and backward)."""
+    if group.size <= 1:
+        return []
+    act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
+    sends = (0 if last else 2) + (0 if first else 2)  # fwd out + grad in, fwd in + grad out
+    ms = send_ms(act, group) * sends / 2  # a send and its matching receive overlap
+    return [Collective("send_recv", "pp", "activations and their gradients", act, sends, ms, ms)]
+
+
+def dp_collectives(
+    shape: Shape, layout: Layout, params: int, backward_ms: float, compute_mb_ms: float,
+    group: GroupLink, embed_group: GroupLink | None, tied_params: int,
+) -> list[Collective]:  # fmt: skip
+    """Gradient reduction (and ZeRO-3 / FSDP parameter gathers) over dp for one step."""
+    out: list[Collective] = []
+    m = layout.microbatches
+    if group.size > 1:
+        grads = params * shape.grad_bytes
+        if layout.zero_stage == 0:
+            ms = all_reduce_ms(grads, group)
+            if shape.overlap_grad_reduce:
+                last_bucket = all_reduce_ms(min(DDP_BUCKET_BYTES, grads), group)
+                exposed = max(last_bucket, ms - backward_ms)
+            else:
+                exposed = ms
+            out.append(Collective("all_reduce", "dp", "gradients (DDP)", grads, 1, ms, exposed))
+        elif layout.zero_stage in (1, 2):
+            rs = reduce_scatter_ms(grads, group)
+            exposed = (
+                rs
+                if not shape.overlap_grad_reduce
+                else max(reduce_scatter_ms(min(DDP_BUCKET_BYTES, grads), group), rs - backward_ms)
+            )
+            out.append(
+                Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, 1, rs, exposed)
+            )
+            pbytes = params * shape.param_bytes
+            ag = all_gather_ms(pbytes, group)
+            out.append(
+                Collective("all_gather", "dp", "updated parameters (ZeRO)", pbytes, 1, ag, ag)
+            )
+        else:
+            pbytes = params * shape.param_bytes
+            gathers = 3 if shape.checkpointing else 2  # forward, (recompute,) backward
+            ag = all_gather_ms(pbytes, group) * gathers * m
+            rs = reduce_scatter_ms(grads, group) * m
+            unit = shape.params_layer * shape.param_bytes
+            first_unit = all_gather_ms(unit, group) * m
+            # prefetch hides the gathers and reductions behind compute, except the first unit
+            exposed = first_unit + max(0.0, ag + rs - first_unit - m * compute_mb_ms)
+            out.append(Collective("all_gather", "dp", "parameters (FSDP / ZeRO-3, per micro-batch)",
+                                  pbytes, gathers * m, ag, exposed))  # fmt: skip
+            out.append(Collective("reduce_scatter", "dp", "gradients (FSDP / ZeRO-3)", grads, m,
+                                  rs, 0.0))  # fmt: skip
+    if embed_group is not None and tied_params:
+        nbytes = tied_params * shape.grad_bytes
+        ms = all_reduce_ms(nbytes, embed_group)
+        out.append(Collective("all_reduce", "embedding", "tied embedding gradient (first and last stage)",
+                              nbytes, 1, ms, ms))  # fmt: skip
+    return out
+
+
+def step_time(
+    prof: TimeProfile, shape: Shape, layout: Layout, layers_per_stage: list[int],
+    groups: dict[str, GroupLink], tied_params: int = 0, compute_scale: float = 1.0,
+) -> dict[str, Any]:  # fmt: skip
+    """``time.*`` of one optimizer step over the global batch (JSON-able)."""
+    pp, m = layout.pp, layout.microbatches
+    stages = []
+    for s, n in enumerate(layers_per_stage):
+        first, last = s == 0, s == pp - 1
+        compute = compute_scale * (
+            n * prof.layer_ms + (prof.first_ms if first else 0) + (prof.last_ms if last else 0)
+        )
+        colls = tp_collectives(shape, n, first, last, groups["tp"])
+        colls += pp_collectives(shape, first, last, groups["pp"])
+        crit = sum(c.ms for c in colls)
+        for c in colls:  # per micro-batch -> per step
+            c.calls *= m
+            c.ms *= m
+            c.exposed_ms *= m
+        params = (
+            n * shape.params_layer
+            + (shape.params_first if first else 0)
+            + (shape.params_last if last else 0)
+        )
+        opt = compute_scale * (n * prof.opt_layer_ms + (prof.opt_ends_ms if first or last else 0))
+        if layout.zero_stage >= 1:
+            opt /= layout.dp  # each rank steps its shard
+        stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
+                       "micro_ms": compute + crit, "optimizer_ms": opt, "params": params,
+                       "collectives": colls, "first": first, "last": last})  # fmt: skip
+    pipe_ms, bubble_ms = schedule_1f1b([st["micro_ms"] for st in stages], m)
+    worst = max(stages, key=lambda st: st["micro_ms"])
+    embed = groups["pp"] if pp > 1 else None
+    tied = tied_params if pp > 1 else 0
+    dp = dp_collectives(
+        shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
+        worst["compute_ms"], groups["dp"], embed, tied,
+    )  # fmt: skip
+    colls = worst["collectives"] + dp
+    exposed_dp = sum(c.exposed_ms for c in dp)
+    step = pipe_ms + worst["optimizer_ms"] + exposed_dp
+    comm = sum(c.ms for c in colls)
+    exposed = sum(c.exposed_ms for c in colls)
+    return {
+        "step_ms": round(step, 4),
+        "compute_ms": round(m * worst["compute_ms"] + worst["optimizer_ms"], 4),
+        "comm_ms": round(comm, 4),
+        "exposed_comm_ms": round(exposed, 4),
+        "bubble_ms": round(bubble_ms, 4),
+        "bubble_fraction": round(bubble_ms / step, 4) if step > 0 else 0.0,
+        "pipeline_ms": round(pipe_ms, 4),
+        "optimizer_ms": round(worst["optimizer_ms"], 4),
+        "critical_stage": worst["stage"],
+        "collectives": sorted((c.to_dict() for c in colls), key=lambda c: -c["ms"]),
+        "per_stage": [
+            {
+                k: (round(v, 4) if isinstance(v, float) else v)
+                for k, v in st.items()
+                if k not in ("collectives", "first", "last")
+            }
+            for st in stages
+        ],  # fmt: skip
+        "method": METHOD.format(method=prof.method),
+    }

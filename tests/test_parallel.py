@@ -1,0 +1,265 @@
+"""Parallel layouts (issue #14): validation, links, sharded memory, collective sizes, 1F1B.
+
+The model is a synthetic tiny Llama config (2 layers, hidden 64, 4 heads, MLP 128, vocab 256),
+written to a temporary file; its parameter counts are computed here from the config by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.parallel.collectives import GroupLink
+from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.links import intra_link, links, own_links
+from boom_ml.parallel.time import Shape, schedule_1f1b, step_time
+
+H, HEADS, INTER, VOCAB, LAYERS = 64, 4, 128, 256, 2
+SYNTHETIC_TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": H,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": HEADS,
+    "intermediate_size": INTER,
+    "num_hidden_layers": LAYERS,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": None,
+    "eos_token_id": None,
+}
+
+
+def layer_params(tp: int) -> int:
+    """q, k, v, o (heads/tp of width H/heads) + gate, up, down (INTER/tp) + two RMSNorms."""
+    return 4 * H * (H // tp) + 3 * H * (INTER // tp) + 2 * H
+
+
+@pytest.fixture(scope="module")
+def tiny_memory(tmp_path_factory):
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", grad_accum=2)
+    return memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+
+
+# --- layout validation: one line each ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "cluster", "facts", "words"),
+    [
+        (Layout(tp=3), Cluster(), {"heads": 4}, "does not divide the model's 4 attention heads"),
+        (Layout(tp=4), Cluster(), {"heads": 8, "hidden": 66}, "hidden size 66"),
+        (Layout(pp=4), Cluster(), {"layers": 2}, "exceeds the model's 2 layers"),
+        (Layout(dp=12), Cluster(gpus_per_node=8), {}, "not a multiple of cluster.gpus_per_node=8"),
+        (Layout(dp=2), Cluster(), {"global_batch": 7, "batch_size": 1}, "not divisible"),
+    ],
+)
+def test_bad_layouts_raise_one_line(layout, cluster, facts, words):
+    with pytest.raises(InvalidInputError) as err:
+        validate(layout, cluster, **facts)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: Cluster(inter="ib-xdr"), "unknown cluster.inter 'ib-xdr'"),
+        (lambda: Cluster(intra="nvswitch"), "unknown cluster.intra 'nvswitch'"),
+        (lambda: Layout(sharding="zero4"), "unknown parallel.sharding 'zero4'"),
+        (lambda: Layout(dp=0), "parallel.dp must be an integer >= 1"),
+    ],
+)
+def test_bad_values_raise_one_line(make, words):
+    with pytest.raises(InvalidInputError) as err:
+        make()
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_good_layouts_pass_and_fsdp_is_zero3():
+    validate(Layout(dp=4, tp=8, pp=2), Cluster(gpus_per_node=8), heads=64, hidden=8192, layers=80)
+    validate(Layout(dp=3), Cluster(gpus_per_node=8))  # 3 GPUs on one node
+    assert Layout(sharding="fsdp").zero_stage == Layout(sharding="zero3").zero_stage == 3
+
+
+def test_layout_module_is_torch_free():
+    code = (
+        "import sys, boom_ml.parallel.layout, boom_ml.parallel.links; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# --- links ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu_id", "link"),
+    [("a100-80gb-sxm", "nvlink3"), ("a100-80gb-pcie", "pcie4"), ("h100-sxm", "nvlink4"),
+     ("h100-pcie", "pcie5"), ("v100-sxm2-32gb", "nvlink2"), ("l4", "pcie4"), ("t4", "pcie3"),
+     ("h200", "nvlink4"), ("b200", "nvlink5")],
+)  # fmt: skip
+def test_auto_link_is_the_gpus_own(gpu_id, link):
+    from boom_ml.gpus import get_gpu
+
+    gpu = get_gpu(gpu_id)
+    assert own_links(gpu.id, gpu.name, gpu.architecture)[0] == link
+    assert intra_link(Cluster(), gpu.id, gpu.name, gpu.architecture).name == link
+
+
+def test_nvlink_on_a_pcie_card_is_an_error_and_every_link_is_sourced():
+    with pytest.raises(InvalidInputError, match="l4 has no NVLink"):
+        intra_link(Cluster(intra="nvlink"), "l4", "NVIDIA L4", "ada")
+    assert len(links()) == 12
+    assert all(link.source and link.busbw_gbs <= link.line_gbs for link in links().values())
+
+
+# --- memory: shard sizes under each sharding mode --------------------------------------
+
+
+def test_tiny_model_parameter_split_matches_the_config(tiny_memory):
+    p = tiny_memory.params
+    assert p["layers"] == layer_params(1)
+    assert p["first"] == VOCAB * H  # embed_tokens
+    assert p["last"] == VOCAB * H + H  # lm_head + final norm
+    assert tiny_memory.param_bytes == 4.0 and tiny_memory.optimizer_bytes == 8.0  # AdamW fp32
+
+
+@pytest.mark.parametrize("sharding", ["none", "zero1", "zero2", "zero3", "fsdp"])
+def test_shard_sizes_under_each_mode(tiny_memory, sharding):
+    from boom_ml.parallel.memory import DDP_BUCKET_BYTES, stage_memory
+
+    dp = 4
+    held = LAYERS * layer_params(1) + 2 * VOCAB * H + H
+    terms = stage_memory(tiny_memory, Layout(dp=dp, sharding=sharding, microbatches=2), 0,
+                         LAYERS, 2)["parallel_terms"]  # fmt: skip
+    stage = Layout(sharding=sharding).zero_stage
+    expect = {"stage_parameters": 0}
+    if stage >= 1:
+        expect["zero_optimizer_state"] = -int(8 * held * (dp - 1) / dp)
+    if stage >= 2:
+        expect["zero_gradients"] = -int(4 * held * (dp - 1) / dp)
+    if stage >= 3:
+        expect["zero_parameters"] = -int(4 * held * (dp - 1) / dp)
+        expect["fsdp_allgather_buffers"] = 2 * 4 * layer_params(1)
+    if stage == 0:
+        expect["ddp_bucket"] = DDP_BUCKET_BYTES
+    expect["nccl_buffers"] = 1 * 4 * 2**20 * 8 * 2  # one communicator (dp)
+    assert terms == expect
+
+
+def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):
+    from boom_ml.parallel.memory import rank_memory
+
+    out = rank_memory(tiny_memory, Layout(pp=2, microbatches=4), [1, 1])
+    first, last = out["per_stage"]
+    act = tiny_memory.breakdowns[0]["activation"]  # one layer per stage: the 1-layer trace
+    assert first["in_flight_microbatches"] == 2 and last["in_flight_microbatches"] == 1
+    assert first["parallel_terms"]["pipeline_activations"] == act
+    assert "pipeline_activations" not in last["parallel_terms"]
+    # the first stage lacks the head and final norm, the last lacks the embedding
+    assert first["parameters"] == layer_params(1) + VOCAB * H
+    assert last["parameters"] == layer_params(1) + VOCAB * H + H
+
+
+# --- collectives: byte counts equal the analytic ones ----------------------------------
+
+
+def _profile(layer_ms: float = 1.0):
+    from boom_ml.parallel.profile import TimeProfile
+
+    return TimeProfile(layer_ms=layer_ms, first_ms=0.0, last_ms=0.0, opt_layer_ms=0.0,
+                       opt_ends_ms=0.0, backward_fraction=0.5, method="synthetic")  # fmt: skip
+
+
+def _groups(tp: int = 1, dp: int = 1, pp: int = 1) -> dict[str, GroupLink]:
+    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4)
+            for name, n in (("tp", tp), ("dp", dp), ("pp", pp))}  # fmt: skip
+
+
+def _shape(tp: int, checkpointing: bool = False) -> Shape:
+    return Shape(batch_size=2, seq_len=32, hidden=H, act_bytes=2, checkpointing=checkpointing,
+                 params_layer=layer_params(tp), params_first=VOCAB // tp * H,
+                 params_last=VOCAB // tp * H + H)  # fmt: skip
+
+
+def _by_what(out):
+    return {(c["group"], c["op"], c["what"]): c for c in out["collectives"]}
+
+
+def test_ddp_all_reduce_bytes():
+    out = step_time(_profile(), _shape(1), Layout(dp=4, microbatches=3), [LAYERS], _groups(dp=4))
+    (ddp,) = [c for c in out["collectives"] if c["group"] == "dp"]
+    assert ddp["op"] == "all_reduce" and ddp["calls"] == 1
+    assert ddp["bytes"] == 4 * (LAYERS * layer_params(1) + 2 * VOCAB * H + H)
+
+
+def test_fsdp_gather_and_reduce_scatter_bytes():
+    layout = Layout(dp=4, sharding="fsdp", microbatches=3)
+    out = step_time(_profile(), _shape(1, checkpointing=True), layout, [LAYERS], _groups(dp=4))
+    params = LAYERS * layer_params(1) + 2 * VOCAB * H + H
+    ag = [c for c in out["collectives"] if c["op"] == "all_gather"][0]
+    rs = [c for c in out["collectives"] if c["op"] == "reduce_scatter"][0]
+    assert (ag["bytes"], ag["calls"]) == (4 * params, 3 * 3)  # fwd, recompute, bwd per micro-batch
+    assert (rs["bytes"], rs["calls"]) == (4 * params, 3)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_tp_all_reduce_bytes(checkpointing):
+    m = 2
+    out = step_time(_profile(), _shape(2, checkpointing), Layout(tp=2, microbatches=m), [LAYERS],
+                    _groups(tp=2))  # fmt: skip
+    colls = [c for c in out["collectives"] if c["group"] == "tp" and "layer" in c["what"]]
+    (layer,) = colls
+    assert layer["bytes"] == 2 * 32 * H * 2  # batch x seq x hidden x fp16
+    assert layer["calls"] == (6 if checkpointing else 4) * LAYERS * m
+    assert out["exposed_comm_ms"] == pytest.approx(out["comm_ms"])  # TP is on the critical path
+
+
+def test_traced_tiny_model_counts_match_the_config():
+    from boom_ml.parallel.profile import param_counts
+    from boom_ml.specs import StepSpec
+
+    counts = param_counts(SYNTHETIC_TINY_LLAMA, 2, StepSpec(batch_size=2, seq_len=32))
+    assert counts["layers"] == layer_params(2)
+    assert counts["first"] == VOCAB // 2 * H
+
+
+# --- pipeline schedule -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 1), (2, 8), (4, 4), (4, 16), (8, 3)])
+def test_1f1b_bubble_fraction_for_equal_stages(pp, m):
+    total, bubble = schedule_1f1b([2.5] * pp, m)
+    assert total == pytest.approx(2.5 * (m + pp - 1))
+    assert bubble / total == pytest.approx((pp - 1) / (m + pp - 1))
+
+
+def test_step_bubble_for_equal_stages():
+    pp, m = 2, 6
+    out = step_time(_profile(3.0), _shape(1), Layout(pp=pp, microbatches=m), [1, 1],
+                    _groups(pp=pp))  # fmt: skip
+    assert out["bubble_ms"] / out["step_ms"] == pytest.approx((pp - 1) / (m + pp - 1), abs=1e-4)
+
+
+def test_predict_parallel_is_json(tmp_path):
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.predict import predict_parallel
+    from boom_ml.specs import StepSpec
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    out = predict_parallel(f"hf:{path}", [get_gpu("h100-sxm")], StepSpec(batch_size=2, seq_len=32),
+                           Layout(dp=2, pp=2, microbatches=2), Cluster())  # fmt: skip
+    doc = json.loads(json.dumps(out))
+    assert doc[0]["time"]["global_batch"] == 8
+    assert len(doc[0]["memory"]["per_stage"]) == 2
