@@ -8,6 +8,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import GpuPrediction, Prediction, TimeEstimate
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
@@ -79,6 +80,14 @@ class Session:
                 memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
             skip_time = time_unless_oom and not memory.fits
             time = None if skip_time else estimate_time(graph, spec, tf32=step.tf32)
+            notes = graph.meta.get("method_notes") or []
+            if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
+                memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")
+                time = (
+                    None
+                    if time is None
+                    else replace(time, method=f"{time.method} ({'; '.join(notes)})")
+                )
             results.append(
                 GpuPrediction(
                     gpu=spec.id,
@@ -139,6 +148,9 @@ def predict(
     grad_accum: int = 1,
     attention: str = "sdpa",
     moe: dict[str, Any] | None = None,
+    params_dtype: str = "fp32",
+    finetune: dict[str, Any] | None = None,
+    checkpointing_every: int = 1,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
@@ -150,7 +162,10 @@ def predict(
     implementation (auto = what that stack's PyTorch picks); ``grad_accum`` the
     micro-batches per optimizer step. ``attention`` is the HF attention implementation
     (sdpa or eager); ``moe`` holds ``imbalance`` (>= 1: the busiest expert's share of
-    tokens relative to even routing).
+    tokens relative to even routing). ``params_dtype`` (fp32 | bf16 | fp16) is the dtype of
+    the parameters, gradients and optimizer state; ``finetune`` holds ``method`` (full |
+    lora | qlora), ``r``, ``alpha``, ``dropout``, ``targets`` and ``double_quant``;
+    ``checkpointing_every`` checkpoints every K-th block.
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     """
@@ -166,6 +181,9 @@ def predict(
         tf32=tf32,
         optimizer_impl=_impl(optimizer, optimizer_impl, software),
         grad_accum=grad_accum,
+        params_dtype=params_dtype,
+        checkpointing_every=checkpointing_every,
+        **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     if plot is not None:
@@ -197,6 +215,30 @@ def predict(
     if plot is not None:
         prediction.plots = [str(p) for p in write_plots(prediction, graph, gpus, plot)]
     return prediction
+
+
+FINETUNE_KEYS = {
+    "method": "finetune_method",
+    "r": "lora_r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "targets": "lora_targets",
+    "double_quant": "double_quant",
+}
+
+
+def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
+    """StepSpec fields from the ``finetune`` mapping (None values keep the defaults)."""
+    finetune = dict(finetune or {})
+    unknown = sorted(set(finetune) - set(FINETUNE_KEYS))
+    if unknown:
+        raise InvalidInputError(
+            f"unknown finetune option(s): {', '.join(unknown)}; known: {', '.join(FINETUNE_KEYS)}"
+        )
+    fields = {FINETUNE_KEYS[k]: v for k, v in finetune.items() if v is not None}
+    if isinstance(fields.get("lora_targets"), str):  # finetune.targets=q_proj
+        fields["lora_targets"] = [fields["lora_targets"]]
+    return fields
 
 
 def _impl(optimizer: str, impl: str, stack: Stack) -> str:

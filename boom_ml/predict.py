@@ -38,7 +38,7 @@ MODEL_SCHEMES = (
 )  # as boom_ml.zoo.SCHEMES (which imports torch)
 BOOL_KEYS = ("explain", "advice", "tf32")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
-KEY_ALIASES = {"optimizer.impl": "optimizer_impl"}
+KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
 _CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
 
 

@@ -16,11 +16,21 @@ OPTIMIZERS = (
     "rmsprop",
     "adafactor",
     "none",
+    # issue #15's recipes: AdamW forced to torch's fused kernel; bitsandbytes' 8-bit
+    # blockwise AdamW (paged: its state in unified memory on the host); Lion; Nesterov SGD
+    "adamw-fused",
+    "adamw8bit",
+    "paged-adamw8bit",
+    "lion",
+    "sgd-nesterov",
 )
 AMP_MODES = ("none", "fp16", "bf16")
 # auto = what the stack's PyTorch picks (boom_ml/stack.py); the rest name it
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
-CHECKPOINTING_MODES = ("none", "full")
+# selective: PyTorch's selective activation checkpointing (matmul outputs saved)
+CHECKPOINTING_MODES = ("none", "full", "selective")
+PARAMS_DTYPES = ("fp32", "bf16", "fp16")
+FINETUNE_METHODS = ("full", "lora", "qlora")
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,14 @@ class StepSpec:
     tf32: bool = False
     optimizer_impl: str = "auto"  # foreach | fused | loop, or auto
     grad_accum: int = 1  # micro-batches per optimizer step (gradients live across them)
+    params_dtype: str = "fp32"  # dtype of parameters, hence of gradients and optimizer state
+    checkpointing_every: int = 1  # checkpoint every K-th block (full or selective)
+    finetune_method: str = "full"  # full | lora | qlora (peft LoRA; qlora: NF4 base weights)
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.05
+    lora_targets: tuple[str, ...] | None = None  # None: peft's default for the architecture
+    double_quant: bool = True  # qlora: quantise the NF4 absmax again (bitsandbytes' default)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -65,6 +83,32 @@ class StepSpec:
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING_MODES)
         check_choice("optimizer.impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_positive("grad_accum", self.grad_accum)
+        check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
+        check_positive("checkpointing.every", self.checkpointing_every)
+        check_choice("finetune.method", self.finetune_method, FINETUNE_METHODS)
+        check_positive("finetune.r", self.lora_r)
+        check_number("finetune.alpha", self.lora_alpha, 0.0, None)
+        check_number("finetune.dropout", self.lora_dropout, 0.0, 1.0)
+        # 16 and 16.0 are one setting: one trace-cache key
+        object.__setattr__(self, "lora_alpha", float(self.lora_alpha))
+        object.__setattr__(self, "lora_dropout", float(self.lora_dropout))
+        if not isinstance(self.double_quant, bool):
+            raise InvalidInputError(
+                f"finetune.double_quant must be true or false, got {self.double_quant!r}"
+            )
+        targets = self.lora_targets
+        if targets is not None:
+            if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
+                raise InvalidInputError(
+                    f"finetune.targets must be a list of module names, got {targets!r}"
+                )
+            # a list from JSON or Hydra: a tuple keeps the spec hashable (trace caches key on it)
+            object.__setattr__(self, "lora_targets", tuple(targets))
+        if self.amp == "fp16" and self.params_dtype == "fp16":
+            raise InvalidInputError(
+                "amp=fp16 with params_dtype=fp16: GradScaler cannot unscale fp16 gradients; "
+                "use amp=none for pure fp16 training"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,6 +117,14 @@ class StepSpec:
 def check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_number(name: str, value: Any, low: float, high: float | None) -> None:
+    """A real number in [low, high] (high None: no upper bound)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or value < low or (high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise InvalidInputError(f"{name} must be a number {bound}, got {value!r}")
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -37,7 +37,10 @@ LAZY_FROM_CUDA = (11, 7)
 # for-loop implementation unless this flag is explicitly True").
 FOREACH_DEFAULT_FROM_TORCH = (2, 0)
 LOOP_BY_DEFAULT = ("adafactor",)
-FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum")
+# Optimizers whose name fixes the implementation: bitsandbytes launches one fused kernel
+# per tensor (recorded as the loop); adamw-fused is torch's fused AdamW.
+FIXED_IMPL = {"adamw-fused": "fused", "adamw8bit": "loop", "paged-adamw8bit": "loop"}
+FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "sgd-nesterov", "adamw-fused")
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -100,6 +103,8 @@ class Stack:
 
     def default_optimizer_impl(self, optimizer: str) -> str:
         """The implementation PyTorch picks for ``optimizer`` when none is named."""
+        if optimizer in FIXED_IMPL:
+            return FIXED_IMPL[optimizer]
         if version_tuple(self.torch) < FOREACH_DEFAULT_FROM_TORCH or optimizer in LOOP_BY_DEFAULT:
             return "loop"
         return "foreach"

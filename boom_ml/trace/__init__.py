@@ -3,4 +3,6 @@
 # Bump when a change to the tracer changes the graphs it produces: the memory validation's
 # trace cache (training/validate_memory.py) keys on it; training/graph_dataset.py instead
 # counts cached graphs made by other tracer code as stale.
-TRACE_VERSION = 7  # 7: the optimizer implementation follows the stack (Adafactor: for-loop)
+# 7: the optimizer implementation follows the stack (Adafactor: for-loop)
+# 8: recipes of issue #15 (params_dtype, LoRA/QLoRA, 8-bit optimizers, selective checkpointing)
+TRACE_VERSION = 8

@@ -6,6 +6,7 @@ import torch
 
 from boom_ml.specs import OPTIMIZERS, check_choice
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
+from boom_ml.trace.optimizers_8bit import AdamW8bit, Lion
 
 
 def make_optimizer(
@@ -24,6 +25,14 @@ def make_optimizer(
     flags = {"foreach": impl == "foreach"}
     if impl == "fused":
         flags = {"fused": True}
+    if name in ("adamw8bit", "paged-adamw8bit"):  # bitsandbytes: one kernel per tensor
+        return AdamW8bit(params, lr=1e-3, paged=name == "paged-adamw8bit")
+    if name == "lion":
+        return Lion(params, lr=1e-4, foreach=impl != "loop")
+    if name == "adamw-fused":  # the name forces torch's fused kernel
+        return torch.optim.AdamW(params, lr=1e-3, fused=True)
+    if name == "sgd-nesterov":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, nesterov=True, **flags)
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, **flags)
     if name == "sgd-momentum":

@@ -30,6 +30,8 @@ from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.trace.recorder import OpRecorder
 from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
+from boom_ml.zoo.finetune import DTYPES, apply_recipe, logical_parameters
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -61,6 +63,7 @@ class _StepRunner:
         )
         self.scaler = torch.amp.GradScaler("cpu") if step.amp == "fp16" else None
         self.recorder: OpRecorder | None = None
+        self.recipe: dict = {}  # what zoo.finetune did (graph meta)
         self.grad_blocks: set[int] = set()
         self.state_blocks: set[int] = set()
 
@@ -96,7 +99,12 @@ class _StepRunner:
     def blocks_of_param(self, p: torch.nn.Parameter) -> list[torch.Tensor]:
         """The gradient and optimizer-state tensors that belong to ``p``."""
         state = self.optimizer.state.get(p, {}) if self.optimizer is not None else {}
-        owned = [t for k, t in state.items() if isinstance(t, torch.Tensor) and k != "step"]
+        shared = getattr(self.optimizer, "shared_state_keys", ())  # one qmap for all params
+        owned = [
+            t
+            for k, t in state.items()
+            if isinstance(t, torch.Tensor) and k != "step" and k not in shared
+        ]
         return owned + ([p.grad] if p.grad is not None else [])
 
     def run(self) -> None:
@@ -108,6 +116,13 @@ class _StepRunner:
                 self.module.zero_grad(set_to_none=True)
         with self.phase("input"):
             inputs = self.built.make_inputs(self.step, device)
+            if self.step.params_dtype != "fp32" and self.step.amp == "none":
+                # pure low-precision training feeds the model its own dtype (images, ...)
+                low = DTYPES[self.step.params_dtype]
+                inputs = {
+                    k: v.to(low) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                    for k, v in inputs.items()
+                }
         with self.autocast():
             with self.phase("forward"):
                 outputs = self.module(**self.built.forward_kwargs(inputs))
@@ -151,28 +166,36 @@ class _StepRunner:
             }
 
     def host_tensors(self) -> list[torch.Tensor]:
-        """Tensors that live on the host in a CUDA run (Adam's non-capturable step counts)."""
+        """Tensors that live on the host in a CUDA run: Adam's non-capturable step counts,
+        and a paged optimizer's state (bitsandbytes' unified memory, paged out)."""
         if self.optimizer is None:
             return []
+        paged = getattr(self.optimizer, "host_tensors", None)
         return [
             t
             for state in self.optimizer.state.values()
             for key, t in state.items()
             if key == "step" and isinstance(t, torch.Tensor)
-        ]
+        ] + (paged() if callable(paged) else [])
 
 
 @contextlib.contextmanager
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
     with fake_mode, torch.device("cpu"), cuda_attention(), cuda_dropout(), cuda_autocast_policy():
         built.materialize("cpu")
         built.module.train()
-        if step.checkpointing == "full":
+        if step.checkpointing != "none":
             built.enable_checkpointing(built.module)
+            recipe["checkpointed_blocks"] = configure_checkpointing(
+                built.module, step.checkpointing, step.checkpointing_every, built.spec.text
+            )
         try:
-            yield _StepRunner(built, step)
+            runner = _StepRunner(built, step)
+            runner.recipe = recipe
+            yield runner
         except TraceError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
@@ -223,7 +246,13 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             "model_family": built.family,
             "step": step.to_dict(),
             "trace_seconds": round(time.perf_counter() - started, 3),
-            "num_parameters": sum(p.numel() for p in built.module.parameters()),
+            "num_parameters": logical_parameters(built.module),
+            "num_trainable_parameters": sum(
+                p.numel() for p in built.module.parameters() if p.requires_grad
+            ),
+            "recipe": runner.recipe,
+            "method_notes": runner.recipe.get("method_notes", [])
+            + getattr(runner.optimizer, "method_notes", []),
             "torch_version": torch.__version__,
         },
     )

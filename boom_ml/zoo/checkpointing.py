@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from boom_ml.errors import InvalidInputError
 
@@ -25,6 +25,8 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList)
 _HEAD_NAMES = {"classifier", "head", "heads", "fc", "pre_logits", "head_drop", "aux_logits"}
 _POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.MaxPool1d)
 _FLAG = "_boom_checkpointed"
+SKIP_FLAG = "_boom_checkpoint_skip"  # set by checkpoint_policy: run this block plainly
+CONTEXT_FN = "_boom_checkpoint_context_fn"  # set by checkpoint_policy: checkpoint's context_fn
 
 
 def _has_params(m: nn.Module) -> bool:
@@ -105,7 +107,11 @@ def checkpoint_blocks(blocks: list[nn.Module]) -> None:
         inner = block.forward
 
         def forward(self: nn.Module, *args: Any, _inner: Callable = inner, **kwargs: Any) -> Any:
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            # checkpoint_policy may turn a block off (every K-th) or give it a selective policy
+            if getattr(self, SKIP_FLAG, False):
+                return _inner(*args, **kwargs)
+            context = getattr(self, CONTEXT_FN, noop_context_fn)
+            return checkpoint(_inner, *args, use_reentrant=False, context_fn=context, **kwargs)
 
         block.forward = types.MethodType(functools.wraps(inner)(forward), block)  # type: ignore[method-assign]
         setattr(block, _FLAG, True)

@@ -1,0 +1,121 @@
+"""Training recipes applied to a meta-built model before the tracer materialises it.
+
+* ``params_dtype``: parameters (and buffers, as ``model.to(dtype)`` does) in fp32, bf16 or
+  fp16; gradients and the optimizer's state follow the parameters' dtype.
+* ``finetune_method=lora``: the real peft (``LoraConfig`` + ``get_peft_model``) injects its
+  LoRA layers into the model in place and freezes everything else; adapters are kept in
+  ``params_dtype`` (``autocast_adapter_dtype=False``: peft would otherwise upcast bf16/fp16
+  adapters to fp32).
+* ``finetune_method=qlora``: LoRA as above, and every frozen ``nn.Linear`` except the output
+  head becomes an :class:`~boom_ml.zoo.nf4.NF4Linear` (what transformers'
+  ``BitsAndBytesConfig(load_in_4bit=True)`` quantises: all linear layers but the head),
+  computing in ``params_dtype``, or in the autocast dtype when the parameters are fp32.
+
+Frozen parameters get no gradient and no optimizer state in the trace: the step only gives
+``requires_grad`` parameters a gradient, and optimizers skip parameters without one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.specs import StepSpec
+from boom_ml.zoo.nf4 import NF4Linear
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ADAPTER_MARK = "lora_"  # peft's adapter modules: lora_A, lora_B, lora_dropout, ...
+
+
+def compute_dtype(step: StepSpec) -> torch.dtype:
+    """The dtype a 4-bit layer dequantises to (bnb's ``bnb_4bit_compute_dtype``)."""
+    if step.params_dtype != "fp32":
+        return DTYPES[step.params_dtype]
+    return _AMP.get(step.amp, torch.float32)
+
+
+def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
+    """Cast, add LoRA adapters and quantise ``module`` in place; returns facts for the graph."""
+    facts: dict[str, Any] = {"params_dtype": step.params_dtype, "finetune": step.finetune_method}
+    dtype = DTYPES[step.params_dtype]
+    if dtype != torch.float32:
+        module.to(dtype)  # on the meta device: dtypes only, tied parameters stay tied
+    if step.finetune_method == "full":
+        return facts
+    facts.update(_add_lora(module, step))
+    if dtype != torch.float32:
+        module.to(dtype)  # peft leaves adapters on the meta device in fp32: params_dtype
+    if step.finetune_method == "qlora":
+        layers = quantize_linears(module, compute_dtype(step), step.double_quant)
+        facts["nf4_layers"] = layers
+        facts["method_notes"] = [
+            "qlora: NF4 weights and dequantise kernels analytic (bitsandbytes layout)"
+        ]
+    return facts
+
+
+def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
+    from peft import LoraConfig, get_peft_model  # ~seconds: only when LoRA is asked for
+
+    targets: Any = list(step.lora_targets) if step.lora_targets else None
+    if targets == ["all-linear"]:
+        targets = "all-linear"  # peft's own shorthand: every linear layer but the head
+    config = LoraConfig(
+        r=step.lora_r,
+        lora_alpha=step.lora_alpha,
+        lora_dropout=step.lora_dropout,
+        target_modules=targets,
+    )
+    try:
+        # Injects the adapters into ``module`` itself: the tracer keeps running ``module``.
+        peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
+    except ValueError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
+        raise InvalidInputError(
+            f"finetune.method={step.finetune_method}: peft cannot place LoRA adapters ({first}); "
+            "name them with finetune.targets=[...] (module names such as q_proj, or all-linear)"
+        ) from err
+    trainable, total = peft_model.get_nb_trainable_parameters()
+    return {
+        "lora_targets": sorted(peft_model.peft_config["default"].target_modules),
+        "peft_trainable_parameters": int(trainable),
+        "peft_all_parameters": int(total),
+    }
+
+
+def _output_heads(module: nn.Module) -> set[int]:
+    get = getattr(module, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return {id(head)} if isinstance(head, nn.Module) else set()
+
+
+def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) -> int:
+    """Replace every frozen ``nn.Linear`` but the output head by an NF4Linear; returns the count.
+
+    LoRA's own ``lora_A`` / ``lora_B`` (trainable) stay as they are; the base layer a LoRA
+    layer wraps is quantised and clones its output, as peft's 4-bit LoRA layer does.
+    """
+    skip = _output_heads(module)
+    swaps: list[tuple[nn.Module, str, nn.Linear, bool]] = []
+    for name, parent in module.named_modules():
+        if ADAPTER_MARK in name.rpartition(".")[2]:
+            continue
+        for child_name, child in parent.named_children():
+            if type(child) is not nn.Linear or id(child) in skip:
+                continue
+            if child.weight.requires_grad:  # trainable (an adapter, or not frozen by peft)
+                continue
+            swaps.append((parent, child_name, child, child_name == "base_layer"))
+    for parent, child_name, child, wrapped in swaps:
+        setattr(parent, child_name, NF4Linear(child, dtype, double_quant, clone_output=wrapped))
+    return len(swaps)
+
+
+def logical_parameters(module: nn.Module) -> int:
+    """Parameters the model stands for: NF4 layers count their weights, not their bytes."""
+    params = sum(p.numel() for p in module.parameters())
+    return params + sum(m.logical_numel for m in module.modules() if isinstance(m, NF4Linear))

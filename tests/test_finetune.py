@@ -1,0 +1,182 @@
+"""Recipes of issue #15: params_dtype, LoRA / QLoRA, selective and every-K checkpointing.
+
+Every model here is a synthetic tiny Llama config written by the test (``tiny_llama``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.step import trace_step
+from boom_ml.zoo import build_model
+from boom_ml.zoo.nf4 import nf4_bytes
+
+# synthetic: 2 layers, hidden 64, MLP 128, 4 query heads and 2 KV heads of 16, vocab 1000
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+# (out, in) of each linear layer of one block of TINY_LLAMA
+BLOCK_LINEARS = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("synthetic_tiny_llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return f"hf:{path}"
+
+
+def trace(model: str, options: dict | None = None, **step: object) -> object:
+    spec = ModelSpec(model, options or {})
+    return trace_step(build_model(spec), StepSpec(batch_size=2, seq_len=32, **step))
+
+
+def adopted_bytes(graph: object, category: str) -> int:
+    """Bytes of the blocks the recorded step started with (parameters, grads, state)."""
+    events = pd.DataFrame(graph.mem_events)
+    held = events[(events.action == "alloc") & (events.phase == category)]
+    return int(held.bytes.sum())
+
+
+def peft_trainable(targets: list[str] | None, r: int) -> int:
+    """peft's own count on a real (CPU) model of the same config."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "model_type"})
+    model = LlamaForCausalLM(config)
+    lora = LoraConfig(r=r, lora_alpha=16, lora_dropout=0.05, target_modules=targets)
+    return get_peft_model(model, lora).get_nb_trainable_parameters()[0]
+
+
+@pytest.mark.parametrize(
+    "targets, r", [(None, 8), (["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"], 4)]
+)
+def test_lora_trainable_parameters_equal_peft(tiny_llama: str, targets, r) -> None:
+    expected = peft_trainable(targets, r)
+    graph = trace(tiny_llama, finetune_method="lora", lora_r=r, lora_targets=targets)
+    assert graph.meta["num_trainable_parameters"] == expected
+    assert graph.meta["recipe"]["peft_trainable_parameters"] == expected
+    # only the adapters have gradients and optimizer state (fp32: 4 bytes, AdamW: 2 states)
+    assert adopted_bytes(graph, "gradient") == 4 * expected
+    assert adopted_bytes(graph, "optimizer_state") == 2 * 4 * expected
+
+
+def test_lora_default_targets_hand_count(tiny_llama: str) -> None:
+    # peft's default for llama is q_proj and v_proj: r * (in + out) per adapted layer
+    q, v = BLOCK_LINEARS[0], BLOCK_LINEARS[2]
+    expected = 2 * 8 * (sum(q) + sum(v))
+    assert trace(tiny_llama, finetune_method="lora").meta["num_trainable_parameters"] == expected
+
+
+def test_nf4_bytes_of_a_shape() -> None:
+    # 4096 x 4096: 2^24 weights, 2^18 blocks of 64, 2^10 second-level blocks of 256
+    packed, blocks = 2**23, 2**18
+    with_dq = packed + blocks + 4 * 2**10 + 4 * 256 + 4 + 4 * 16
+    assert nf4_bytes(4096, 4096, double_quant=True) == with_dq == 8_655_940
+    assert nf4_bytes(4096, 4096, double_quant=False) == packed + 4 * blocks + 64 == 9_437_248
+    # odd sizes round up: 3 x 5 = 15 weights -> 8 packed bytes, one block each level
+    assert nf4_bytes(3, 5, double_quant=True) == 8 + 1 + 4 + 1024 + 4 + 64
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_qlora_weights_are_nf4(tiny_llama: str, double_quant: bool) -> None:
+    graph = trace(
+        tiny_llama, finetune_method="qlora", params_dtype="bf16", double_quant=double_quant
+    )
+    layers = TINY_LLAMA["num_hidden_layers"]
+    nf4 = layers * sum(nf4_bytes(o, i, double_quant) for o, i in BLOCK_LINEARS)
+    hidden, vocab = TINY_LLAMA["hidden_size"], TINY_LLAMA["vocab_size"]
+    norms = (2 * layers + 1) * hidden
+    adapters = layers * 8 * (sum(BLOCK_LINEARS[0]) + sum(BLOCK_LINEARS[2]))
+    rotary = 2 * 16 // 2  # inv_freq and original_inv_freq buffers, cast to bf16 with the model
+    dense = 2 * vocab * hidden + norms + adapters + rotary  # embeddings, head: bf16
+    assert adopted_bytes(graph, "parameter") == nf4 + 2 * dense
+    assert adopted_bytes(graph, "gradient") == 2 * adapters  # bf16 adapters
+    assert graph.meta["recipe"]["nf4_layers"] == layers * len(BLOCK_LINEARS)
+    assert graph.meta["method_notes"] and "NF4" in graph.meta["method_notes"][0]
+    nodes = graph.nodes
+    dequant = nodes[nodes.op == "dequantize_nf4"]
+    assert (dequant.phase == "forward").sum() == layers * len(BLOCK_LINEARS)
+    # backward dequantises again wherever an input gradient flows (not into the frozen
+    # embedding: layer 0's q/k/v projections get none)
+    assert (dequant.phase == "backward").sum() == layers * len(BLOCK_LINEARS) - 3
+
+
+def test_bf16_true_is_two_bytes_per_element(tiny_llama: str) -> None:
+    fp32 = trace(tiny_llama)
+    bf16 = trace(tiny_llama, params_dtype="bf16", amp="none")
+    n = fp32.meta["num_trainable_parameters"]
+    assert bf16.meta["num_trainable_parameters"] == n
+    assert adopted_bytes(fp32, "gradient") == 4 * n
+    assert adopted_bytes(bf16, "gradient") == 2 * n
+    assert adopted_bytes(bf16, "optimizer_state") == 2 * 2 * n  # AdamW: exp_avg, exp_avg_sq
+    assert adopted_bytes(bf16, "parameter") == 2 * n + 2 * 16  # + the two rotary buffers
+    gemms = bf16.nodes[bf16.nodes.family == "gemm"]
+    assert all("bfloat16" in d and "float32" not in d for d in gemms.input_dtypes)
+
+
+def _recomputed(graph: object) -> pd.DataFrame:
+    return graph.nodes[graph.nodes.phase == "recompute"]
+
+
+def test_selective_checkpointing_saves_matmul_outputs_only(tiny_llama: str) -> None:
+    full = _recomputed(trace(tiny_llama, checkpointing="full"))
+    selective = _recomputed(trace(tiny_llama, checkpointing="selective"))
+    assert {"gemm", "attention"} <= set(full.family)
+    assert not {"gemm", "attention"} & set(selective.family)
+    # the rest (norms, activations, rotary, elementwise) is recomputed as under full
+    rest = full[~full.family.isin(["gemm", "attention"])]
+    assert len(selective) == len(rest) > 0
+
+
+def test_every_second_block_is_checkpointed(tiny_llama: str) -> None:
+    graph = trace(tiny_llama, {"num_hidden_layers": 4}, checkpointing="full", checkpointing_every=2)
+    assert graph.meta["recipe"]["checkpointed_blocks"] == 2
+    layers = {m.split("layers.")[1].split(".")[0] for m in _recomputed(graph).module}
+    assert layers == {"0", "2"}
+    every = trace(tiny_llama, {"num_hidden_layers": 4}, checkpointing="full")
+    assert every.meta["recipe"]["checkpointed_blocks"] == 4
+
+
+def test_recipes_reject_bad_values() -> None:
+    from boom_ml.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="params_dtype"):
+        StepSpec(params_dtype="int8")
+    with pytest.raises(InvalidInputError, match="finetune.method"):
+        StepSpec(finetune_method="prefix")
+    with pytest.raises(InvalidInputError, match="GradScaler"):
+        StepSpec(params_dtype="fp16", amp="fp16")
+    assert StepSpec(lora_targets=["q_proj"]).lora_targets == ("q_proj",)  # hashable
+
+
+def test_api_finetune_mapping() -> None:
+    from boom_ml.api import finetune_fields
+    from boom_ml.errors import InvalidInputError
+
+    fields = finetune_fields({"method": "qlora", "r": 16, "targets": "q_proj", "alpha": None})
+    assert fields == {"finetune_method": "qlora", "lora_r": 16, "lora_targets": ["q_proj"]}
+    with pytest.raises(InvalidInputError, match="rank"):
+        finetune_fields({"rank": 4})
+    assert torch.float32  # torch imported for the fake-mode trace above
+
+
+def test_synthetic_config_is_what_it_says(tiny_llama: str) -> None:
+    assert Path(tiny_llama.removeprefix("hf:")).parent.name.startswith("synthetic_tiny_llama")
