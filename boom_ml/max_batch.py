@@ -25,6 +25,7 @@ from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig
 from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step, step_fits
 from boom_ml.memory.overheads import OverheadTable, load_overheads
+from boom_ml.memory.replay import Replay
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
@@ -121,6 +122,7 @@ class BatchSearch:
     _scaling: BatchScaling | None = None
     _scaling_tried: bool = False
     _unbounded: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    _templates: dict[int, Replay] = field(default_factory=dict)  # arch major → replay
 
     def __post_init__(self) -> None:
         self.traced[self.batch] = self.graph
@@ -159,17 +161,16 @@ class BatchSearch:
         return scaling.graph_at(batch) if scaling is not None else self._traced(batch)
 
     def _unbounded_peaks(self, batch: int, gpu: GpuSpec) -> tuple[int, int, int]:
-        """(reserved, allocated, outside) of an unbounded replay, shared by GPUs with the
-        same architecture major and outside terms."""
+        """(reserved, allocated, outside) of an unbounded replay; the replay is shared by
+        GPUs of one architecture major (same workspaces), the outside terms are per GPU."""
         assert self.table is not None
         graph = self.graph_at(batch)
-        outside = self.table.outside_allocator(gpu, graph, self.stack, LEVEL)
-        key = (batch, gpu.sm_version // 10, tuple(sorted(outside.items())))
+        key = (batch, gpu.sm_version // 10)
         if key not in self._unbounded:
             sm = simulate_step(graph, gpu, capacity=False, **self._replay_options())
-            res = sm.result
-            self._unbounded[key] = (res.peak_reserved, res.peak_allocated, sm.outside_total)
-        return self._unbounded[key]
+            self._unbounded[key] = (sm.result.peak_reserved, sm.result.peak_allocated)
+        outside = sum(self.table.outside_allocator(gpu, graph, self.stack, LEVEL).values())
+        return (*self._unbounded[key], outside)
 
     def need(self, batch: int, gpu: GpuSpec) -> int:
         """What ``batch`` needs on ``gpu`` with an unbounded allocator (nvidia-smi bytes)."""
@@ -206,6 +207,9 @@ class BatchSearch:
             if self.scaling() is not None and not self._scaling.batch_dependent:  # type: ignore[union-attr]
                 return MaxBatch(limit, True, {b0: True}, capped=True)
             lo, hi = b0, min(b0 * 2, limit)
+            bound = self._allocated_bound(gpu)
+            if bound is not None and b0 < bound < limit:
+                hi = bound + 1  # need >= allocated: the bracket's upper end, without doubling
             while hi > lo and need_ok(hi):
                 lo, hi = hi, min(hi * 2, limit)
             if hi == lo:
@@ -219,6 +223,9 @@ class BatchSearch:
             lo = self._narrow(lo, hi, gpu) if lo > 0 else 0
         probes = {lo: lo > 0}
         step, hi = 1, lo + 1
+        bound = self._allocated_bound(gpu)
+        if bound is not None and lo < bound < limit and not alloc_ok(bound + 1):
+            step, hi = bound + 1 - lo, bound + 1  # skip the stepping: past it nothing fits
         while hi < limit and alloc_ok(hi):
             step *= 2
             hi = min(lo + step, limit)
@@ -230,6 +237,36 @@ class BatchSearch:
             lo, hi = (mid, hi) if probes[mid] else (lo, mid)
         probes[hi] = False
         return MaxBatch(lo, scaled(), probes)
+
+    def _allocated_bound(self, gpu: GpuSpec) -> int | None:
+        """The largest batch whose *allocated* peak (plus the outside terms) fits, from the
+        affine event sizes in one vectorised pass: the running sum of live bytes at event
+        i is c_i + d_i * batch, so the bound is min over d_i > 0 of (cap - c_i) / d_i.
+        An estimate (512-byte rounding and workspaces sized at the traced batch are left
+        out): callers check it with a replay. None without affine scaling."""
+        scaling = self.scaling()
+        if scaling is None or not scaling.batch_dependent:
+            return None
+        replay = self._template_replay(gpu)
+        src = replay.src
+        sign = np.where(replay.is_alloc, 1, -1)
+        traced = src >= 0
+        slope = np.where(traced, scaling.slope[np.maximum(src, 0)], 0) * sign
+        base = np.where(traced, scaling.intercept[np.maximum(src, 0)], replay.nbytes) * sign
+        c, d = np.cumsum(base), np.cumsum(slope)
+        _, _, outside = self._unbounded_peaks(self.batch, gpu)
+        room = gpu.capacity_bytes - outside
+        if np.any(c[d <= 0] > room):
+            return 0
+        grows = d > 0
+        return int(np.floor(np.min((room - c[grows]) / d[grows]))) if grows.any() else None
+
+    def _template_replay(self, gpu: GpuSpec) -> Replay:
+        major = gpu.sm_version // 10
+        if major not in self._templates:
+            sm = simulate_step(self.graph, gpu, capacity=False, **self._replay_options())
+            self._templates[major] = sm.replay
+        return self._templates[major]
 
     def _narrow(self, lo: int, hi: int, gpu: GpuSpec) -> int:
         """The last batch in [lo, hi) whose unbounded need fits (need(lo) fits, need(hi)

@@ -16,7 +16,7 @@ even the p10 step does, and ``tight`` in between.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,13 +98,14 @@ def simulate_step(
     outside = table.outside(gpu, graph, stack, level)
     extras = table.allocator_extras(gpu, graph, stack, level)
     limit = max(int(gpu.capacity_bytes) - sum(a.nbytes for a in outside), 0)
+    # The terms outside the allocator do not change the replay, only its limit: GPUs that
+    # share the workspaces (one architecture major) share the unbounded replay.
     key = (
         id(table),
         config,
         steps,
         hold_outputs,
         accumulate,
-        tuple(outside),
         tuple(extras),
         limit if capacity else None,
     )
@@ -118,9 +119,10 @@ def simulate_step(
             name = "cublas_workspace" if x.persistent else "cudnn_workspace"
             old = inside.get(name, 0)
             inside[name] = old + x.nbytes if x.persistent else max(old, x.nbytes)
-        return StepMemory(replay, result, outside, inside, limit)
+        return StepMemory(replay, result, [], inside, limit)
 
-    return _REPLAYS.get(graph, key, replay_step)
+    shared = _REPLAYS.get(graph, key, replay_step)
+    return replace(shared, outside=outside, allocator_capacity=limit)
 
 
 def step_fits(graph: OpGraph, gpu: GpuSpec, **kwargs: object) -> tuple[bool, StepMemory]:
