@@ -206,6 +206,7 @@ def predict(
             "num_ops": graph.num_ops,
             "flops": graph.flops,
             "num_parameters": graph.meta["num_parameters"],
+            "num_trainable_parameters": graph.meta.get("num_trainable_parameters"),
             "trace_seconds": graph.meta["trace_seconds"],
             "unknown_ops": graph.unknown_ops,
         },

@@ -55,6 +55,14 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         facts["method_notes"] = [
             "qlora: NF4 weights and dequantise kernels analytic (bitsandbytes layout)"
         ]
+        fused = sum(p.numel() for p in module.parameters() if p.dim() >= 3 and not p.requires_grad)
+        # transformers 5 fuses MoE experts into 3-D tensors, not nn.Linear: not quantised here
+        if fused:
+            facts["unquantized_expert_parameters"] = fused
+            facts["method_notes"].append(
+                f"qlora: {fused / 1e9:.2f} B fused MoE expert weights not quantised "
+                f"(kept in {step.params_dtype})"
+            )
     return facts
 
 
