@@ -8,7 +8,8 @@ a graph depends on:
 * the model spec (text and options), and for ``file:`` models and local HF configs the
   bytes of that file (editing your model file must not return the old graph);
 * the requested :class:`StepSpec`;
-* the installed torch, transformers, timm and torchvision releases and ``boom_ml``'s;
+* the installed torch, transformers, timm, torchvision, peft and bitsandbytes releases and
+  ``boom_ml``'s;
 * ``TRACE_VERSION`` and a digest of the tracer's and zoo's own source files (an edited
   tracer in a checkout must not be served its old graphs, bumped version or not).
 
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from boom_ml.trace.graph import OpGraph
 
 FORMAT = 1  # bump when the entry layout changes
-LIBRARIES = ("torch", "transformers", "timm", "torchvision", "boom-ml")
+# what builds and runs the traced model (peft, bitsandbytes: LoRA / QLoRA / 8-bit optimizers)
+LIBRARIES = ("torch", "transformers", "timm", "torchvision", "peft", "bitsandbytes", "boom-ml")
 DEFAULT_MAX_GIB = 2.0
 _PACKAGE = Path(__file__).resolve().parent
 _CODE_DIRS = (_PACKAGE / "trace", _PACKAGE / "zoo")
