@@ -19,6 +19,7 @@ from boom_ml.report.figures import check_plot_dir, write_plots
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_time
+from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 from boom_ml.trace_cache import TraceCache
@@ -79,7 +80,8 @@ class Session:
             if max_batch:
                 memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
             skip_time = time_unless_oom and not memory.fits
-            time = None if skip_time else estimate_time(graph, spec, tf32=step.tf32)
+            tf32 = Tf32(*step.tf32_switches())
+            time = None if skip_time else estimate_time(graph, spec, tf32=tf32)
             notes = graph.meta.get("method_notes") or []
             if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
                 memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")
@@ -140,6 +142,8 @@ def predict(
     amp: str = "none",
     checkpointing: str = "none",
     tf32: bool = False,
+    tf32_matmul: bool | None = None,
+    tf32_cudnn: bool | None = None,
     advice: bool = True,
     plot: str | None = None,
     cache: bool = True,
@@ -166,6 +170,8 @@ def predict(
     the parameters, gradients and optimizer state; ``finetune`` holds ``method`` (full |
     lora | qlora), ``r``, ``alpha``, ``dropout``, ``targets`` and ``double_quant``;
     ``checkpointing_every`` checkpoints every K-th block.
+    ``tf32_matmul`` / ``tf32_cudnn`` are PyTorch's TF32 switches (None: on with ``tf32``,
+    else PyTorch's defaults: matmuls off, cuDNN convolutions on).
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     """
@@ -179,6 +185,8 @@ def predict(
         amp=amp,
         checkpointing=checkpointing,
         tf32=tf32,
+        tf32_matmul=tf32_matmul,
+        tf32_cudnn=tf32_cudnn,
         optimizer_impl=_impl(optimizer, optimizer_impl, software),
         grad_accum=grad_accum,
         params_dtype=params_dtype,

@@ -149,6 +149,9 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     for name in BOOL_KEYS:
         if name in options:
             _check_bool(name, options[name])
+    for name in ("tf32_matmul", "tf32_cudnn"):  # null: the default
+        if options.get(name) is not None:
+            _check_bool(name, options[name])
     if "cache" in options:
         options["cache"] = _cache_flag(options["cache"])
     check_model_syntax(options.get("model"))

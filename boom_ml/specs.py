@@ -61,6 +61,9 @@ class StepSpec:
     amp: str = "none"
     checkpointing: str = "none"
     tf32: bool = False
+    # PyTorch's two TF32 switches; None: on if tf32, else PyTorch's default (matmul off, cuDNN on)
+    tf32_matmul: bool | None = None
+    tf32_cudnn: bool | None = None
     optimizer_impl: str = "auto"  # foreach | fused | loop, or auto
     grad_accum: int = 1  # micro-batches per optimizer step (gradients live across them)
     params_dtype: str = "fp32"  # dtype of parameters, hence of gradients and optimizer state
@@ -112,6 +115,12 @@ class StepSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def tf32_switches(self) -> tuple[bool, bool]:
+        """(matmul, cudnn): a switch set explicitly wins; tf32=true turns both on."""
+        matmul = self.tf32 if self.tf32_matmul is None else self.tf32_matmul
+        cudnn = True if self.tf32_cudnn is None else self.tf32_cudnn  # on by default anyway
+        return bool(matmul), bool(cudnn)
 
 
 def check_positive(name: str, value: Any) -> None:

@@ -36,7 +36,7 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     gpu = get_gpu("a100-80gb-sxm")
     model = _perturbed_model()
     per_op = gnn_features.per_op_function(None)[0]  # the heads when packaged, else the roofline
-    pred = gnn_model.predict_graph(model, graph, gpu, tf32=False, per_op=per_op)
+    pred = gnn_model.predict_graph(model, graph, gpu, tf32=None, per_op=per_op)  # defaults
     assert pred.overhead_ms > 0 and (pred.node_ms >= 0).all()
     assert pred.step_ms == pytest.approx(pred.overhead_ms + pred.node_ms.sum(), rel=1e-12)
     host = graph.nodes["family"].eq("host").to_numpy()

@@ -32,6 +32,7 @@ from boom_ml.timing.gnn_features import (
     per_op_function,
     row_inputs,
 )
+from boom_ml.timing.tf32 import Tf32, from_torch_version
 from boom_ml.trace.graph import OpGraph
 from data_collection.paths import repo_root, shared_data_dir
 
@@ -256,20 +257,21 @@ def row_trace_config(row: pd.Series) -> TraceConfig:
     )
 
 
-def row_tf32(row: pd.Series) -> bool:
-    """TF32 as recorded, else PyTorch's default of the software that measured the row.
+def row_tf32(row: pd.Series) -> Tf32:
+    """TF32 switches as recorded, else PyTorch's defaults in the release that measured the row.
 
-    Importers leave it empty only on Ampere and later. PyTorch 1.7-1.11 ran fp32 matmuls
-    and convolutions on TF32 by default; from 1.12 matmuls are off (convolutions stay on).
-    The roofline has one flag, and it follows matmuls: a wrong "on" makes an fp32
-    transformer 8x too fast on an A100 in the per-op sum.
+    A recorded flag sets both switches (our harness, ``data_collection.environment.set_tf32``).
+    Importers leave it empty only on Ampere and later; then the release decides: 1.7-1.11 ran
+    fp32 matmuls and convolutions on TF32, from 1.12 matmuls are off and cuDNN stays on
+    (cnn_step_times' A100 run: 1.7; timm's RTX 3090 run: 1.12; NeuSight's labels: 2.1.0, its
+    SOURCE.md turns cuDNN TF32 off only for the per-op tables). A wrong matmul "on" makes an
+    fp32 transformer 8x too fast on an A100 in the per-op sum.
     """
     if pd.notna(row["tf32"]):
-        return bool(row["tf32"])
+        return Tf32.of(bool(row["tf32"]))
     version = row.get("torch_version")
     version = str(version) if pd.notna(version) else SOURCE_TORCH.get(str(row["source"]), "")
-    major_minor = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
-    return bool(major_minor) and (1, 7) <= major_minor < (1, 12)
+    return from_torch_version(version) if version else Tf32(matmul=False, cudnn=False)
 
 
 @dataclass
@@ -284,6 +286,15 @@ class StepGraphDataset:
     )
     excluded: dict[str, int] = field(default_factory=dict)
     trace_seconds: float = 0.0
+    traced: list[OpGraph] = field(default_factory=list)  # the OpGraphs behind ``graphs``
+
+    def with_per_op(self, name: str, per_op_fn: Any) -> StepGraphDataset:
+        """The same rows and graphs with inputs and baseline from another per-op function
+        (a CV fold's heads); the graph features are shared, not rebuilt."""
+        inputs, base = featurise(self.rows, self.traced, per_op_fn)
+        rows = self.rows.assign(baseline_ms=base)
+        return StepGraphDataset(rows, self.graphs, inputs, name, self.excluded,
+                                self.trace_seconds, self.traced)  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -319,26 +330,42 @@ def build_dataset(
     rows = rows[rows["config"].isin(set(graphs))].reset_index(drop=True)
     order = {c: k for k, c in enumerate(graphs)}
     data = [graph_data(g) for g in graphs.values()]
-    inputs, base, fams = [], [], []
-    for _, r in rows.iterrows():
-        graph, gpu, tf32 = graphs[r["config"]], get_gpu(r["gpu_id"]), row_tf32(r)
-        ms = np.asarray(per_op_fn(graph.nodes, gpu, tf32), dtype=float)
-        inputs.append(row_inputs(graph, gpu, tf32, ms, bool(r["channels_last"])))
-        base.append(float(ms.sum()))
-        fams.append(str(graph.meta.get("model_family", "other")))
+    ordered = list(graphs.values())
     rows["graph"] = rows["config"].map(order)
-    rows["family"] = fams
-    rows["baseline_ms"] = base
+    rows["family"] = [str(ordered[g].meta.get("model_family", "other")) for g in rows["graph"]]
+    rows["tf32_matmul"] = [row_tf32(r).matmul for _, r in rows.iterrows()]
+    rows["tf32_cudnn"] = [row_tf32(r).cudnn for _, r in rows.iterrows()]
     rows["target_ms"] = rows["step_time_ms"].astype(float)
     keep = ["source", "gpu_id", "model", "family", "batch_size", "seq_len", "image_size",
-            "precision", "amp", "phase_scope", "channels_last", "graph", "target_ms", "baseline_ms"]  # fmt: skip
-    ds = StepGraphDataset(rows[keep].copy(), data, inputs, per_op_name, excluded, cache.seconds)
+            "precision", "amp", "phase_scope", "channels_last", "tf32_matmul", "tf32_cudnn",
+            "graph", "target_ms"]  # fmt: skip
+    inputs, base = featurise(rows[keep], ordered, per_op_fn)
+    ds = StepGraphDataset(rows[keep].assign(baseline_ms=base), data, inputs, per_op_name,
+                          excluded, cache.seconds, traced=ordered)  # fmt: skip
     if verbose:
         print(describe(ds, len(configs), cache.traced))
         if cache.stale:
             print(f"note: {cache.stale} cached graphs come from other tracer/zoo code than "
                   f"the current (delete {cache.dir} to retrace them)")  # fmt: skip
     return ds
+
+
+def featurise(
+    rows: pd.DataFrame, graphs: list[OpGraph], per_op_fn: Any
+) -> tuple[list[RowInputs], np.ndarray]:
+    """Each row's GPU-dependent model inputs and its sum-of-per-op baseline (ms), from the
+    per-op time function ``per_op_fn`` (the packaged heads, a CV fold's heads, the roofline).
+    Rows are visited graph by graph, so that a graph's kernel rows are derived once."""
+    inputs: list[RowInputs | None] = [None] * len(rows)
+    base = np.zeros(len(rows))
+    for i in np.argsort(rows["graph"].to_numpy(), kind="stable"):
+        r = rows.iloc[i]
+        graph, gpu = graphs[int(r["graph"])], get_gpu(r["gpu_id"])
+        tf32 = Tf32(bool(r["tf32_matmul"]), bool(r["tf32_cudnn"]))
+        ms = np.asarray(per_op_fn(graph.nodes, gpu, tf32), dtype=float)
+        inputs[i] = row_inputs(graph, gpu, tf32, ms, bool(r["channels_last"]))
+        base[i] = float(ms.sum())
+    return inputs, base  # type: ignore[return-value]
 
 
 def describe(ds: StepGraphDataset, n_configs: int, n_traced: int) -> str:

@@ -46,3 +46,12 @@ def use_gnn_for(manifest: dict[str, Any], family: str, amp: str | None) -> bool:
     """Whether CV said the GNN beats the per-op sum in this cell ("other/*": unseen family)."""
     rule = manifest.get("use_gnn", {})
     return bool(rule.get(regime(family, amp), rule.get(regime("other", amp), False)))
+
+
+def interval_for(manifest: dict[str, Any], method: str) -> tuple[float, float] | None:
+    """Calibrated (log p10, log p90) multipliers of the step estimate by ``method`` ("gnn" or
+    "per-op"), fitted on held-out-GPU CV predictions (training/intervals.py); None if absent."""
+    cal = (manifest.get("interval") or {}).get(method)
+    if not cal:
+        return None
+    return float(cal["log_p10"]), float(cal["log_p90"])

@@ -24,7 +24,14 @@ with warnings.catch_warnings():  # torch_geometric's import warns about torch.ji
     from torch_geometric.data import Batch, Data
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.roofline import MATRIX_FAMILIES, NO_GPU_FAMILIES, compute_dtype, roofline_ms
+from boom_ml.timing.roofline import (
+    MATRIX_FAMILIES,
+    NO_GPU_FAMILIES,
+    compute_dtype,
+    matrix_peaks,
+    roofline_ms,
+)
+from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
 
@@ -38,7 +45,7 @@ N_CONTEXT = 17
 EDGE_TYPES = 3
 # Floor of a node time in log space: host nodes (no GPU work) never reach it, they are masked.
 MIN_MS = 1e-6
-PerOpFn = Callable[[pd.DataFrame, GpuSpec, bool], np.ndarray]
+PerOpFn = Callable[[pd.DataFrame, GpuSpec, Tf32], np.ndarray]
 
 
 def per_op_function(name: str | None = None) -> tuple[str, PerOpFn]:
@@ -62,7 +69,14 @@ def per_op_function(name: str | None = None) -> tuple[str, PerOpFn]:
     return "roofline", roofline_ms
 
 
-def _heads_ms(predict: Callable, heads: Any, nodes: pd.DataFrame, gpu: GpuSpec, tf32: bool):
+def heads_function(heads: Any) -> PerOpFn:
+    """The per-op time function of a given PerOpModel (a CV fold's heads, say)."""
+    from boom_ml.timing.per_op import predict_nodes
+
+    return functools.partial(_heads_ms, predict_nodes, heads)
+
+
+def _heads_ms(predict: Callable, heads: Any, nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32):
     return predict(nodes, gpu, tf32=tf32, model=heads)["ms"].to_numpy()
 
 
@@ -128,7 +142,11 @@ def graph_data(graph: OpGraph) -> Data:
 
 
 def gpu_context(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op_ms: np.ndarray, channels_last: bool = False
+    graph: OpGraph,
+    gpu: GpuSpec,
+    tf32: Tf32 | bool | None,
+    per_op_ms: np.ndarray,
+    channels_last: bool = False,
 ) -> np.ndarray:
     """Graph-level features: the GPU's spec sheet and what the step does."""
     nodes = graph.nodes
@@ -136,7 +154,10 @@ def gpu_context(
     dtypes = [_dtype_of(d) for d in nodes.loc[matrix, "input_dtypes"].astype(str)]
     half = float(np.mean([d in ("float16", "bfloat16") for d in dtypes])) if dtypes else 0.0
     main = max(set(dtypes), key=dtypes.count) if dtypes else "float32"
-    peak = gpu.peak_flops(main, tf32=tf32)
+    # The TF32 switch of the family doing most of the matrix work (conv: cuDNN's).
+    fams = nodes.loc[matrix, "family"].astype(str).tolist()
+    main_family = max(set(fams), key=fams.count) if fams else "gemm"
+    peak = gpu.peak_flops(main, tf32=Tf32.of(tf32).for_family(main_family))
     bw = gpu.bandwidth_bytes_per_s
     phases = set(nodes["phase"].astype(str))
     step = graph.meta.get("step", {})
@@ -154,16 +175,12 @@ def gpu_context(
 
 
 def dynamic_node_features(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op_ms: np.ndarray
+    graph: OpGraph, gpu: GpuSpec, tf32: Tf32 | bool | None, per_op_ms: np.ndarray
 ) -> np.ndarray:
     """GPU-dependent node features: per-op time, its roofline parts, neighbours' times."""
     nodes = graph.nodes
     log_ms = np.log10(np.maximum(per_op_ms, MIN_MS))
-    matrix = nodes["family"].isin(MATRIX_FAMILIES).to_numpy()
-    peaks = np.array(
-        [gpu.peak_flops(_dtype_of(d), tf32) if m else gpu.fp32_tflops * 1e12
-         for d, m in zip(nodes["input_dtypes"].astype(str), matrix, strict=True)]
-    )  # fmt: skip
+    peaks = matrix_peaks(nodes, gpu, tf32)
     moved = (nodes["bytes_read"] + nodes["bytes_written"]).to_numpy(dtype=float)
     t_compute = nodes["flops"].to_numpy(dtype=float) / peaks * 1e3
     t_memory = moved / gpu.bandwidth_bytes_per_s * 1e3
@@ -192,7 +209,11 @@ class RowInputs:
 
 
 def row_inputs(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op_ms: np.ndarray, channels_last: bool = False
+    graph: OpGraph,
+    gpu: GpuSpec,
+    tf32: Tf32 | bool | None,
+    per_op_ms: np.ndarray,
+    channels_last: bool = False,
 ) -> RowInputs:
     return RowInputs(
         dynamic=torch.from_numpy(dynamic_node_features(graph, gpu, tf32, per_op_ms)),

@@ -28,6 +28,7 @@ from boom_ml.timing.gnn_features import (
     per_op_function,
     row_inputs,
 )
+from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 
 
@@ -111,11 +112,12 @@ class GnnPrediction:  # node_ms: per graph node in graph.nodes order (0 for host
 
 
 def predict_graph(
-    model: StepGNN, graph: OpGraph, gpu: GpuSpec, tf32: bool, per_op: str,
+    model: StepGNN, graph: OpGraph, gpu: GpuSpec, tf32: Tf32 | bool | None, per_op: str,
     channels_last: bool = False,
 ) -> GnnPrediction:  # fmt: skip
     """Node times and overhead of one traced step on one GPU."""
     _, fn = per_op_function(per_op)
+    tf32 = Tf32.of(tf32)
     base = np.asarray(fn(graph.nodes, gpu, tf32), dtype=float)
     row = row_inputs(graph, gpu, tf32, base, channels_last)
     with torch.no_grad():

@@ -22,6 +22,7 @@ from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing.summary import summarise
+from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -46,10 +47,11 @@ def _base(op: str) -> str:
     return op[:-1] if op.endswith("_") and not op.endswith("__") else op
 
 
-def _dtype(dtypes: list[str], tf32: bool, matrix: bool) -> str:
+def _dtype(dtypes: list[str], tf32: bool) -> str:
+    """The compute dtype of a node's kernel row; ``tf32``: this node's fp32 math may use TF32."""
     for d in dtypes:
         if d in FLOAT_DTYPES:
-            if d == "float32" and tf32 and matrix:
+            if d == "float32" and tf32:
                 return "tf32"
             return "float32" if d == "float64" else d
     return "float32"
@@ -105,8 +107,13 @@ def _rowwise(numel: int, cols: int) -> dict[str, Any]:
     return {"numel": numel, "rows": max(numel // cols, 1), "cols": cols}
 
 
-def node_rows(nodes: pd.DataFrame, tf32: bool = False) -> pd.DataFrame:
-    """Canonical kernel rows for ``nodes`` (an OpGraph node table), with ``node_pos``."""
+def node_rows(nodes: pd.DataFrame, tf32: Tf32 | bool | None = None) -> pd.DataFrame:
+    """Canonical kernel rows for ``nodes`` (an OpGraph node table), with ``node_pos``.
+
+    ``tf32``: PyTorch's two switches (None: its defaults, cuDNN on, matmuls off); a
+    convolution follows the cuDNN one, GEMMs and attention the matmul one.
+    """
+    flags = Tf32.of(tf32)
     out: list[dict[str, Any]] = []
     for pos, node in enumerate(nodes.itertuples(index=False)):
         family = str(node.family)
@@ -120,7 +127,7 @@ def node_rows(nodes: pd.DataFrame, tf32: bool = False) -> pd.DataFrame:
         base = {
             "node_pos": pos,
             "family": family,
-            "dtype": _dtype(in_dt + out_dt, tf32, matrix),
+            "dtype": _dtype(in_dt + out_dt, matrix and flags.for_family(family)),
             "direction": "backward" if node.phase == "backward" else "forward",
         }
         for row in _shape_rows(family, op, shapes, outs, node):
@@ -186,12 +193,12 @@ def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
 _ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(16)
 
 
-def _cached_node_rows(nodes: pd.DataFrame, tf32: bool) -> pd.DataFrame:
+def _cached_node_rows(nodes: pd.DataFrame, tf32: Tf32) -> pd.DataFrame:
     return _ROWS_CACHE.get(nodes, (tf32,), lambda: node_rows(nodes, tf32=tf32))
 
 
 def predict_nodes(
-    nodes: pd.DataFrame, gpu: GpuSpec, tf32: bool = False, model: Any = None
+    nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32 | bool | None = None, model: Any = None
 ) -> pd.DataFrame:
     """Per-node ``ms``, ``p10``, ``p90`` and ``method`` on ``gpu`` (host nodes: 0 ms, 'none')."""
     from boom_ml.timing.heads import load_model
@@ -200,7 +207,7 @@ def predict_nodes(
     n = len(nodes)
     cols = {"ms": np.zeros(n), "p10": np.zeros(n), "p90": np.zeros(n)}
     method = np.full(n, "none", dtype=object)
-    rows = _cached_node_rows(nodes, tf32)
+    rows = _cached_node_rows(nodes, Tf32.of(tf32))
     if not rows.empty:
         pred = model.predict_rows(rows.drop(columns=["node_pos"]), gpu)
         pos = rows["node_pos"].to_numpy()
@@ -211,7 +218,11 @@ def predict_nodes(
 
 
 def estimate_per_op(
-    graph: OpGraph, gpu: GpuSpec, tf32: bool = False, top_n: int = 10, model: Any = None
+    graph: OpGraph,
+    gpu: GpuSpec,
+    tf32: Tf32 | bool | None = None,
+    top_n: int = 10,
+    model: Any = None,
 ) -> TimeEstimate:
     """Step time of ``graph`` on ``gpu``: the sum of per-op predictions.
 

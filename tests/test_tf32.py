@@ -1,0 +1,113 @@
+"""PyTorch's two TF32 switches: cuDNN (on by default) for convolutions, matmul (off) for GEMMs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from boom_ml.gpus import get_gpu
+from boom_ml.timing.features import kernel_features
+from boom_ml.timing.per_op import node_rows
+from boom_ml.timing.roofline import roofline_ms
+from boom_ml.timing.tf32 import Tf32, from_torch_version
+from tests.test_timing_features import synthetic_node
+from training.graph_dataset import row_tf32
+
+CONV = synthetic_node("cudnn_convolution", "conv", [[8, 64, 56, 56], [128, 64, 3, 3]],
+                      [[8, 128, 28, 28]])  # fmt: skip
+LINEAR = synthetic_node("addmm", "gemm", [[256], [4096, 1024], [1024, 256]], [[4096, 256]])
+SDPA = synthetic_node("_scaled_dot_product_efficient_attention", "attention",
+                      [[2, 4, 128, 64]] * 3, [[2, 4, 128, 64]])  # fmt: skip
+HALF_CONV = synthetic_node("cudnn_convolution", "conv", [[8, 64, 56, 56], [128, 64, 3, 3]],
+                           [[8, 128, 28, 28]], dtype="float16")  # fmt: skip
+NODES = pd.DataFrame([CONV, LINEAR, SDPA, HALF_CONV])
+
+
+@pytest.mark.parametrize(
+    ("tf32", "dtypes"),
+    [
+        (None, ["tf32", "float32", "float32", "float16"]),  # PyTorch's defaults
+        (Tf32(), ["tf32", "float32", "float32", "float16"]),
+        (True, ["tf32", "tf32", "tf32", "float16"]),  # tf32=true: both switches
+        (False, ["float32", "float32", "float32", "float16"]),
+        (Tf32(matmul=True, cudnn=False), ["float32", "tf32", "tf32", "float16"]),
+    ],
+)
+def test_each_node_follows_its_family_switch(tf32, dtypes):
+    assert list(node_rows(NODES, tf32=tf32)["dtype"]) == dtypes
+
+
+def test_of_and_versions():
+    assert Tf32.of(None) == Tf32(matmul=False, cudnn=True)
+    assert Tf32.of(True) == Tf32(True, True) and Tf32.of(False) == Tf32(False, False)
+    assert from_torch_version("1.7") == Tf32(True, True)
+    assert from_torch_version("1.11.0") == Tf32(True, True)
+    assert from_torch_version("1.12") == Tf32(False, True)
+    assert from_torch_version("2.1.0") == Tf32(False, True)
+    assert from_torch_version("1.6.0") == Tf32(False, False)
+
+
+def test_roofline_uses_tf32_peak_only_where_the_switch_is_on():
+    nodes = pd.DataFrame([{**CONV, "flops": 1e12}, {**LINEAR, "flops": 1e12}])
+    a100 = get_gpu("a100-80gb-pcie")
+    ms = roofline_ms(nodes, a100)  # defaults: conv on TF32, linear fp32
+    assert ms[0] == pytest.approx(1e12 / (a100.tf32_tflops * 1e12) * 1e3 + 0.005)
+    assert ms[1] == pytest.approx(1e12 / (a100.fp32_tflops * 1e12) * 1e3 + 0.005)
+    # Before Ampere the switches change nothing.
+    v100 = get_gpu("v100-pcie-32gb")
+    np.testing.assert_array_equal(roofline_ms(nodes, v100, True), roofline_ms(nodes, v100, False))
+
+
+def test_tf32_row_on_a_gpu_without_tf32_is_an_fp32_row():
+    rows = node_rows(pd.DataFrame([CONV]), tf32=True).drop(columns=["node_pos"])
+    fp32 = rows.assign(dtype="float32")
+    v100 = get_gpu("v100-pcie-32gb")
+    pd.testing.assert_frame_equal(kernel_features(rows, v100), kernel_features(fp32, v100))
+    a100 = get_gpu("a100-80gb-pcie")
+    assert (
+        kernel_features(rows, a100)["roof_ms"].iloc[0]
+        < kernel_features(fp32, a100)["roof_ms"].iloc[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        ({"source": "cnn_step_times", "tf32": None, "torch_version": None}, Tf32(True, True)),
+        ({"source": "cnn_step_times", "tf32": False, "torch_version": None}, Tf32(False, False)),
+        ({"source": "timm_train", "tf32": None, "torch_version": "1.12"}, Tf32(False, True)),
+        ({"source": "neusight_labels", "tf32": None, "torch_version": None}, Tf32(False, True)),
+        ({"source": "ours", "tf32": True, "torch_version": "2.14.1"}, Tf32(True, True)),
+    ],
+)
+def test_training_rows_follow_the_measuring_release(row, expected):
+    assert row_tf32(pd.Series(row)) == expected
+
+
+@pytest.mark.parametrize(
+    ("kw", "switches"),
+    [
+        ({}, (False, True)),  # PyTorch's defaults
+        ({"tf32": True}, (True, True)),
+        ({"tf32_cudnn": False}, (False, False)),
+        ({"tf32": True, "tf32_matmul": False}, (False, True)),
+        ({"tf32_matmul": True}, (True, True)),
+    ],
+)
+def test_step_spec_switches(kw, switches):
+    from boom_ml.specs import StepSpec
+
+    assert StepSpec(**kw).tf32_switches() == switches
+
+
+def test_cli_checks_the_switches():
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.predict import validate
+
+    assert (
+        validate({"model": "torchvision:resnet18", "gpu": "l4", "tf32_cudnn": False})["tf32_cudnn"]
+        is False
+    )
+    with pytest.raises(InvalidInputError, match="tf32_matmul must be true or false, got 'yes'"):
+        validate({"model": "torchvision:resnet18", "gpu": "l4", "tf32_matmul": "yes"})
