@@ -106,6 +106,12 @@ def gemm_table(cv: pd.DataFrame) -> pd.DataFrame:
     return part.pivot(index="op", columns="gpu", values="mape").round(1)
 
 
+def gemm_coverage_table(cv: pd.DataFrame) -> pd.DataFrame:
+    """bmm / linear (fp32) x held-out GPU: % of rows inside the p10-p90 quantile heads."""
+    part = cv[(cv["head"] == "gemm") & cv["op"].isin(GEMM_OPS)]
+    return (100 * part.pivot(index="op", columns="gpu", values="coverage")).round(1)
+
+
 def format_tables(cv: pd.DataFrame) -> str:
     """Plain-text tables for logs, the README and the manifest."""
     lines = ["MAPE % per head x held-out GPU (leave-one-GPU-out):",
@@ -113,6 +119,8 @@ def format_tables(cv: pd.DataFrame) -> str:
     g = gemm_table(cv)
     if not g.empty:
         lines += ["", "GEMM MAPE % (fp32 rows) x held-out GPU:", g.fillna("").to_string()]
+        lines += ["", "GEMM p10-p90 coverage % (fp32 rows; target 80) x held-out GPU:",
+                  gemm_coverage_table(cv).fillna("").to_string()]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -5,7 +5,10 @@
 
 Cross-validation holds out one GPU at a time (does it transfer to an unseen GPU?) and one
 model family at a time (CNN / transformer: to an unseen kind of model?). The baseline, the
-sum of the same per-op times the GNN starts from, is scored on the same held-out rows.
+sum of the same per-op times the GNN starts from, is scored on the same held-out rows. In a
+GPU fold, every row's per-op times (the GNN's inputs and the baseline) come from per-op heads
+retrained without that GPU's kernel rows (``training/fold_heads.py``); family folds hold out
+the family's step rows and use heads trained on every kernel GPU.
 The final model is fit on every row and packaged to ``boom_ml/artifacts/gnn`` with a
 manifest that says, per model family, whether the predictor should use it.
 """
@@ -24,8 +27,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
-from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate
+from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
 from boom_ml.timing.gnn_model import StepGNN
+from training import intervals
 from training.graph_dataset import StepGraphDataset, build_dataset
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -125,39 +129,95 @@ def folds(ds: StepGraphDataset, cfg: DictConfig) -> list[tuple[str, str, np.ndar
     return out
 
 
+class FoldData:
+    """Each fold's dataset: rows featurised with per-op heads that never saw the fold's GPU.
+
+    With roofline per-op times (nothing learned from kernel rows) every fold uses ``ds``.
+    """
+
+    def __init__(self, ds: StepGraphDataset, cfg: DictConfig) -> None:
+        self.ds = ds
+        self.heads = None
+        self._none: StepGraphDataset | None = None
+        if ds.per_op == "per-op":
+            from training.fold_heads import FoldHeads
+
+            fh = cfg.fold_heads
+            self.heads = FoldHeads.from_train_ops(
+                n_jobs=int(fh.n_jobs), cache_dir=fh.cache_dir and Path(fh.cache_dir),
+                log=lambda m: print(f"  {m}", flush=True),
+            )  # fmt: skip
+
+    def held_out(self, gpu: str | None) -> str:
+        """What the fold's per-op heads hold out (for the table)."""
+        if self.heads is None:
+            return f"none ({self.ds.per_op}: no kernel rows)"
+        key = self.heads.key(gpu)
+        return f"{key} kernel rows" if key == gpu else "none (all kernel GPUs)"
+
+    def dataset(self, gpu: str | None) -> StepGraphDataset:
+        if self.heads is None:
+            return self.ds
+        key = self.heads.key(gpu)
+        if key == gpu:
+            return self.ds.with_per_op("per-op", heads_function(self.heads.without(gpu)))
+        if self._none is None:  # shared by the folds whose GPU has no kernel rows
+            self._none = self.ds.with_per_op("per-op", heads_function(self.heads.without(None)))
+        return self._none
+
+
 def cross_validate(ds: StepGraphDataset, cfg: DictConfig) -> pd.DataFrame:
-    """Held-out GNN predictions: one row per (fold, held-out measurement)."""
+    """Held-out predictions: one row per (fold, held-out measurement), GNN and baseline."""
+    data = FoldData(ds, cfg)
     parts = []
     for k, (kind, held, mask) in enumerate(folds(ds, cfg)):
         started = time.perf_counter()
+        gpu = held if kind == "gpu" else None
+        fold = data.dataset(gpu)
         train, test = np.flatnonzero(~mask), np.flatnonzero(mask)
-        model = train_model(ds, train, cfg)
-        pred = predict_rows(model, ds, test)
-        parts.append(pd.DataFrame({"kind": kind, "held_out": held, "row": test, "gnn_ms": pred}))
+        model = train_model(fold, train, cfg)
+        pred = predict_rows(model, fold, test)
+        parts.append(pd.DataFrame({"kind": kind, "held_out": held, "row": test, "gnn_ms": pred,
+                                   "baseline_ms": fold.rows["baseline_ms"].to_numpy()[test],
+                                   "heads_held_out": data.held_out(gpu)}))  # fmt: skip
         err = _mape(pred, ds.rows["target_ms"].to_numpy()[test])
         print(f"  fold {k + 1}: {kind}={held} ({len(test)} rows): GNN {err:.1f}% "
               f"in {time.perf_counter() - started:.0f} s", flush=True)  # fmt: skip
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+def joined(ds: StepGraphDataset, preds: pd.DataFrame) -> pd.DataFrame:
+    """CV predictions with each row's measurement, family, AMP, source and cell."""
+    p = preds.join(ds.rows[["target_ms", "family", "amp", "source"]], on="row")
+    return p.assign(cell=[regime(f, a) for f, a in zip(p["family"], p["amp"], strict=True)])
+
+
 def _mape(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - true) / true) * 100) if len(true) else float("nan")
 
 
-def cv_table(ds: StepGraphDataset, preds: pd.DataFrame) -> pd.DataFrame:
-    """MAPE of step time per held-out GPU / family, GNN vs sum of per-op, plus pooled lines."""
-    p = preds.join(ds.rows[["target_ms", "baseline_ms", "family", "source"]], on="row")
+def cv_table(p: pd.DataFrame, covered: pd.DataFrame) -> pd.DataFrame:
+    """MAPE of step time per held-out GPU / family, GNN vs sum of per-op, plus pooled lines;
+    the 80 % interval's held-out coverage on GPU lines (``intervals.held_out_coverage``)."""
+    inside = covered.set_index(["held_out", "row"])["inside"]
     lines = []
 
     def line(kind: str, held: str, sub: pd.DataFrame) -> None:
-        base, gnn = (
-            _mape(sub["baseline_ms"], sub["target_ms"]),
-            _mape(sub["gnn_ms"], sub["target_ms"]),
+        base = _mape(sub["baseline_ms"], sub["target_ms"])
+        gnn = _mape(sub["gnn_ms"], sub["target_ms"])
+        cov = (
+            inside.reindex(list(zip(sub["held_out"], sub["row"], strict=True)))
+            if kind == "gpu"
+            else None
         )
-        srcs = ",".join(sorted(sub["source"].unique()))
-        lines.append({"held out": f"{kind}={held}", "rows": len(sub), "sources": srcs,
+        pooled = held == "all (pooled)"
+        heads = "each fold's" if pooled else ",".join(sorted(sub["heads_held_out"].unique()))
+        lines.append({"held out": f"{kind}={held}", "rows": len(sub),
+                      "sources": ",".join(sorted(sub["source"].unique())),
+                      "per-op heads held out": heads,
                       "sum-of-per-op MAPE %": round(base, 1), "GNN MAPE %": round(gnn, 1),
-                      "better": "GNN" if gnn < base else "per-op"})  # fmt: skip
+                      "better": "GNN" if gnn < base else "per-op",
+                      "80% coverage %": round(100 * float(cov.mean()), 1) if cov is not None else "-"})  # fmt: skip
 
     for (kind, held), sub in p.groupby(["kind", "held_out"], sort=False):
         line(kind, str(held), sub)
@@ -166,13 +226,11 @@ def cv_table(ds: StepGraphDataset, preds: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def decide(ds: StepGraphDataset, preds: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
+def decide(p: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
     """Per cell (family x AMP): use the GNN iff it beat the per-op sum on the cell's
     held-out-GPU rows. Families outside the data ("other/amp", "other/no-amp") follow the
     leave-one-family-out rows, since a new kind of model is what that split simulates.
     """
-    p = preds.join(ds.rows[["target_ms", "baseline_ms", "family", "amp"]], on="row")
-    p["cell"] = [regime(f, a) for f, a in zip(p["family"], p["amp"], strict=True)]
     cells = [(c, sub) for c, sub in p[p["kind"] == "gpu"].groupby("cell")]
     lofo = p[p["kind"] == "family"]
     cells += [(c, sub) for c, sub in lofo.groupby([regime("other", a) for a in lofo["amp"]])]
@@ -213,10 +271,12 @@ def log_to_mlflow(
         mlflow.log_params({"per_op": manifest["per_op"], "rows": manifest["data"]["rows"],
                            **{f"model.{k}": v for k, v in cfg.model.items()},
                            **{f"train.{k}": v for k, v in cfg.train.items()}})  # fmt: skip
-        for r in table.itertuples(index=False):
-            key = r[0].replace("=", "_").replace(" ", "_").replace("(", "").replace(")", "")
-            mlflow.log_metric(f"mape_gnn.{key}", r[4])
-            mlflow.log_metric(f"mape_per_op.{key}", r[3])
+        for _, r in table.iterrows():
+            key = (
+                r["held out"].replace("=", "_").replace(" ", "_").replace("(", "").replace(")", "")
+            )
+            mlflow.log_metric(f"mape_gnn.{key}", r["GNN MAPE %"])
+            mlflow.log_metric(f"mape_per_op.{key}", r["sum-of-per-op MAPE %"])
         mlflow.log_metric("train_seconds", manifest["train_seconds"])
         mlflow.log_text(markdown(table), "cv_table.md")
         mlflow.log_text(preds.to_csv(index=False), "cv_predictions.csv")
@@ -237,8 +297,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     ds = build_dataset(load_steps(), data_cfg, per_op=cfg.per_op)
     t_data = time.perf_counter() - started
     preds = cross_validate(ds, cfg)
-    table = cv_table(ds, preds) if len(preds) else pd.DataFrame()
-    use, cells = decide(ds, preds) if len(preds) else ({}, pd.DataFrame())
+    table, cells, coverage, use, interval = pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, {}
+    if len(preds):
+        p = joined(ds, preds)
+        use, cells = decide(p)
+        interval = intervals.calibrate(p, use)
+        table = cv_table(p, intervals.held_out_coverage(p, use))
+        coverage = intervals.coverage_table(p, use)
     t_cv = time.perf_counter() - started - t_data
     model = train_model(ds, np.arange(len(ds)), cfg)
     train_seconds = time.perf_counter() - started - t_data
@@ -247,6 +312,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     print("\nWhere the predictor uses the GNN (pooled held-out-GPU rows per cell; other/*: "
           "held-out-family rows)")  # fmt: skip
     print(markdown(cells) if len(cells) else "(no folds)")
+    print("\nHeld-out coverage of the calibrated 80 % interval (p10-p90) of the method used; "
+          "each GPU's rows scored with the interval calibrated on the other GPUs' folds")  # fmt: skip
+    print(markdown(coverage) if len(coverage) else "(no folds)")
+    print(f"packaged interval (all held-out-GPU folds): {interval}")
     print(f"dataset {t_data:.0f} s (tracing {ds.trace_seconds:.0f} s), CV {t_cv:.0f} s, "
           f"CV + final fit {train_seconds:.0f} s")  # fmt: skip
     manifest = {
@@ -257,6 +326,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "train": OmegaConf.to_container(cfg.train),
         "use_gnn": use,
         "decision": cells.to_dict(orient="records"),
+        "interval": {
+            **interval,
+            "levels": list(intervals.LEVELS),
+            "fitted_on": "log(measured/estimated) of the leave-one-GPU-out CV predictions "
+            "(per-op heads without the held-out GPU), each GPU weighted equally; "
+            "per-op: baseline of every row, gnn: rows of cells that use the GNN",
+        },
+        "cv_coverage": coverage.to_dict(orient="records"),
         "data": {
             "rows": len(ds),
             "graphs": len(ds.graphs),
@@ -272,12 +349,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.artifact_dir) if cfg.artifact_dir else ARTIFACT_DIR
     if cfg.save:
         save_model(model, manifest, out)
-        (out / "cv_table.md").write_text(markdown(table) + "\n\n" + markdown(cells) + "\n")
+        (out / "cv_table.md").write_text(
+            "\n\n".join(markdown(t) for t in (table, cells, coverage) if len(t)) + "\n"
+        )
         print(f"packaged to {out}")
     if cfg.mlflow.enabled:
-        held = preds.join(
-            ds.rows[["source", "gpu_id", "model", "target_ms", "baseline_ms"]], on="row"
-        )
+        held = preds.join(ds.rows[["source", "gpu_id", "model", "target_ms"]], on="row")
         run_id = log_to_mlflow(cfg, table, held, manifest, model, out)
         print(f"MLflow run {run_id}")
     return manifest

@@ -126,24 +126,20 @@ def run(cfg: Any, log: Any = print) -> dict[str, Any]:
 
 def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd.DataFrame:
     from boom_ml.gpus import get_gpu
-    from boom_ml.timing.heads import fit_model
     from data_collection.schema import load_steps
     from training.cv import evaluate_steps
+    from training.fold_heads import FoldHeads, fold_settings
 
     s = o["steps"]
     steps = load_steps(o["data"].get("dir"), [s["source"]])
     labels = steps[(steps["phase_scope"] == "fwd+bwd") & (steps["num_gpus"] == 1)
                    & (steps["precision"] == "float32") & (steps["optimizer"] == "none")]  # fmt: skip
-    kw = _train_kw(o["model"], n_estimators=s["n_estimators"], learning_rate=s["learning_rate"],
-                   quantile_estimators=0)  # fmt: skip
+    # The same cached leave-one-GPU-out heads as train_gnn's CV folds.
+    folds = FoldHeads(kernels, fold_settings(o), log=log)
 
     def model_for(gpu_id: str) -> Any:
-        held = kernels[kernels["gpu_id"] != gpu_id]
-        if s.get("max_train_rows") and len(held) > s["max_train_rows"] * 3:
-            held = held.sample(s["max_train_rows"] * 3, random_state=o["seed"])
-        log(f"steps: training without {gpu_id} ({len(held)} rows)")
-        return fit_model(held, {g: specs[g] for g in held["gpu_id"].unique()},
-                         min_rows=o["model"]["min_rows"], log=lambda _m: None, **kw)  # fmt: skip
+        log(f"steps: heads without {gpu_id} (fold {folds.key(gpu_id)})")
+        return folds.without(gpu_id)
 
     all_specs = {**specs, **{g: get_gpu(g) for g in labels["gpu_id"].unique()}}
     return evaluate_steps(labels, model_for, all_specs, log)
