@@ -126,3 +126,18 @@ def test_new_names_build_and_resolve() -> None:
     assert make_optimizer("sgd-nesterov", p).defaults["nesterov"] is True
     assert type(make_optimizer("paged-adamw8bit", p)).__name__ == "AdamW8bit"
     assert make_optimizer("paged-adamw8bit", p).paged is True
+
+
+def test_8bit_state_is_in_the_replayed_peak(tiny: str) -> None:
+    """bitsandbytes' kernels work in place (no event in the optimizer phase): the replay must
+    still create the state in the first step, so the steady-state peak holds it."""
+    from boom_ml.gpus import parse_gpu_list
+    from boom_ml.memory.estimate import estimate_memory
+
+    gpu = parse_gpu_list("a100-80gb-sxm")[0]
+    plain = trace(tiny, optimizer="adamw8bit")
+    held = estimate_memory(plain, gpu).breakdown.get("optimizer_state", 0)
+    assert held >= state_bytes(plain)  # the allocator rounds each block up to 512 bytes
+    assert held < state_bytes(plain) + 512 * len(param_numels()) * 4 + 2 * 512
+    paged = estimate_memory(trace(tiny, optimizer="paged-adamw8bit"), gpu)
+    assert paged.breakdown.get("optimizer_state", 0) < held

@@ -124,6 +124,10 @@ def build_replay(
     )
     opt_rows = body[phase[body] == "optimizer"]
     first_opt = int(opt_rows[0]) if len(opt_rows) else -1
+    if first_opt < 0 and len(body):
+        # An optimizer whose kernels all work in place (bitsandbytes' 8-bit AdamW) leaves no
+        # event in its phase: its state still appears in the first step, at the latest last.
+        first_opt = int(body[-1])
 
     eager_state = str(graph.meta.get("step", {}).get("optimizer", "")) in EAGER_STATE_OPTIMIZERS
     extras = list(extras or [])

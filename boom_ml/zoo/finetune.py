@@ -70,6 +70,14 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     from peft import LoraConfig, get_peft_model  # ~seconds: only when LoRA is asked for
 
     targets: Any = list(step.lora_targets) if step.lora_targets else None
+    if targets is None:
+        # peft's own default per architecture, looked up here: for MoE configs (Mixtral)
+        # peft 0.21 ends up with an empty target set when left to resolve it itself
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+        model_type = getattr(getattr(module, "config", None), "model_type", None)
+        default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
+        targets = list(default) if default else None
     if targets == ["all-linear"]:
         targets = "all-linear"  # peft's own shorthand: every linear layer but the head
     config = LoraConfig(
