@@ -180,3 +180,13 @@ def test_api_finetune_mapping() -> None:
 
 def test_synthetic_config_is_what_it_says(tiny_llama: str) -> None:
     assert Path(tiny_llama.removeprefix("hf:")).parent.name.startswith("synthetic_tiny_llama")
+
+
+def test_cli_keys_and_alias() -> None:
+    from boom_ml.predict import config_keys, rewrite_aliases
+
+    keys = config_keys()
+    assert {"params_dtype", "checkpointing_every", "finetune.method", "finetune.r"} <= keys
+    assert {"finetune.alpha", "finetune.dropout", "finetune.targets"} <= keys
+    assert "finetune.double_quant" in keys
+    assert rewrite_aliases(["checkpointing.every=2"]) == ["checkpointing_every=2"]
