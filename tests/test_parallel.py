@@ -263,3 +263,27 @@ def test_predict_parallel_is_json(tmp_path):
     doc = json.loads(json.dumps(out))
     assert doc[0]["time"]["global_batch"] == 8
     assert len(doc[0]["memory"]["per_stage"]) == 2
+
+
+def test_host_dispatch_floor_bounds_tiny_stages():
+    from boom_ml.parallel.profile import TimeProfile
+    from boom_ml.parallel.time import DISPATCH_US
+
+    prof = TimeProfile(layer_ms=0.01, first_ms=0.0, last_ms=0.0, opt_layer_ms=0.0,
+                       opt_ends_ms=0.0, backward_fraction=0.5, method="synthetic",
+                       layer_ops=200)  # fmt: skip
+    out = step_time(prof, _shape(1), Layout(microbatches=3), [LAYERS], _groups())
+    assert out["compute_ms"] == pytest.approx(3 * LAYERS * 200 * DISPATCH_US * 1e-3)
+
+
+def test_rank_config_divides_heads_mlp_vocab_and_drops_ids_outside_the_shard():
+    from boom_ml.parallel.shard import rank_config
+
+    raw = dict(SYNTHETIC_TINY_LLAMA, pad_token_id=200, bos_token_id=1)
+    out = rank_config(raw, 2, 5)
+    assert (out["num_attention_heads"], out["num_key_value_heads"]) == (HEADS // 2, HEADS // 2)
+    assert (out["head_dim"], out["hidden_size"]) == (H // HEADS, H)
+    assert (out["intermediate_size"], out["vocab_size"]) == (INTER // 2, VOCAB // 2)
+    assert (out["num_hidden_layers"], out["pad_token_id"], out["bos_token_id"]) == (5, None, 1)
+    with pytest.raises(InvalidInputError, match="ties its head width"):
+        rank_config({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64}, 2, 1)

@@ -16,7 +16,7 @@ from boom_ml.parallel.links import inter_link, intra_link
 from boom_ml.parallel.memory import rank_memory
 from boom_ml.parallel.profile import memory_profile, param_counts, time_profile
 from boom_ml.parallel.shard import check_model, load_raw, stage_layers
-from boom_ml.parallel.time import Shape, step_time
+from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
 
 DECODER_SEQ_LEN = 2048  # the zoo's default for decoders (boom_ml/zoo/hf_models.py)
@@ -33,6 +33,7 @@ def predict_raw(
     raw: dict[str, Any], gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
     stack: Any = None, memory: bool = True, compute_scale: float = 1.0,
     grad_bytes: int | None = None, overlap_grad_reduce: bool = True,
+    dispatch_us: float = DISPATCH_US,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
@@ -66,7 +67,9 @@ def predict_raw(
         inter = inter_link(cluster, gpu.architecture)
         groups = make_groups(layout, cluster, intra, inter)
         tprof = time_profile(raw, layout.tp, time_step, gpu)
-        time = step_time(tprof, shape, layout, per_stage, groups, counts["tied"], compute_scale)
+        time = step_time(
+            tprof, shape, layout, per_stage, groups, counts["tied"], compute_scale, dispatch_us
+        )
         global_batch = step.batch_size * layout.microbatches * layout.dp
         time["global_batch"] = global_batch
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)

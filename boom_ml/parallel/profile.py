@@ -21,7 +21,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
 from boom_ml.specs import ModelSpec, StepSpec
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 PHASES_BACKWARD = ("backward", "recompute")
 # Optimizer state per fp32 parameter element (bytes): what ZeRO divides. Exact for these
 # optimizers (torch.optim state tensors); others (adafactor's factored rows and columns) use
@@ -41,6 +41,10 @@ class TimeProfile:
     opt_ends_ms: float  # optimizer step of the parameters outside the layers
     backward_fraction: float  # of layer_ms: the window DDP's all-reduce can hide behind
     method: str
+    # ops the host dispatches per micro-batch (forward, backward, recompute; input on the first)
+    layer_ops: float = 0.0
+    first_ops: float = 0.0
+    last_ops: float = 0.0
 
 
 @dataclass
@@ -108,6 +112,11 @@ def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
     # top-level ops hold the optimizer and input phases: what is left of "last" is the loss
     last = max(roles["last"] - opt - first, 0.0) + float(est.overhead_ms or 0.0)
     bwd = sum(float(est.by_phase.get(p, 0.0)) for p in PHASES_BACKWARD)
+    nodes = graph.nodes
+    ops = {"layer": 0, "first": 0, "last": 0}
+    stepping = nodes[nodes["phase"].isin(("forward", "backward", "recompute", "input"))]
+    for module, count in stepping.groupby("module").size().items():
+        ops[module_role(str(module))] += int(count)
     nonopt = est.step_ms - opt
     return {
         "nonopt": nonopt,
@@ -116,6 +125,7 @@ def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
         "last": last,
         "bwd_fraction": bwd / nonopt if nonopt > 0 else 0.5,
         "method": est.method,
+        "ops": ops,
     }
 
 
@@ -144,6 +154,9 @@ def time_profile(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> 
         opt_ends_ms=max(2 * one["opt"] - two["opt"], 0.0),
         backward_fraction=two["bwd_fraction"],
         method=one["method"],
+        layer_ops=two["ops"]["layer"] - one["ops"]["layer"],
+        first_ops=one["ops"]["first"],
+        last_ops=one["ops"]["last"],
     )
     _disk_put("time", key, asdict(prof))
     _MEMO[key] = prof

@@ -105,6 +105,12 @@ def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
         if raw.get(ikey):
             out[ikey] = math.ceil(raw[ikey] / tp)
     out["vocab_size"] = math.ceil(raw["vocab_size"] / tp)
+    # special token ids index the full vocabulary; on a shard they may not exist (an
+    # embedding's padding_idx must): they change no shape of the step
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = raw.get(key)
+        if isinstance(ids, int) and ids >= out["vocab_size"] or isinstance(ids, list):
+            out[key] = None
     return out
 
 

@@ -5,7 +5,8 @@ Per micro-batch, stage s takes ``T_s = C_s + X_s``: compute ``C_s`` (its layers,
 embedding on the first stage and head + loss on the last, from ``profile.py``) and the
 communication on its critical path ``X_s`` (Megatron tensor-parallel all-reduces: 2 per layer
 forward, 2 backward, 2 more when checkpointing recomputes the forward; pipeline sends of the
-activation forward and its gradient backward). 1F1B then takes ``sum_s T_s + (m - 1) max_s T_s``
+activation forward and its gradient backward). ``C_s`` is at least the host's dispatch time of
+the stage's ops (``DISPATCH_US`` each): small tensor-parallel shards are host-bound. 1F1B then takes ``sum_s T_s + (m - 1) max_s T_s``
 (fill and drain once, the slowest stage m - 1 more times); for equal stages that is
 ``(m + pp - 1) T``, and the bubble is ``(pp - 1) / (m + pp - 1)`` of it. After the last
 micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
@@ -32,8 +33,14 @@ from boom_ml.parallel.profile import TimeProfile
 
 METHOD = (
     "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
-    " layers + alpha-beta ring collectives (links.csv) + 1F1B schedule"
+    " layers, at least {dispatch_us:g} us of host dispatch per op + alpha-beta ring collectives"
+    " (links.csv) + 1F1B schedule"
 )
+# Host time to dispatch one op in eager PyTorch: ~5 us without autograd, ~7 us with
+# (pytorch/pytorch#41383; ~4 us per CUDA op in pytorch/pytorch#82793). When a stage's kernels
+# are shorter than that, the GPU waits for the host: a micro-batch takes at least
+# ops x DISPATCH_US.
+DISPATCH_US = 5.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,7 @@ def dp_collectives(
 def step_time(
     prof: TimeProfile, shape: Shape, layout: Layout, layers_per_stage: list[int],
     groups: dict[str, GroupLink], tied_params: int = 0, compute_scale: float = 1.0,
+    dispatch_us: float = DISPATCH_US,
 ) -> dict[str, Any]:  # fmt: skip
     """``time.*`` of one optimizer step over the global batch (JSON-able)."""
     pp, m = layout.pp, layout.microbatches
@@ -158,6 +166,8 @@ def step_time(
         compute = compute_scale * (
             n * prof.layer_ms + (prof.first_ms if first else 0) + (prof.last_ms if last else 0)
         )
+        ops = n * prof.layer_ops + (prof.first_ops if first else 0) + (prof.last_ops if last else 0)
+        compute = max(compute, ops * dispatch_us * 1e-3)
         colls = tp_collectives(shape, n, first, last, groups["tp"])
         colls += pp_collectives(shape, first, last, groups["pp"])
         crit = sum(c.ms for c in colls)
@@ -208,5 +218,5 @@ def step_time(
             }
             for st in stages
         ],  # fmt: skip
-        "method": METHOD.format(method=prof.method),
+        "method": METHOD.format(method=prof.method, dispatch_us=dispatch_us),
     }
