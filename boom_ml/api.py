@@ -215,6 +215,7 @@ def predict(
             "flops": graph.flops,
             "num_parameters": graph.meta["num_parameters"],
             "num_trainable_parameters": graph.meta.get("num_trainable_parameters"),
+            "recipe": graph.meta.get("recipe", {}),
             "trace_seconds": graph.meta["trace_seconds"],
             "unknown_ops": graph.unknown_ops,
         },

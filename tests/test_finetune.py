@@ -110,6 +110,8 @@ def test_qlora_weights_are_nf4(tiny_llama: str, double_quant: bool) -> None:
     assert adopted_bytes(graph, "parameter") == nf4 + 2 * dense
     assert adopted_bytes(graph, "gradient") == 2 * adapters  # bf16 adapters
     assert graph.meta["recipe"]["nf4_layers"] == layers * len(BLOCK_LINEARS)
+    assert graph.meta["recipe"]["bytes"]["base_weights_4bit"] == nf4
+    assert graph.meta["recipe"]["bytes"]["trainable_parameters"] == 2 * adapters
     assert graph.meta["method_notes"] and "NF4" in graph.meta["method_notes"][0]
     nodes = graph.nodes
     dequant = nodes[nodes.op == "dequantize_nf4"]
@@ -190,3 +192,26 @@ def test_cli_keys_and_alias() -> None:
     assert {"finetune.alpha", "finetune.dropout", "finetune.targets"} <= keys
     assert "finetune.double_quant" in keys
     assert rewrite_aliases(["checkpointing.every=2"]) == ["checkpointing_every=2"]
+
+
+def test_recipe_line_names_where_the_bytes_go() -> None:
+    from boom_ml.report.table import recipe_line
+
+    assert recipe_line({"finetune": "full", "bytes": {}}) == ""
+    line = recipe_line(
+        {
+            "finetune": "qlora",
+            "nf4_layers": 224,
+            "lora_targets": ["q_proj", "v_proj"],
+            "peft_trainable_parameters": 3_407_872,
+            "bytes": {
+                "base_weights_4bit": 3 * 2**30,
+                "trainable_parameters": 6_815_744,
+                "optimizer_state_on_host": 2**30,
+            },
+        }
+    )
+    assert line == (
+        "Recipe: base weights 4-bit NF4 3.00 GiB (224 layers); LoRA adapters 3.4 M trainable "
+        "(6.5 MiB, targets q_proj,v_proj); optimizer state on the host 1.00 GiB."
+    )

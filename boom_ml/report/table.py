@@ -130,6 +130,28 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
     return lines
 
 
+def recipe_line(recipe: dict) -> str:
+    """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
+    nbytes = recipe.get("bytes") or {}
+    parts = []
+    if nbytes.get("base_weights_4bit"):
+        parts.append(
+            f"base weights 4-bit NF4 {nbytes['base_weights_4bit'] / GIB:.2f} GiB "
+            f"({recipe.get('nf4_layers', 0)} layers)"
+        )
+    if recipe.get("finetune") in ("lora", "qlora"):
+        parts.append(
+            f"LoRA adapters {recipe.get('peft_trainable_parameters', 0) / 1e6:.1f} M trainable "
+            f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
+            f"targets {','.join(recipe.get('lora_targets', []))})"
+        )
+    if nbytes.get("optimizer_state_on_host", 0) > MIB:
+        parts.append(
+            f"optimizer state on the host {nbytes['optimizer_state_on_host'] / GIB:.2f} GiB"
+        )
+    return "Recipe: " + "; ".join(parts) + "." if parts else ""
+
+
 def stack_label(stack: dict) -> str:
     extras = [f"{stack['module_loading']} module loading"]
     extras += ["cudnn.benchmark"] if stack.get("cudnn_benchmark") else []
@@ -153,6 +175,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, traced in {graph['trace_seconds']:.1f} s. "
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
+    recipe = recipe_line(graph.get("recipe") or {})
+    if recipe:
+        console.print(recipe, highlight=False, soft_wrap=True)
     stack = prediction.gpus[0].memory.stack
     if stack:
         console.print(f"Stack: {stack_label(stack)}", highlight=False, soft_wrap=True)

@@ -32,6 +32,7 @@ from boom_ml.trace.recorder import OpRecorder
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
 from boom_ml.zoo.finetune import DTYPES, apply_recipe, logical_parameters
+from boom_ml.zoo.nf4 import NF4Linear
 
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -237,6 +238,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
         unused = {b for p in params if p.grad is None for b in owned_blocks[id(p)]}
         recorder.events = [e for e in recorder.events if e["block"] not in unused]
     events = assign_categories(recorder, runner.grad_blocks, runner.state_blocks)
+    runner.recipe["bytes"] = _recipe_bytes(built, runner)
     return OpGraph.from_records(
         recorder.nodes,
         [{"src": s, "dst": d} for s, d in sorted(recorder.edges)],
@@ -286,6 +288,20 @@ def _state_tensors(runner: _StepRunner, host: set[int]) -> list[torch.Tensor]:
             t for t in (runner.scaler._scale, runner.scaler._growth_tracker) if t is not None
         ]
     return tensors
+
+
+def _recipe_bytes(built: BuiltModel, runner: _StepRunner) -> dict[str, int]:
+    """Where a recipe puts its bytes: 4-bit base weights, trainable parameters, host state."""
+    module = built.module
+    return {
+        "base_weights_4bit": sum(
+            b.nbytes for m in module.modules() if isinstance(m, NF4Linear) for b in m.buffers()
+        ),
+        "trainable_parameters": sum(
+            p.numel() * p.element_size() for p in module.parameters() if p.requires_grad
+        ),
+        "optimizer_state_on_host": sum(t.nbytes for t in runner.host_tensors()),
+    }
 
 
 def _describe_failure(built: BuiltModel, exc: Exception) -> str:
