@@ -146,15 +146,17 @@ def test_shard_sizes_under_each_mode(tiny_memory, sharding):
     expect = {"stage_parameters": 0}
     if stage >= 1:
         expect["zero_optimizer_state"] = -int(8 * held * (dp - 1) / dp)
-    if stage >= 2:
-        expect["zero_gradients"] = -int(4 * held * (dp - 1) / dp)
+    if stage >= 2:  # the gradients alive at the peak: all of them under accumulation
+        grads = tiny_memory.breakdowns[1]["gradient"]
+        assert 4 * held <= grads <= 4 * held + 512 * 40  # allocator rounding per tensor
+        expect["zero_gradients"] = -grads * (dp - 1) / dp
     if stage >= 3:
         expect["zero_parameters"] = -int(4 * held * (dp - 1) / dp)
         expect["fsdp_allgather_buffers"] = 2 * 4 * layer_params(1)
     if stage == 0:
         expect["ddp_bucket"] = DDP_BUCKET_BYTES
     expect["nccl_buffers"] = 1 * 4 * 2**20 * 8 * 2  # one communicator (dp)
-    assert terms == expect
+    assert terms == pytest.approx(expect, abs=1)  # terms are whole bytes
 
 
 def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):

@@ -66,16 +66,19 @@ def stage_memory(
     if last and pp > 1 and p["tied"]:
         held += p["tied"]
     traced = layers * p["layers"] + p["first"] + p["last"]
-    grads_alive = bd.get("gradient", 0) > 0
-    per_param = prof.param_bytes + prof.optimizer_bytes + (prof.param_bytes if grads_alive else 0)
-    terms["stage_parameters"] = (held - traced) * per_param
+    # Parameters and optimizer state live all step; gradients only partly at the peak (all of
+    # them under accumulation): what the stage holds of those at the peak, scaled by params.
+    ratio = held / traced if traced else 1.0
+    grad_peak = bd.get("gradient", 0) * ratio
+    terms["stage_parameters"] = (held - traced) * (
+        prof.param_bytes + prof.optimizer_bytes
+    ) + bd.get("gradient", 0) * (ratio - 1)
     param_b = held * prof.param_bytes
     opt_b = held * prof.optimizer_bytes
-    grad_b = held * prof.param_bytes  # gradients have the parameters' dtype
     if zero >= 1 and dp > 1:
         terms["zero_optimizer_state"] = -opt_b * (1 - 1 / dp)
-    if zero >= 2 and dp > 1 and grads_alive:
-        terms["zero_gradients"] = -grad_b * (1 - 1 / dp)
+    if zero >= 2 and dp > 1 and grad_peak > 0:
+        terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     if zero >= 3 and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
         # the unsharded unit being used plus one prefetched: two layers' parameters
@@ -96,9 +99,8 @@ def stage_memory(
         + (held - traced) * prof.optimizer_bytes
         + terms.get("zero_optimizer_state", 0)
     )
-    if grads_alive:
-        adjusted["gradient"] = int(bd.get("gradient", 0) + (held - traced) * prof.param_bytes
-                                   + terms.get("zero_gradients", 0))  # fmt: skip
+    if grad_peak > 0:
+        adjusted["gradient"] = int(grad_peak + terms.get("zero_gradients", 0))
     adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0))
     for name in ("fsdp_allgather_buffers", "ddp_bucket", "nccl_buffers"):
         if terms.get(name):

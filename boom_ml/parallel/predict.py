@@ -33,7 +33,7 @@ def predict_raw(
     raw: dict[str, Any], gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
     stack: Any = None, memory: bool = True, compute_scale: float = 1.0,
     grad_bytes: int | None = None, overlap_grad_reduce: bool = True,
-    dispatch_us: float = DISPATCH_US,
+    dispatch_us: float = DISPATCH_US, other_scale: float = 1.0,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
@@ -68,7 +68,15 @@ def predict_raw(
         groups = make_groups(layout, cluster, intra, inter)
         tprof = time_profile(raw, layout.tp, time_step, gpu)
         time = step_time(
-            tprof, shape, layout, per_stage, groups, counts["tied"], compute_scale, dispatch_us
+            tprof,
+            shape,
+            layout,
+            per_stage,
+            groups,
+            counts["tied"],
+            compute_scale,
+            dispatch_us,
+            other_scale,
         )
         global_batch = step.batch_size * layout.microbatches * layout.dp
         time["global_batch"] = global_batch

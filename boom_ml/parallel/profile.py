@@ -21,8 +21,9 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
 from boom_ml.specs import ModelSpec, StepSpec
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 PHASES_BACKWARD = ("backward", "recompute")
+MATRIX_FAMILIES = ("gemm", "attention")
 # Optimizer state per fp32 parameter element (bytes): what ZeRO divides. Exact for these
 # optimizers (torch.optim state tensors); others (adafactor's factored rows and columns) use
 # the traced optimizer_state bytes per parameter, allocator rounding included.
@@ -45,6 +46,9 @@ class TimeProfile:
     layer_ops: float = 0.0
     first_ops: float = 0.0
     last_ops: float = 0.0
+    # of layer_ms and last_ms: matrix kernels (GEMMs and attention), the rest is memory-bound
+    layer_matrix_ms: float = 0.0
+    last_matrix_ms: float = 0.0
 
 
 @dataclass
@@ -126,6 +130,7 @@ def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
         "bwd_fraction": bwd / nonopt if nonopt > 0 else 0.5,
         "method": est.method,
         "ops": ops,
+        "matrix": sum(float(est.by_family.get(f, 0.0)) for f in MATRIX_FAMILIES),
     }
 
 
@@ -157,6 +162,9 @@ def time_profile(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> 
         layer_ops=two["ops"]["layer"] - one["ops"]["layer"],
         first_ops=one["ops"]["first"],
         last_ops=one["ops"]["last"],
+        # the embedding runs no matrix kernel: the ends' GEMMs are the LM head's (last stage)
+        layer_matrix_ms=two["matrix"] - one["matrix"],
+        last_matrix_ms=max(2 * one["matrix"] - two["matrix"], 0.0),
     )
     _disk_put("time", key, asdict(prof))
     _MEMO[key] = prof
@@ -200,6 +208,14 @@ def memory_profile(
 
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
     """Parameters per layer, of the embedding (first stage) and of the rest (last stage)."""
-    (_, one), (_, two) = _graphs(raw, tp, step)
-    return {"layers": two["layers"] - one["layers"], "first": one["first"],
-            "last": one["last"], "tied": one["tied"]}  # fmt: skip
+    key = _key("params", raw, tp)  # the step does not change the parameters
+    if key in _MEMO:
+        return _MEMO[key]
+    hit = _disk_get("params", key)
+    if hit is None:
+        (_, one), (_, two) = _graphs(raw, tp, step)
+        hit = {"layers": two["layers"] - one["layers"], "first": one["first"],
+               "last": one["last"], "tied": one["tied"]}  # fmt: skip
+        _disk_put("params", key, hit)
+    _MEMO[key] = hit
+    return hit

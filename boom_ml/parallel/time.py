@@ -156,16 +156,21 @@ def dp_collectives(
 def step_time(
     prof: TimeProfile, shape: Shape, layout: Layout, layers_per_stage: list[int],
     groups: dict[str, GroupLink], tied_params: int = 0, compute_scale: float = 1.0,
-    dispatch_us: float = DISPATCH_US,
+    dispatch_us: float = DISPATCH_US, other_scale: float = 1.0,
 ) -> dict[str, Any]:  # fmt: skip
-    """``time.*`` of one optimizer step over the global batch (JSON-able)."""
+    """``time.*`` of one optimizer step over the global batch (JSON-able).
+
+    ``compute_scale`` multiplies every compute time, ``other_scale`` further the time of the
+    memory-bound (non-GEMM, non-attention) kernels; both are 1 unless calibrated.
+    """
     pp, m = layout.pp, layout.microbatches
     stages = []
     for s, n in enumerate(layers_per_stage):
         first, last = s == 0, s == pp - 1
-        compute = compute_scale * (
-            n * prof.layer_ms + (prof.first_ms if first else 0) + (prof.last_ms if last else 0)
-        )
+        total = n * prof.layer_ms + (prof.first_ms if first else 0) + (prof.last_ms if last else 0)
+        matrix = n * prof.layer_matrix_ms + (prof.last_matrix_ms if last else 0)
+        # other_scale: memory-bound kernels only (1 = as predicted)
+        compute = compute_scale * (matrix + other_scale * (total - matrix))
         ops = n * prof.layer_ops + (prof.first_ops if first else 0) + (prof.last_ops if last else 0)
         compute = max(compute, ops * dispatch_us * 1e-3)
         colls = tp_collectives(shape, n, first, last, groups["tp"])
