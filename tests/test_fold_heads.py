@@ -58,7 +58,7 @@ class _FakeDataset:
         self.asked: list = []
 
     def with_per_op(self, name: str, fn) -> _FakeDataset:
-        self.asked.append(fn.args[1])  # heads_function binds (predict_nodes, heads)
+        self.asked.append(fn.heads)  # the PerOpModel heads_function wraps
         return self
 
 

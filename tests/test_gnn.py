@@ -115,3 +115,19 @@ def test_gnn_not_used_when_trained_on_another_per_op_function(monkeypatch) -> No
     manifest = {"per_op": "roofline", "use_gnn": {"cnn/no-amp": True}}
     monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
     assert estimate.estimate_time(graph, get_gpu("l4")).method != "gnn"  # its CV verdict is void
+
+
+def test_batched_per_op_times_equal_per_gpu_calls() -> None:
+    """The dataset featurises a graph for all its GPUs at once: same numbers as one by one."""
+    from boom_ml.timing.heads import load_model
+    from boom_ml.timing.per_op import node_ms_many, predict_nodes
+
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="adamw"))
+    gpus = [get_gpu(g) for g in ("t4", "a100-80gb-pcie", "l4", "t4")]
+    heads = load_model()
+    many = node_ms_many(graph.nodes, gpus, None, heads)
+    for k, gpu in enumerate(gpus):
+        one = predict_nodes(graph.nodes, gpu, None, heads)["ms"].to_numpy()
+        np.testing.assert_array_equal(many[k], one)
+    fn = gnn_features.heads_function(heads)
+    np.testing.assert_array_equal(fn(graph.nodes, gpus[1], None), many[1])

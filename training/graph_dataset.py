@@ -355,16 +355,22 @@ def featurise(
 ) -> tuple[list[RowInputs], np.ndarray]:
     """Each row's GPU-dependent model inputs and its sum-of-per-op baseline (ms), from the
     per-op time function ``per_op_fn`` (the packaged heads, a CV fold's heads, the roofline).
-    Rows are visited graph by graph, so that a graph's kernel rows are derived once."""
+    Rows of one graph and TF32 setting get their per-op times in one call where the function
+    can (``many``: a graph's kernel rows featurised once for all its GPUs)."""
     inputs: list[RowInputs | None] = [None] * len(rows)
     base = np.zeros(len(rows))
-    for i in np.argsort(rows["graph"].to_numpy(), kind="stable"):
-        r = rows.iloc[i]
-        graph, gpu = graphs[int(r["graph"])], get_gpu(r["gpu_id"])
-        tf32 = Tf32(bool(r["tf32_matmul"]), bool(r["tf32_cudnn"]))
-        ms = np.asarray(per_op_fn(graph.nodes, gpu, tf32), dtype=float)
-        inputs[i] = row_inputs(graph, gpu, tf32, ms, bool(r["channels_last"]))
-        base[i] = float(ms.sum())
+    keys = ["graph", "tf32_matmul", "tf32_cudnn"]
+    for (g, matmul, cudnn), group in rows.reset_index(drop=True).groupby(keys, sort=False):
+        graph, tf32 = graphs[int(g)], Tf32(bool(matmul), bool(cudnn))
+        gpus = [get_gpu(str(x)) for x in group["gpu_id"]]
+        if hasattr(per_op_fn, "many"):
+            all_ms = per_op_fn.many(graph.nodes, gpus, tf32)
+        else:
+            all_ms = [per_op_fn(graph.nodes, gpu, tf32) for gpu in gpus]
+        for i, gpu, ms, cl in zip(group.index, gpus, all_ms, group["channels_last"], strict=True):
+            ms = np.asarray(ms, dtype=float)
+            inputs[i] = row_inputs(graph, gpu, tf32, ms, bool(cl))
+            base[i] = float(ms.sum())
     return inputs, base  # type: ignore[return-value]
 
 

@@ -8,7 +8,6 @@ so one trace serves every GPU. Training (``training/graph_dataset.py``) and infe
 
 from __future__ import annotations
 
-import functools
 import json
 import warnings
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from boom_ml.timing.roofline import (
     NO_GPU_FAMILIES,
     compute_dtype,
     matrix_peaks,
+    node_dtypes_families,
     roofline_ms,
 )
 from boom_ml.timing.tf32 import Tf32
@@ -60,9 +60,8 @@ def per_op_function(name: str | None = None) -> tuple[str, PerOpFn]:
 
         try:
             from boom_ml.timing.heads import load_model as load_heads
-            from boom_ml.timing.per_op import predict_nodes
 
-            return "per-op", functools.partial(_heads_ms, predict_nodes, load_heads())
+            return "per-op", HeadsTimes(load_heads())
         except (ImportError, ArtifactError):
             if name == "per-op":
                 raise
@@ -71,13 +70,22 @@ def per_op_function(name: str | None = None) -> tuple[str, PerOpFn]:
 
 def heads_function(heads: Any) -> PerOpFn:
     """The per-op time function of a given PerOpModel (a CV fold's heads, say)."""
-    from boom_ml.timing.per_op import predict_nodes
-
-    return functools.partial(_heads_ms, predict_nodes, heads)
+    return HeadsTimes(heads)
 
 
-def _heads_ms(predict: Callable, heads: Any, nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32):
-    return predict(nodes, gpu, tf32=tf32, model=heads)["ms"].to_numpy()
+class HeadsTimes:
+    """Per-node median ms from a PerOpModel; ``many`` does several GPUs in one call."""
+
+    def __init__(self, heads: Any) -> None:
+        self.heads = heads
+
+    def __call__(self, nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32) -> np.ndarray:
+        return self.many(nodes, [gpu], tf32)[0]
+
+    def many(self, nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32) -> np.ndarray:
+        from boom_ml.timing.per_op import node_ms_many
+
+        return node_ms_many(nodes, gpus, tf32=tf32, model=self.heads)
 
 
 def _dtype_of(row_dtypes: str) -> str:
@@ -150,12 +158,13 @@ def gpu_context(
 ) -> np.ndarray:
     """Graph-level features: the GPU's spec sheet and what the step does."""
     nodes = graph.nodes
-    matrix = nodes["family"].isin(MATRIX_FAMILIES).to_numpy()
-    dtypes = [_dtype_of(d) for d in nodes.loc[matrix, "input_dtypes"].astype(str)]
+    all_dtypes, all_fams = node_dtypes_families(nodes)
+    matrix = np.isin(all_fams, list(MATRIX_FAMILIES))
+    dtypes = list(all_dtypes[matrix])
     half = float(np.mean([d in ("float16", "bfloat16") for d in dtypes])) if dtypes else 0.0
     main = max(set(dtypes), key=dtypes.count) if dtypes else "float32"
     # The TF32 switch of the family doing most of the matrix work (conv: cuDNN's).
-    fams = nodes.loc[matrix, "family"].astype(str).tolist()
+    fams = list(all_fams[matrix])
     main_family = max(set(fams), key=fams.count) if fams else "gemm"
     peak = gpu.peak_flops(main, tf32=Tf32.of(tf32).for_family(main_family))
     bw = gpu.bandwidth_bytes_per_s

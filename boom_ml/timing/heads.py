@@ -81,9 +81,12 @@ class Head:
             return fam
         return fam & feats["direction"].isin(self.directions).to_numpy()
 
-    def predict(self, feats: pd.DataFrame) -> dict[str, np.ndarray]:
+    def predict(self, feats: pd.DataFrame, median_only: bool = False) -> dict[str, np.ndarray]:
         x = feats.reindex(columns=self.features).to_numpy(dtype=float)
-        return {q: m.predict(x) for q, m in self.models.items()}
+        # One thread: the matrices are small, and OpenMP threads spin when other jobs share
+        # the cores (12 ms per call on 2 busy cores).
+        return {q: m.predict(x, num_threads=1) for q, m in self.models.items()
+                if q == "p50" or not median_only}  # fmt: skip
 
 
 @dataclass
@@ -100,7 +103,8 @@ class PerOpModel:
         """``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` for canonical kernel rows."""
         return self.predict_features(kernel_features(rows, gpus))
 
-    def predict_features(self, feats: pd.DataFrame) -> pd.DataFrame:
+    def predict_features(self, feats: pd.DataFrame, median_only: bool = False) -> pd.DataFrame:
+        """Predictions for featurised rows; ``median_only``: p10/p90 repeat the median."""
         n = len(feats)
         log = {q: np.zeros(n) for q in ("p50", "p10", "p90")}
         method = np.full(n, METHOD_FALLBACK, dtype=object)
@@ -118,7 +122,7 @@ class PerOpModel:
             if not ok.any():
                 continue
             idx, sub = idx[ok], sub[ok]
-            pred = head.predict(sub)
+            pred = head.predict(sub, median_only)
             method[idx] = METHOD_HEAD
             log["p50"][idx] = pred["p50"]
             # A quantile head can cross the median on a row; keep the interval ordered.

@@ -190,7 +190,8 @@ def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
 
 # node_rows depends on the graph only, not the GPU: one prediction over many GPUs parses
 # the node shapes once.
-_ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(16)
+_ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # a dataset holds ~240 graphs
+_FEATS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # one per (graph, GPUs)
 
 
 def _cached_node_rows(nodes: pd.DataFrame, tf32: Tf32) -> pd.DataFrame:
@@ -215,6 +216,37 @@ def predict_nodes(
             np.add.at(cols[col], pos, pred[src].to_numpy())  # sums multi-row nodes
         method[pos] = pred["method"].to_numpy()
     return pd.DataFrame({**cols, "method": method})
+
+
+def node_ms_many(
+    nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, model: Any = None
+) -> np.ndarray:
+    """Median per-node ms of ``nodes`` on each of ``gpus`` ((len(gpus), len(nodes))): the
+    same numbers as ``predict_nodes(...)["ms"]`` per GPU, featurised and predicted in one
+    call (features are per row, so batching does not change them)."""
+    from boom_ml.timing.features import kernel_features
+    from boom_ml.timing.heads import load_model
+
+    model = model if model is not None else load_model()
+    out = np.zeros((len(gpus), len(nodes)))
+    rows = _cached_node_rows(nodes, Tf32.of(tf32))
+    if rows.empty or not gpus:
+        return out
+    base = rows.drop(columns=["node_pos"])
+    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
+
+    def features() -> pd.DataFrame:
+        frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
+        return kernel_features(frame, dict(zip(keys, gpus, strict=True)))
+
+    # Features do not depend on the heads: CV folds that swap heads reuse them.
+    feats = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), *gpus), features)
+    pred = model.predict_features(feats, True)
+    ms = pred["pred_ms"].to_numpy().reshape(len(gpus), len(base))
+    pos = rows["node_pos"].to_numpy()
+    for k in range(len(gpus)):
+        np.add.at(out[k], pos, ms[k])  # sums multi-row nodes
+    return out
 
 
 def estimate_per_op(

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing.tf32 import Tf32
 
 # Per-kernel cost of a launch plus the gap before the next kernel, in eager PyTorch.
@@ -28,19 +29,30 @@ def compute_dtype(row_dtypes: str) -> str:
     return "float32"
 
 
+# Per graph: each node's compute dtype and family (parsed once, reused for every GPU).
+_STATIC: IdentityCache[tuple[np.ndarray, np.ndarray]] = IdentityCache(32)
+
+
+def node_dtypes_families(nodes: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Compute dtype (first floating input; float32 when none) and family of every node."""
+
+    def parse() -> tuple[np.ndarray, np.ndarray]:
+        dtypes = [compute_dtype(d) if d else "float32" for d in nodes["input_dtypes"].astype(str)]
+        return np.array(dtypes, dtype=object), nodes["family"].astype(str).to_numpy(dtype=object)
+
+    return _STATIC.get(nodes, (), parse)
+
+
 def matrix_peaks(nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32 | bool | None) -> np.ndarray:
     """Peak FLOP/s per node: the dtype's (TF32 per the node's family switch) for matrix
     families, the fp32 vector peak for the rest."""
     flags = Tf32.of(tf32)
-    families = nodes["family"].astype(str)
-    return np.array(
-        [
-            gpu.peak_flops(compute_dtype(d) if d else "float32", tf32=flags.for_family(f))
-            if f in MATRIX_FAMILIES
-            else gpu.fp32_tflops * 1e12
-            for d, f in zip(nodes["input_dtypes"], families, strict=True)
-        ]
-    )
+    dtypes, families = node_dtypes_families(nodes)
+    peaks = np.full(len(nodes), gpu.fp32_tflops * 1e12)
+    matrix = np.isin(families, list(MATRIX_FAMILIES))
+    for d, f in set(zip(dtypes[matrix], families[matrix], strict=True)):
+        peaks[matrix & (dtypes == d) & (families == f)] = gpu.peak_flops(d, flags.for_family(f))
+    return peaks
 
 
 def roofline_ms(nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32 | bool | None = None) -> np.ndarray:
