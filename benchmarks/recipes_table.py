@@ -1,11 +1,12 @@
 """Memory and time of one model's fine-tuning recipes on one GPU (issue #15's README table).
 
     python benchmarks/recipes_table.py                       # Llama-3.2-1B on an A100 80GB SXM
-    python benchmarks/recipes_table.py --model hf:meta-llama/Meta-Llama-3-8B --batch 2
+    python benchmarks/recipes_table.py --model hf:meta-llama/Meta-Llama-3-8B --batch 2 --checkpointing full
 
 Rows: full fine-tuning, LoRA (peft's default targets, r=8) and QLoRA (NF4 base weights),
 each with AMP (bf16 autocast over fp32 parameters) and bf16-true (bf16 parameters, no
-autocast), AdamW, no checkpointing. Predictions only: nothing here is a measurement.
+autocast), AdamW (``--optimizer``), no checkpointing (``--checkpointing``). Predictions
+only: nothing here is a measurement.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--optimizer", default="adamw")
+    parser.add_argument("--checkpointing", default="none", help="none | full | selective")
     args = parser.parse_args()
-    print(f"{args.model} on {args.gpu}, batch {args.batch} x {args.seq} tokens, {args.optimizer}")
+    print(
+        f"{args.model} on {args.gpu}, batch {args.batch} x {args.seq} tokens, {args.optimizer}, "
+        f"checkpointing={args.checkpointing}"
+    )
     print(
         "| method | precision | trainable params | peak GiB (nvidia-smi, p50) | step ms | time method | fits |"
     )
@@ -47,6 +52,7 @@ def main() -> None:
             batch_size=args.batch,
             seq_len=args.seq,
             optimizer=args.optimizer,
+            checkpointing=args.checkpointing,
             advice=False,
             **options,
         )
