@@ -215,3 +215,17 @@ def test_recipe_line_names_where_the_bytes_go() -> None:
         "Recipe: base weights 4-bit NF4 3.00 GiB (224 layers); LoRA adapters 3.4 M trainable "
         "(6.5 MiB, targets q_proj,v_proj); optimizer state on the host 1.00 GiB."
     )
+
+
+def test_bf16_true_time_takes_the_amp_cell(tiny_llama: str) -> None:
+    """No GNN training row had low-precision matmuls without AMP: bf16-true steps take the
+    verdict of the AMP cell (GNN or per-op), not that of fp32 steps."""
+    from boom_ml.gpus import parse_gpu_list
+    from boom_ml.timing.estimate import estimate_time
+
+    gpu = parse_gpu_list("a100-80gb-sxm")[0]
+    true_bf16 = estimate_time(trace(tiny_llama, params_dtype="bf16"), gpu).method
+    amp = estimate_time(trace(tiny_llama, amp="bf16"), gpu).method
+    fp32 = estimate_time(trace(tiny_llama), gpu).method
+    assert true_bf16.split(" ")[0] == amp.split(" ")[0]
+    assert fp32  # the fp32 cell may differ (today: gnn vs per-op)

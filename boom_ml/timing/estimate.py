@@ -38,7 +38,12 @@ def estimate_time(
         return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
     model, manifest = packaged
     family = str(graph.meta.get("model_family", "other"))
-    amp = graph.meta.get("step", {}).get("amp")
+    step = graph.meta.get("step", {})
+    amp = step.get("amp")
+    if amp in (None, "none") and step.get("params_dtype", "fp32") != "fp32":
+        # bf16-true / fp16-true: low-precision matmuls as under AMP, which no GNN training
+        # row without AMP had; the AMP cell's verdict applies (issue #15)
+        amp = step["params_dtype"]
     try:
         # CV compared the GNN with the per-op function it was trained on; if the
         # predictor's per-op estimate is now another one (heads packaged later), that
