@@ -165,7 +165,8 @@ def evaluate_steps(
             graph = graphs[key]
             if graph is None:
                 continue
-            pred = predict_nodes(graph.nodes, specs[str(gpu_id)], tf32=False, model=model)
+            # PyTorch 2.1 defaults, as NeuSight measured (matmul TF32 off; no convolutions here)
+            pred = predict_nodes(graph.nodes, specs[str(gpu_id)], tf32=None, model=model)
             ms = float(pred["ms"].sum())
             out.append({"gpu": gpu_id, "model": key[0], "batch_size": key[1], "seq_len": key[2],
                         "measured_ms": float(row.step_time_ms), "pred_ms": ms,
