@@ -14,6 +14,8 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
+from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.report.advisor import advise
 from boom_ml.report.figures import check_plot_dir, write_plots
 from boom_ml.specs import ModelSpec, StepSpec
@@ -152,6 +154,8 @@ def predict(
     grad_accum: int = 1,
     attention: str = "sdpa",
     moe: dict[str, Any] | None = None,
+    parallel: dict[str, Any] | None = None,
+    cluster: dict[str, Any] | None = None,
     params_dtype: str = "fp32",
     finetune: dict[str, Any] | None = None,
     checkpointing_every: int = 1,
@@ -194,6 +198,10 @@ def predict(
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
+    layout, nodes = Layout(**(parallel or {})), Cluster(**(cluster or {}))
+    validate_layout(layout, nodes)
+    if not layout.is_single:
+        return _predict_parallel(model, gpus, step, layout, nodes, software)
     if plot is not None:
         check_plot_dir(plot)
     options = {"attn_implementation": attention, "moe_imbalance": (moe or {}).get("imbalance", 1.0)}
@@ -254,3 +262,20 @@ def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
 def _impl(optimizer: str, impl: str, stack: Stack) -> str:
     resolved = resolve_optimizer_impl(optimizer, impl, stack)
     return "auto" if resolved == "none" else resolved
+
+
+def _predict_parallel(
+    model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, nodes: Cluster, stack: Stack
+) -> Prediction:
+    """A multi-GPU layout: worst-rank memory and step time per GPU (``boom_ml.parallel``)."""
+    from boom_ml.parallel.predict import predict_parallel
+
+    out = predict_parallel(model, gpus, step, layout, nodes, stack=stack)
+    return Prediction(
+        model=model,
+        batch_size=step.batch_size,
+        step=step.to_dict(),
+        graph={},
+        gpus=[],
+        parallel=out,
+    )

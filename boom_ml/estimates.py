@@ -83,6 +83,8 @@ class Prediction:
     gpus: list[GpuPrediction]
     advice: dict[str, list[Any]] = field(default_factory=dict)  # gpu id → [Advice]
     plots: list[str] = field(default_factory=list)  # PNG files written (plot=<dir>)
+    # multi-GPU layouts (parallel.*): per GPU the layout, worst-rank memory and step time
+    parallel: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,4 +95,5 @@ class Prediction:
             "gpus": [g.to_dict() for g in self.gpus],
             "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
             "plots": self.plots,
+            **({"parallel": self.parallel} if self.parallel else {}),
         }

@@ -25,6 +25,8 @@ from typing import Any
 
 from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
 from boom_ml.gpus import parse_gpu_list
+from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
@@ -161,6 +163,9 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     stack = resolve_stack(options.get("stack"))  # stacks.csv, read without torch
     if "optimizer_impl" in options:
         resolve_optimizer_impl(options.get("optimizer", "adamw"), options["optimizer_impl"], stack)
+    check_layout(
+        Layout(**(options.get("parallel") or {})), Cluster(**(options.get("cluster") or {}))
+    )
     plot = options.get("plot")
     if plot is not None and not isinstance(plot, str):
         raise InvalidInputError(f"plot must be a directory path, got {plot!r}")

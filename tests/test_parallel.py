@@ -289,3 +289,23 @@ def test_rank_config_divides_heads_mlp_vocab_and_drops_ids_outside_the_shard():
     assert (out["num_hidden_layers"], out["pad_token_id"], out["bos_token_id"]) == (5, None, 1)
     with pytest.raises(InvalidInputError, match="ties its head width"):
         rank_config({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64}, 2, 1)
+
+
+def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
+    """The CLI contract of issue #14: parallel.* and cluster.* keys reach predict_parallel;
+    a layout the model cannot run is one line (exit status 2 in the CLI)."""
+    import json as _json
+
+    from boom_ml.errors import InvalidInputError as _Invalid
+    from boom_ml.predict import run
+
+    base = {"model": "hf:HuggingFaceTB/SmolLM2-135M", "gpu": "a100-80gb-sxm", "batch_size": 1,
+            "seq_len": 128, "advice": False, "cache": False}  # fmt: skip
+    out = _json.loads(run({**base, "output": "json", "parallel": {"dp": 2, "sharding": "zero1"}}))
+    (entry,) = out["parallel"]
+    assert entry["parallel"]["world"] == 2 and entry["parallel"]["sharding"] == "zero1"
+    assert entry["time"]["global_batch"] == 2 and entry["memory"]["fit"] in ("yes", "tight", "no")
+    with pytest.raises(_Invalid, match="does not divide"):
+        run({**base, "parallel": {"tp": 7}})
+    with pytest.raises(_Invalid, match="gpus_per_node"):
+        run({**base, "parallel": {"dp": 12}})

@@ -165,9 +165,57 @@ def stack_label(stack: dict) -> str:
     )
 
 
+def parallel_table(prediction: Prediction) -> Table:
+    """One row per GPU of a multi-GPU layout: worst rank's memory, step time and its terms."""
+    first = prediction.parallel[0]["parallel"]
+    title = (
+        f"{_title(prediction)}  dp={first['dp']} tp={first['tp']} pp={first['pp']} "
+        f"{first['sharding']} x{first['microbatches']} micro-batches ({first['world']} GPUs)"
+    )
+    table = Table(title=title)
+    for col in ("GPU", "fits", "worst rank (p10–p90) / usable GiB", "step ms", "compute ms",
+                "exposed comm ms", "bubble ms", "samples/s"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "GPU" else "right")
+    for g in prediction.parallel:
+        m, t = g.get("memory", {}), g["time"]
+        table.add_row(
+            g["gpu"],
+            FIT_STYLE.get(m.get("fit", ""), "-"),
+            f"{m['total_bytes'] / GIB:.1f} ({m['p10_bytes'] / GIB:.1f}–{m['p90_bytes'] / GIB:.1f})"
+            f" / {m['capacity_bytes'] / GIB:.1f}"
+            if m
+            else "-",
+            f"{t['step_ms']:.1f}",
+            f"{t['compute_ms']:.1f}",
+            f"{t['exposed_comm_ms']:.1f}",
+            f"{t['bubble_ms']:.1f}",
+            f"{t['samples_per_s']:.1f}",
+        )
+    return table
+
+
+def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
+    lines = []
+    for g in prediction.parallel:
+        colls = sorted(g["time"].get("collectives", []), key=lambda c: -c.get("exposed_ms", 0))
+        lines.append(f"{g['gpu']}: top collectives (exposed ms) — {g['time'].get('method', '')}")
+        lines += [
+            f"    {c['op']:<15} {c['group']:<4} {c.get('what', ''):<28} "
+            f"{c['bytes'] / 2**20:>10.1f} MiB x{c.get('calls', 1):<4} {c['ms']:>9.2f} ms "
+            f"(exposed {c.get('exposed_ms', 0):.2f})"
+            for c in colls[:top_n]
+        ]
+    return lines
+
+
 def render_table(prediction: Prediction, explain: bool = False) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=130, force_terminal=False)
+    if prediction.parallel:
+        console.print(parallel_table(prediction))
+        for line in collective_lines(prediction):
+            console.print(line, highlight=False, soft_wrap=True)
+        return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
     graph = prediction.graph
     console.print(
