@@ -84,7 +84,9 @@ def test_oom_verdict_on_a_device_too_small():
 
     traces = TinyTraces()
     runs, sims, table = synthetic_runs([4], 0, traces)
-    small = dataclasses.replace(get_gpu("rtx-3060"), total_memory_bytes=216 * MiB)  # context ~215 MiB
+    small = dataclasses.replace(
+        get_gpu("rtx-3060"), total_memory_bytes=216 * MiB
+    )  # context ~215 MiB
     pred = vm.predict(runs, sims, small, table, 0)
     assert pred["pred_oom"].all()
 
