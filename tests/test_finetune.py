@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from tiny_models import tiny_llama_config
 
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace.step import trace_step
@@ -18,19 +19,7 @@ from boom_ml.zoo import build_model
 from boom_ml.zoo.nf4 import nf4_bytes
 
 # synthetic: 2 layers, hidden 64, MLP 128, 4 query heads and 2 KV heads of 16, vocab 1000
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1000,
-    "max_position_embeddings": 256,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
+TINY_LLAMA = tiny_llama_config(vocab_size=1000, rope_theta=10000.0, tie_word_embeddings=False)
 # (out, in) of each linear layer of one block of TINY_LLAMA
 BLOCK_LINEARS = [(64, 64), (32, 64), (32, 64), (64, 64), (128, 64), (128, 64), (64, 128)]
 

@@ -11,23 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tiny_models import tiny_llama_config
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.zoo import build_model, hf_hub
 
 # A synthetic tiny Llama: 2 layers, hidden 64, vocab 128 (not a published model).
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
+TINY_LLAMA = tiny_llama_config(vocab_size=128, tie_word_embeddings=False)
 # embed 128*64 + 2 layers * (q 64*64 + k,v 2*64*32 + o 64*64 + mlp 3*64*128 + 2 norms 64)
 # + final norm 64 + lm_head 64*128
 TINY_LLAMA_PARAMS = (

@@ -8,6 +8,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from tiny_models import tiny_llama_config
 
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
@@ -18,18 +19,7 @@ from boom_ml.zoo import build_model
 
 # synthetic: 2 layers, hidden 64, vocab 2000 (embedding and head: 128,000 weights each,
 # above bitsandbytes' 1e5 paging threshold; every other tensor is below it)
-TINY = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 2000,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
+TINY = tiny_llama_config(vocab_size=2000, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

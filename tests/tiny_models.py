@@ -103,3 +103,19 @@ def tiny_transformer() -> BuiltModel:
         _enable,
         default_seq_len=16,
     )
+
+
+def tiny_llama_config(**overrides: object) -> dict:
+    """A synthetic tiny Llama config (2 layers, hidden 64, MLP 128, 4 query / 2 KV heads of 16);
+    not a published model. ``overrides`` set or add fields (vocab size, tying, ...)."""
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        **overrides,
+    }
