@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
+import boom_ml.zoo.hf_hub as hf_hub
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.zoo import hf_hub
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
