@@ -27,17 +27,11 @@ from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, sugg
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as check_layout
-from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 OUTPUTS = ("table", "json")
-MODEL_SCHEMES = (
-    "torchvision",
-    "timm",
-    "hf",
-    "file",
-)  # as boom_ml.zoo.SCHEMES (which imports torch)
 BOOL_KEYS = ("explain", "advice", "tf32")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}

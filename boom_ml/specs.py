@@ -25,6 +25,7 @@ OPTIMIZERS = (
     "sgd-nesterov",
 )
 AMP_MODES = ("none", "fp16", "bf16")
+MODEL_SCHEMES = ("torchvision", "timm", "hf", "file")  # boom_ml.zoo has one builder each
 # auto = what the stack's PyTorch picks (boom_ml/stack.py); the rest name it
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
 # selective: PyTorch's selective activation checkpointing (matmul outputs saved)
@@ -43,7 +44,7 @@ class ModelSpec:
     @property
     def scheme(self) -> str | None:
         head, sep, _ = self.text.partition(":")
-        return head if sep and head in ("torchvision", "timm", "hf", "file") else None
+        return head if sep and head in MODEL_SCHEMES else None
 
     @property
     def name(self) -> str:

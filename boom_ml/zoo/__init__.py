@@ -22,14 +22,14 @@ from __future__ import annotations
 import torch
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
-from boom_ml.specs import ModelSpec
+from boom_ml.specs import MODEL_SCHEMES, ModelSpec
 from boom_ml.zoo import file_models, hf_models, timm_models, torchvision_models
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import closest
 
 __all__ = ["BuiltModel", "SCHEMES", "build_model", "list_models", "resolve_name"]
 
-SCHEMES = ("torchvision", "timm", "hf", "file")
+SCHEMES = MODEL_SCHEMES
 # Bare-name lookup order (file models always need their scheme).
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
 # hf build options and their defaults: meaningless for other schemes
