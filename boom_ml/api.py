@@ -17,15 +17,13 @@ from boom_ml.memory.estimate import estimate_memory
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.report.advisor import advise
-from boom_ml.report.figures import check_plot_dir, write_plots
+from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
-from boom_ml.timing.estimate import estimate_time
+from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.step import trace_step
 from boom_ml.trace_cache import TraceCache
-from boom_ml.zoo import build_model
 
 
 class Session:
@@ -48,6 +46,10 @@ class Session:
         if step not in self._graphs:
             graph = self._cache.get(self.model, step) if self._cache is not None else None
             if graph is None:
+                # Model libraries and the tracer (~1 s of imports) only on a cache miss.
+                from boom_ml.trace.step import trace_step
+                from boom_ml.zoo import build_model
+
                 # trace_step materialises and may checkpoint the module: a fresh build each time
                 graph = trace_step(build_model(self.model), step)
                 if self._cache is not None:
@@ -76,14 +78,20 @@ class Session:
         def trace_at(batch: int) -> OpGraph:
             return self.graph(replace(traced, batch_size=batch))
 
-        results = []
+        memories = []
         for spec in gpus:
             memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
             if max_batch:
                 memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
-            skip_time = time_unless_oom and not memory.fits
-            tf32 = Tf32(*step.tf32_switches())
-            time = None if skip_time else estimate_time(graph, spec, tf32=tf32)
+            memories.append(memory)
+        # Time for every GPU in one call (one GNN pass, one LightGBM call per head).
+        timed = [k for k, memory in enumerate(memories) if memory.fits or not time_unless_oom]
+        tf32 = Tf32(*step.tf32_switches())
+        estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
+        times = dict(zip(timed, estimates, strict=True))
+        results = []
+        for k, (spec, memory) in enumerate(zip(gpus, memories, strict=True)):
+            time = times.get(k)
             notes = graph.meta.get("method_notes") or []
             if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
                 memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")
@@ -231,6 +239,8 @@ def predict(
         advice=advised,
     )
     if plot is not None:
+        from boom_ml.report.figures import write_plots  # matplotlib: only when asked
+
         prediction.plots = [str(p) for p in write_plots(prediction, graph, gpus, plot)]
     return prediction
 

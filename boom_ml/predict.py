@@ -27,6 +27,7 @@ from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, sugg
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as check_layout
+from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
@@ -163,6 +164,8 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     plot = options.get("plot")
     if plot is not None and not isinstance(plot, str):
         raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
+    if plot is not None:
+        check_plot_dir(plot)  # an unwritable directory fails here, not after the trace
     return options
 
 

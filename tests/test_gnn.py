@@ -56,6 +56,44 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     assert sum(o["ms"] for o in est.top_ops) == pytest.approx(attributed, abs=tol)
 
 
+def test_many_gpus_in_one_pass_equal_one_gpu_at_a_time(monkeypatch) -> None:
+    """The batched path (one message pass, rows of several GPUs; built without PyG) gives
+    each GPU the numbers of its own call, GNN and per-op alike, a GPU listed twice included."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw"))
+    gpus = [get_gpu(g) for g in ("a100-80gb-sxm", "l4", "t4", "l4")]
+    model = _perturbed_model(1)
+    per_op = gnn_features.per_op_function(None)[0]
+    many = gnn_model.predict_graph_many(model, graph, gpus, tf32=None, per_op=per_op)
+    for gpu, pred in zip(gpus, many, strict=True):
+        one = gnn_model.predict_graph(model, graph, gpu, tf32=None, per_op=per_op)
+        np.testing.assert_allclose(pred.node_ms, one.node_ms, rtol=1e-5)
+        assert pred.overhead_ms == pytest.approx(one.overhead_ms, rel=1e-5)
+    # The one-graph batch is PyG's collate of that graph, field by field.
+    _, fn = gnn_features.per_op_function(per_op)
+    rows = [
+        gnn_features.row_inputs(graph, g, None, np.asarray(fn(graph.nodes, g, None))) for g in gpus
+    ]
+    ours = gnn_features.one_graph_batch(graph, rows)
+    pyg = gnn_features.collate([gnn_features.graph_data(graph)], [0] * len(rows), rows)
+    for name in ("node_of", "row_of", "dynamic", "log_per_op", "context", "row_start"):
+        assert torch.equal(getattr(ours, name), getattr(pyg, name)), name
+    for field in ("x", "gpu_mask", "batch"):
+        assert torch.equal(getattr(ours.graphs, field), getattr(pyg.graphs, field)), field
+    for a, b in zip(ours.adjacency, pyg.adjacency, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    for use_gnn in (True, False):
+        manifest = {"per_op": per_op, "use_gnn": {"cnn/no-amp": use_gnn}}
+        monkeypatch.setattr(estimate, "load_model", lambda m=manifest: (model, m))
+        batched = estimate.estimate_times(graph, gpus)
+        for gpu, est in zip(gpus, batched, strict=True):
+            alone = estimate.estimate_time(graph, gpu)
+            assert est.method == alone.method == ("gnn" if use_gnn else "per-op")
+            for key in ("step_ms", "p10_ms", "p90_ms"):
+                assert getattr(est, key) == pytest.approx(getattr(alone, key), rel=1e-5), key
+    assert estimate.estimate_times(graph, []) == []
+
+
 def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
     manifest = {

@@ -117,12 +117,14 @@ def test_size_cap_evicts_least_recently_used(tmp_path):
 
 def test_session_reuses_the_disk_cache_and_cache_off_bypasses_it(tmp_path, mlp_file, monkeypatch):
     import boom_ml.api as api
+    import boom_ml.trace.step as tracer
+    import boom_ml.zoo as zoo
 
     monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path / "cache"))
     model = f"file:{mlp_file}:make"
     first = api.Session(model).graph(STEP)
     calls = []
-    real_trace, real_build = api.trace_step, api.build_model
+    real_trace, real_build = tracer.trace_step, zoo.build_model
 
     def counting(built, step):
         calls.append(step)
@@ -131,14 +133,14 @@ def test_session_reuses_the_disk_cache_and_cache_off_bypasses_it(tmp_path, mlp_f
     def no_build(spec):
         raise AssertionError("the model was built on a cache hit")
 
-    monkeypatch.setattr(api, "trace_step", counting)
-    monkeypatch.setattr(api, "build_model", no_build)
+    monkeypatch.setattr(tracer, "trace_step", counting)
+    monkeypatch.setattr(zoo, "build_model", no_build)
     again = api.Session(model).graph(STEP)  # a fresh session, as in a new process
     assert calls == [] and again.meta == {**first.meta, "from_cache": True}
     pd.testing.assert_frame_equal(again.nodes, first.nodes)
     pd.testing.assert_frame_equal(again.mem_events, first.mem_events)
 
-    monkeypatch.setattr(api, "build_model", real_build)
+    monkeypatch.setattr(zoo, "build_model", real_build)
     entries = sorted(p.name for p in (tmp_path / "cache" / "traces").iterdir())
     api.Session(model, cache=False).graph(STEP)
     assert calls == [STEP]  # traced, although the cache holds this step
@@ -148,11 +150,10 @@ def test_session_reuses_the_disk_cache_and_cache_off_bypasses_it(tmp_path, mlp_f
 SCRIPT = """
 import json, sys
 import boom_ml.api as api
-if sys.argv[2] == "forbid":
-    def fail(*args, **kwargs):
-        raise SystemExit("traced although cached")
-    api.trace_step = api.build_model = fail
 p = api.predict(model=sys.argv[1], gpu=["l4", "t4"], batch_size=4, advice=False)
+# On a cache hit neither the tracer nor the model's library is imported, let alone run.
+if sys.argv[2] == "forbid" and "boom_ml.trace.step" in sys.modules:
+    raise SystemExit("the tracer was imported although the step was cached")
 print(json.dumps(p.to_dict()))
 """
 

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import Prediction
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.report.plots import memory_timeline
 from boom_ml.report.time_plots import plot_gpu_comparison, plot_time_breakdown
 from boom_ml.trace.graph import OpGraph
-
-
-def check_plot_dir(directory: str | Path) -> Path:
-    """Create ``directory`` or fail with one clear line if it cannot be written."""
-    path = Path(directory)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InvalidInputError(
-            f"cannot create plot directory {str(path)!r}: {err.strerror}"
-        ) from err
-    if not os.access(path, os.W_OK):
-        raise InvalidInputError(f"plot directory {str(path)!r} is not writable")
-    return path
 
 
 def write_plots(

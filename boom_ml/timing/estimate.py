@@ -17,8 +17,8 @@ from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.gnn_artifact import interval_for, load_model, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
-from boom_ml.timing.gnn_model import predict_graph
-from boom_ml.timing.per_op import estimate_per_op
+from boom_ml.timing.gnn_model import predict_graph_many
+from boom_ml.timing.per_op import predict_nodes_many
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
@@ -32,18 +32,59 @@ def estimate_time(
     ``tf32``: PyTorch's two switches (None: its defaults; a bool sets both). ``method``
     says which estimate was used: "gnn", or the per-op estimate's own method.
     """
+    return estimate_times(graph, [gpu], tf32=tf32, top_n=top_n)[0]
+
+
+def estimate_times(
+    graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, top_n: int = 10
+) -> list[TimeEstimate]:
+    """:func:`estimate_time` on each of ``gpus``: the per-op heads predict every GPU's rows
+    in one call and the GNN passes messages over the graph once."""
     tf32 = Tf32.of(tf32)
     packaged = load_model()
+    if not gpus:
+        return []
     if packaged is None:
-        return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
+        return _per_op(graph, gpus, tf32, top_n)
     model, manifest = packaged
-    family = str(graph.meta.get("model_family", "other"))
-    step = graph.meta.get("step", {})
-    amp = step.get("amp")
-    if amp in (None, "none") and step.get("params_dtype", "fp32") != "fp32":
-        # bf16-true / fp16-true: low-precision matmuls as under AMP, which no GNN training
-        # row without AMP had; the AMP cell's verdict applies (issue #15)
-        amp = step["params_dtype"]
+    method = _method(graph, manifest)
+    if method == "uncalibrated":
+        return _per_op(graph, gpus, tf32, top_n)
+    if method == "per-op":
+        return [_calibrated(e, manifest, "per-op") for e in _per_op(graph, gpus, tf32, top_n)]
+    # The GNN: per-op medians only (its interval is calibrated, or scaled from the per-op one).
+    calibrated = interval_for(manifest, "gnn") is not None
+    on_heads = manifest["per_op"] == "per-op"  # else the roofline: predict_graph_many's own
+    per_op = (
+        predict_nodes_many(graph.nodes, gpus, tf32=tf32, median_only=calibrated)
+        if on_heads or not calibrated
+        else None
+    )
+    preds = predict_graph_many(
+        model, graph, gpus, tf32, manifest["per_op"],
+        per_op_ms=per_op["ms"] if on_heads and per_op is not None else None,
+    )  # fmt: skip
+    out = []
+    for k, pred in enumerate(preds):
+        est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
+        est.step_ms = pred.step_ms
+        est.overhead_ms = round(pred.overhead_ms, 4)
+        if calibrated:
+            out.append(_calibrated(est, manifest, "gnn"))
+            continue
+        # No calibration packaged: carry the per-op interval over, scaled to the GNN's estimate.
+        assert per_op is not None  # computed whenever there is no calibration
+        base = float(per_op["ms"][k].sum())
+        if base > 0:
+            est.p10_ms = float(per_op["p10"][k].sum()) * est.step_ms / base
+            est.p90_ms = float(per_op["p90"][k].sum()) * est.step_ms / base
+        out.append(est)
+    return out
+
+
+def _method(graph: OpGraph, manifest: dict[str, Any]) -> str:
+    """The method: "gnn", "per-op" (calibrated by the manifest) or "uncalibrated" (per-op heads the GNN
+    was not trained on: the manifest's verdict and intervals are void)."""
     try:
         # CV compared the GNN with the per-op function it was trained on; if the
         # predictor's per-op estimate is now another one (heads packaged later), that
@@ -52,22 +93,25 @@ def estimate_time(
     except (ImportError, ArtifactError):  # trained on per-op heads that are gone: no GNN
         same_per_op = False
     if not same_per_op:
-        return estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
-    if not use_gnn_for(manifest, family, amp):
-        est = estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
-        return _calibrated(est, manifest, "per-op")
-    pred = predict_graph(model, graph, gpu, tf32, manifest["per_op"])
-    est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
-    est.step_ms = pred.step_ms
-    est.overhead_ms = round(pred.overhead_ms, 4)
-    if interval_for(manifest, "gnn") is not None:
-        return _calibrated(est, manifest, "gnn")
-    # No calibration packaged: carry the per-op interval over, scaled to the GNN's estimate.
-    base = estimate_per_op(graph, gpu, tf32=tf32, top_n=top_n)
-    if base.p10_ms is not None and base.p90_ms is not None and base.step_ms > 0:
-        est.p10_ms = base.p10_ms * est.step_ms / base.step_ms
-        est.p90_ms = base.p90_ms * est.step_ms / base.step_ms
-    return est
+        return "uncalibrated"
+    family = str(graph.meta.get("model_family", "other"))
+    step = graph.meta.get("step", {})
+    amp = step.get("amp")
+    if amp in (None, "none") and step.get("params_dtype", "fp32") != "fp32":
+        # bf16-true / fp16-true: low-precision matmuls as under AMP, which no GNN training
+        # row without AMP had; the AMP cell's verdict applies (issue #15)
+        amp = step["params_dtype"]
+    return "gnn" if use_gnn_for(manifest, family, amp) else "per-op"
+
+
+def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list[TimeEstimate]:
+    """The per-op sum on each GPU (``estimate_per_op``), predicted in one call."""
+    pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32)
+    return [
+        summarise(graph.nodes, pred["ms"][k], method="per-op", top_n=top_n,
+                  p10=pred["p10"][k], p90=pred["p90"][k])
+        for k in range(len(gpus))
+    ]  # fmt: skip
 
 
 def _calibrated(est: TimeEstimate, manifest: dict[str, Any], method: str) -> TimeEstimate:

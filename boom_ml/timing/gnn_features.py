@@ -12,15 +12,11 @@ import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import torch
-
-with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
-    warnings.simplefilter("ignore", FutureWarning)
-    from torch_geometric.data import Batch, Data
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.roofline import (
@@ -34,6 +30,9 @@ from boom_ml.timing.roofline import (
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
+
+if TYPE_CHECKING:
+    from torch_geometric.data import Batch, Data
 
 FEATURE_VERSION = 1
 PHASES = ("zero_grad", "input", "forward", "loss", "backward", "recompute", "optimizer")
@@ -140,13 +139,27 @@ def edge_index(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
     return index, types.astype(np.int64)
 
 
-def graph_data(graph: OpGraph) -> Data:
-    """The GPU-independent part of a graph as a PyG ``Data``."""
+def _pyg() -> tuple[type, type]:
+    """PyG's ``Batch`` and ``Data``, imported on first use: importing torch_geometric takes
+    about 2 s (it imports torch._dynamo), and a prediction batches one graph without it."""
+    with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
+        warnings.simplefilter("ignore", FutureWarning)
+        from torch_geometric.data import Batch, Data
+    return Batch, Data
+
+
+def graph_tensors(graph: OpGraph) -> dict[str, Any]:
+    """The GPU-independent part of a graph: node features, typed edges, GPU-work mask."""
     index, types = edge_index(graph)
     gpu_work = ~graph.nodes["family"].astype(str).isin(NO_GPU_FAMILIES).to_numpy()
-    return Data(x=torch.from_numpy(static_node_features(graph.nodes)),
-                edge_index=torch.from_numpy(index), edge_type=torch.from_numpy(types),
-                gpu_mask=torch.from_numpy(gpu_work), num_nodes=len(graph.nodes))  # fmt: skip
+    return {"x": torch.from_numpy(static_node_features(graph.nodes)),
+            "edge_index": torch.from_numpy(index), "edge_type": torch.from_numpy(types),
+            "gpu_mask": torch.from_numpy(gpu_work), "num_nodes": len(graph.nodes)}  # fmt: skip
+
+
+def graph_data(graph: OpGraph) -> Data:
+    """:func:`graph_tensors` as a PyG ``Data`` (training batches many graphs)."""
+    return _pyg()[1](**graph_tensors(graph))
 
 
 def gpu_context(
@@ -235,7 +248,7 @@ def row_inputs(
 class RowBatch:
     """Rows that share a batch of unique graphs; ``node_of`` maps row nodes to batch nodes."""
 
-    graphs: Batch
+    graphs: Batch | OneGraph
     node_of: torch.Tensor  # (M,) index into graphs' nodes, rows' nodes concatenated
     row_of: torch.Tensor  # (M,) row of each row-node
     dynamic: torch.Tensor  # (M, N_DYNAMIC)
@@ -261,18 +274,44 @@ def mean_adjacency(edge_index: torch.Tensor, edge_type: torch.Tensor, n: int) ->
     return tuple(out)
 
 
+@dataclass
+class OneGraph:
+    """What the model reads of a PyG ``Batch``, for a batch of one graph (no PyG import)."""
+
+    x: torch.Tensor
+    gpu_mask: torch.Tensor
+    batch: torch.Tensor  # (n,) zeros: every node belongs to graph 0
+    num_graphs: int = 1
+
+
 def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) -> RowBatch:
     """Batch unique graphs once and point each row's nodes at its graph's nodes."""
-    batch = Batch.from_data_list(graphs)
+    batch = _pyg()[0].from_data_list(graphs)
     ptr = batch.ptr
     node_of = torch.cat([torch.arange(ptr[g], ptr[g + 1]) for g in graph_of_row])
+    adjacency = mean_adjacency(batch.edge_index, batch.edge_type, batch.num_nodes)
+    return _row_batch(batch, node_of, rows, adjacency)
+
+
+def one_graph_batch(graph: OpGraph, rows: list[RowInputs]) -> RowBatch:
+    """Rows (one per GPU, say) over one graph: the same batch as ``collate([graph_data(graph)],
+    [0] * len(rows), rows)``, built without PyG."""
+    t = graph_tensors(graph)
+    n = t["num_nodes"]
+    one = OneGraph(x=t["x"], gpu_mask=t["gpu_mask"], batch=torch.zeros(n, dtype=torch.long))
+    node_of = torch.arange(n).repeat(len(rows))
+    return _row_batch(one, node_of, rows, mean_adjacency(t["edge_index"], t["edge_type"], n))
+
+
+def _row_batch(
+    graphs: Batch | OneGraph, node_of: torch.Tensor, rows: list[RowInputs], adjacency: tuple
+) -> RowBatch:
     sizes = torch.tensor([len(r.log_per_op) for r in rows])
     return RowBatch(
-        graphs=batch, node_of=node_of,
+        graphs=graphs, node_of=node_of,
         row_of=torch.repeat_interleave(torch.arange(len(rows)), sizes),
         dynamic=torch.cat([r.dynamic for r in rows]),
         log_per_op=torch.cat([r.log_per_op for r in rows]),
         context=torch.stack([r.context for r in rows]), num_rows=len(rows),
-        row_start=torch.cumsum(sizes, 0) - sizes,
-        adjacency=mean_adjacency(batch.edge_index, batch.edge_type, batch.num_nodes),
+        row_start=torch.cumsum(sizes, 0) - sizes, adjacency=adjacency,
     )  # fmt: skip

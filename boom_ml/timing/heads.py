@@ -16,7 +16,7 @@ import gzip
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +68,7 @@ class Head:
 
     name: str
     features: list[str]
-    models: dict[str, lgb.Booster]  # "p50", "p10", "p90"
+    models: Mapping[str, lgb.Booster]  # "p50", "p10", "p90"
     n_rows: int = 0
     gpus: list[str] = field(default_factory=list)
     # Canonical families and directions seen in training: other rows get the fallback.
@@ -85,7 +85,7 @@ class Head:
         x = feats.reindex(columns=self.features).to_numpy(dtype=float)
         # One thread: the matrices are small, and OpenMP threads spin when other jobs share
         # the cores (12 ms per call on 2 busy cores).
-        return {q: m.predict(x, num_threads=1) for q, m in self.models.items()
+        return {q: self.models[q].predict(x, num_threads=1) for q in self.models
                 if q == "p50" or not median_only}  # fmt: skip
 
 
@@ -174,10 +174,7 @@ class PerOpModel:
         except ArtifactError:
             raise
         except Exception as exc:  # unreadable JSON, gzip or LightGBM text: a corrupt artifact
-            raise ArtifactError(
-                f"per-op model in {src} is corrupt ({type(exc).__name__}: {exc}); reinstall "
-                "boom-ml or rebuild it with python -m training.train_ops package=true"
-            ) from exc
+            raise corrupt(src, exc) from exc
 
     @classmethod
     def _load(cls, src: Path, path: Path) -> PerOpModel:
@@ -189,14 +186,49 @@ class PerOpModel:
             )
         heads = {}
         for name, spec in doc["heads"].items():
-            models = {}
-            for q, fname in spec["files"].items():
-                with gzip.open(src / fname, "rb") as fh:
-                    models[q] = lgb.Booster(model_str=fh.read().decode())
+            missing = [f for f in spec["files"].values() if not (src / f).is_file()]
+            if missing:
+                raise ArtifactError(f"per-op model in {src} is corrupt: {missing[0]} missing")
+            models = BoosterFiles(src, spec["files"])
             heads[name] = Head(name, spec["features"], models, spec.get("n_rows", 0),
                                spec.get("gpus", []), spec.get("families", [name]),
                                spec.get("directions", ["forward"]))  # fmt: skip
         return cls(heads, doc["fallback"], doc.get("meta", {}))
+
+
+def corrupt(src: Path, exc: Exception) -> ArtifactError:
+    return ArtifactError(
+        f"per-op model in {src} is corrupt ({type(exc).__name__}: {exc}); reinstall "
+        "boom-ml or rebuild it with python -m training.train_ops package=true"
+    )
+
+
+class BoosterFiles(Mapping[str, lgb.Booster]):
+    """A head's boosters, each parsed from its gzipped text file on first use.
+
+    Parsing all 18 packaged boosters takes most of a second; a prediction needs the median
+    booster of the families in its graph (the GNN path no quantiles at all).
+    """
+
+    def __init__(self, folder: Path, files: Mapping[str, str]) -> None:
+        self.folder, self.files = folder, dict(files)
+        self._loaded: dict[str, lgb.Booster] = {}
+
+    def __getitem__(self, quantile: str) -> lgb.Booster:
+        if quantile not in self._loaded:
+            path = self.folder / self.files[quantile]
+            try:
+                with gzip.open(path, "rb") as fh:
+                    self._loaded[quantile] = lgb.Booster(model_str=fh.read().decode())
+            except Exception as exc:  # unreadable gzip or LightGBM text: a corrupt artifact
+                raise corrupt(self.folder, exc) from exc
+        return self._loaded[quantile]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
 
 
 # ---- training ------------------------------------------------------------------------------

@@ -202,36 +202,37 @@ def predict_nodes(
     nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32 | bool | None = None, model: Any = None
 ) -> pd.DataFrame:
     """Per-node ``ms``, ``p10``, ``p90`` and ``method`` on ``gpu`` (host nodes: 0 ms, 'none')."""
-    from boom_ml.timing.heads import load_model
-
-    model = model if model is not None else load_model()
-    n = len(nodes)
-    cols = {"ms": np.zeros(n), "p10": np.zeros(n), "p90": np.zeros(n)}
-    method = np.full(n, "none", dtype=object)
-    rows = _cached_node_rows(nodes, Tf32.of(tf32))
-    if not rows.empty:
-        pred = model.predict_rows(rows.drop(columns=["node_pos"]), gpu)
-        pos = rows["node_pos"].to_numpy()
-        for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
-            np.add.at(cols[col], pos, pred[src].to_numpy())  # sums multi-row nodes
-        method[pos] = pred["method"].to_numpy()
-    return pd.DataFrame({**cols, "method": method})
+    pred = predict_nodes_many(nodes, [gpu], tf32=tf32, model=model)
+    return pd.DataFrame({k: v[0] for k, v in pred.items()})
 
 
 def node_ms_many(
     nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, model: Any = None
 ) -> np.ndarray:
-    """Median per-node ms of ``nodes`` on each of ``gpus`` ((len(gpus), len(nodes))): the
-    same numbers as ``predict_nodes(...)["ms"]`` per GPU, featurised and predicted in one
-    call (features are per row, so batching does not change them)."""
+    """Median per-node ms of ``nodes`` on each of ``gpus`` ((len(gpus), len(nodes)))."""
+    return predict_nodes_many(nodes, gpus, tf32=tf32, model=model, median_only=True)["ms"]
+
+
+def predict_nodes_many(
+    nodes: pd.DataFrame,
+    gpus: list[GpuSpec],
+    tf32: Tf32 | bool | None = None,
+    model: Any = None,
+    median_only: bool = False,
+) -> dict[str, np.ndarray]:
+    """``ms``, ``p10``, ``p90`` and ``method`` per GPU and node ((len(gpus), len(nodes)) each):
+    :func:`predict_nodes` on each GPU, featurised and predicted in one call (features are
+    per row, so batching does not change them). ``median_only``: p10/p90 repeat the median."""
     from boom_ml.timing.features import kernel_features
     from boom_ml.timing.heads import load_model
 
     model = model if model is not None else load_model()
-    out = np.zeros((len(gpus), len(nodes)))
+    shape = (len(gpus), len(nodes))
+    out = {"ms": np.zeros(shape), "p10": np.zeros(shape), "p90": np.zeros(shape)}
+    method = np.full(shape, "none", dtype=object)
     rows = _cached_node_rows(nodes, Tf32.of(tf32))
     if rows.empty or not gpus:
-        return out
+        return {**out, "method": method}
     base = rows.drop(columns=["node_pos"])
     keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
 
@@ -241,12 +242,16 @@ def node_ms_many(
 
     # Features do not depend on the heads: CV folds that swap heads reuse them.
     feats = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), *gpus), features)
-    pred = model.predict_features(feats, True)
-    ms = pred["pred_ms"].to_numpy().reshape(len(gpus), len(base))
+    pred = model.predict_features(feats, median_only)
     pos = rows["node_pos"].to_numpy()
+    for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
+        values = pred[src].to_numpy().reshape(len(gpus), len(base))
+        for k in range(len(gpus)):
+            np.add.at(out[col][k], pos, values[k])  # sums multi-row nodes
+    methods = pred["method"].to_numpy().reshape(len(gpus), len(base))
     for k in range(len(gpus)):
-        np.add.at(out[k], pos, ms[k])  # sums multi-row nodes
-    return out
+        method[k, pos] = methods[k]
+    return {**out, "method": method}
 
 
 def estimate_per_op(

@@ -1,0 +1,22 @@
+"""The plot directory's check, torch- and matplotlib-free: the CLI runs it before the imports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from boom_ml.errors import InvalidInputError
+
+
+def check_plot_dir(directory: str | Path) -> Path:
+    """Create ``directory`` or fail with one clear line if it cannot be written."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InvalidInputError(
+            f"cannot create plot directory {str(path)!r}: {err.strerror}"
+        ) from err
+    if not os.access(path, os.W_OK):
+        raise InvalidInputError(f"plot directory {str(path)!r} is not writable")
+    return path
