@@ -108,7 +108,7 @@ def predict_row(
                     optimizer_impl="fused", checkpointing="full")  # fmt: skip
     out = predict_raw(megatron_gpt(row), [gpu], step, layout, Cluster(gpus_per_node=8),
                       memory=False, compute_scale=compute_scale, other_scale=other_scale,
-                      grad_bytes=2,
+                      grad_bytes=2, full_recompute=True,  # Megatron recomputes whole layers
                       **({} if dispatch_us is None else {"dispatch_us": dispatch_us}),
                       overlap_grad_reduce=False)  # fmt: skip
     return out[0]["time"]

@@ -83,6 +83,33 @@ def all_gather_ms(nbytes: float, group: GroupLink) -> float:
 
 reduce_scatter_ms = all_gather_ms
 
+MIB = 2**20
+DDP_BUCKET_BYTES = 25 * MIB  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
+DDP_FIRST_BUCKET_BYTES = 1 * MIB  # dist._DEFAULT_FIRST_BUCKET_BYTES (default bucket_cap_mb only)
+
+
+def ddp_buckets(
+    ready_bytes: list[int], cap: int = DDP_BUCKET_BYTES, first_cap: int = DDP_FIRST_BUCKET_BYTES
+) -> list[int]:
+    """Bytes of DDP's buckets, in all-reduce order, from gradient sizes in ready order.
+
+    After the first step DDP rebuilds its buckets in the order gradients become ready
+    (``Reducer::rebuild_buckets`` -> ``compute_bucket_assignment_by_size``): a bucket closes as
+    soon as it holds at least its limit (1 MiB for the first, 25 MiB after), so the last
+    bucket holds the last-ready gradient (the embedding's) plus what came after the last close.
+    Checked against DDP's own buckets in ``tests/test_parallel_traced.py``.
+    """
+    out: list[int] = []
+    size, limit = 0, first_cap
+    for nbytes in ready_bytes:
+        size += nbytes
+        if size >= limit:
+            out.append(size)
+            size, limit = 0, cap
+    if size:
+        out.append(size)
+    return out
+
 
 def send_ms(nbytes: float, group: GroupLink) -> float:
     if group.size <= 1 or nbytes <= 0:

@@ -7,7 +7,11 @@ Start: the allocator replay of the per-rank model (tensor-parallel dimensions di
   and optimizer state (the 1-layer trace holds both); a tied head is held again by the last
   stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient);
 * ZeRO-1 divides optimizer state by dp, ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
-  and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit;
+  and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit, plus
+  the root's parameters (embedding, final norm, head): FSDP2 does not reshard the root after
+  forward, so they stay gathered through the backward (``_fsdp_state.py``, "For the root, do
+  not reshard after forward"; one all-gather of the root per micro-batch in
+  ``parallel/traced.py``'s trace);
 * DDP (dp > 1, no sharding): one 25 MiB bucket of communication buffer (gradients are viewed
   into the buckets, ``gradient_as_bucket_view``);
 * 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches in flight
@@ -21,11 +25,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
 from boom_ml.parallel.layout import Layout
 from boom_ml.parallel.profile import MemoryProfile
 
-MIB = 2**20
-DDP_BUCKET_BYTES = 25 * MIB  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
 NCCL_BUFFSIZE = 4 * MIB  # NCCL DEFAULT_BUFFSIZE (src/init.cc), per channel and peer
 NCCL_CHANNELS = 8  # assumption (NCCL chooses by topology)
 NCCL_PEERS = 2  # a ring: previous and next rank
@@ -81,8 +84,10 @@ def stage_memory(
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     if zero >= 3 and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
-        # the unsharded unit being used plus one prefetched: two layers' parameters
-        terms["fsdp_allgather_buffers"] = 2 * p["layers"] * prof.param_bytes
+        # the unsharded unit being used plus one prefetched (two layers' parameters), and the
+        # root's, gathered from its forward to the end of the backward
+        root = held - layers * p["layers"]
+        terms["fsdp_allgather_buffers"] = (2 * p["layers"] + root) * prof.param_bytes
     if dp > 1 and zero == 0:
         terms["ddp_bucket"] = DDP_BUCKET_BYTES
     in_flight = min(pp - stage, microbatches) if pp > 1 else 1

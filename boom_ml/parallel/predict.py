@@ -33,13 +33,15 @@ def predict_raw(
     raw: dict[str, Any], gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
     stack: Any = None, memory: bool = True, compute_scale: float = 1.0,
     grad_bytes: int | None = None, overlap_grad_reduce: bool = True,
-    dispatch_us: float = DISPATCH_US, other_scale: float = 1.0,
+    dispatch_us: float = DISPATCH_US, other_scale: float = 1.0, full_recompute: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
     ``grad_bytes`` is the size of one gradient element on the wire (default: 4, PyTorch AMP
     keeps fp32 gradients); ``overlap_grad_reduce=False`` reduces all gradients after the
-    backward (Megatron without gradient buckets); ``compute_scale`` multiplies compute times.
+    backward (Megatron without gradient buckets); ``compute_scale`` multiplies compute times;
+    ``full_recompute``: checkpointing re-runs whole layers (Megatron), so their recompute repeats
+    both tensor-parallel all-reduces (PyTorch's non-reentrant checkpoint stops before the last).
     """
     facts = check_model(raw, layout)
     validate(layout, cluster, **facts)
@@ -60,6 +62,7 @@ def predict_raw(
         grad_bytes=grad_bytes or 4,
         param_bytes=4,
         overlap_grad_reduce=overlap_grad_reduce,
+        full_recompute=full_recompute,
     )
     out = []
     for gpu in gpus:

@@ -3,15 +3,20 @@ the alpha-beta model, and a 1F1B pipeline schedule.
 
 Per micro-batch, stage s takes ``T_s = C_s + X_s``: compute ``C_s`` (its layers, plus the
 embedding on the first stage and head + loss on the last, from ``profile.py``) and the
-communication on its critical path ``X_s`` (Megatron tensor-parallel all-reduces: 2 per layer
-forward, 2 backward, 2 more when checkpointing recomputes the forward; pipeline sends of the
+communication on its critical path ``X_s`` (tensor-parallel all-reduces: 2 per layer forward
+in the activations' dtype, 2 backward in the gradients' dtype, and under checkpointing 1 more
+(PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt,
+before the MLP's output all-reduce) or 2 (Megatron's full recompute); pipeline sends of the
 activation forward and its gradient backward). ``C_s`` is at least the host's dispatch time of
 the stage's ops (``DISPATCH_US`` each): small tensor-parallel shards are host-bound. 1F1B then takes ``sum_s T_s + (m - 1) max_s T_s``
 (fill and drain once, the slowest stage m - 1 more times); for equal stages that is
 ``(m + pp - 1) T``, and the bubble is ``(pp - 1) / (m + pp - 1)`` of it. After the last
 micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
-except its last bucket; ZeRO-1/2 reduce-scatter + all-gather of the updated parameters;
-FSDP all-gathers per micro-batch prefetched behind compute) and the optimizer step.
+except its last bucket, which holds the last-ready gradient, the embedding's; ZeRO-1/2
+reduce-scatter + all-gather of the updated parameters; FSDP2 per micro-batch: each layer
+gathered in forward and backward, the root once, prefetched behind compute) and the optimizer
+step. The counts and bytes of DDP, FSDP2 and tensor-parallel collectives are checked against
+the real wrappers traced on a fake process group (``traced.py``).
 """
 
 from __future__ import annotations
@@ -55,9 +60,10 @@ class Shape:
     params_layer: int  # per tensor-parallel rank
     params_first: int
     params_last: int
-    grad_bytes: int = 4  # bytes per gradient element all-reduced across dp
+    grad_bytes: int = 4  # bytes per gradient element (dp reduction, tp backward all-reduces)
     param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
     overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
+    full_recompute: bool = False  # Megatron's checkpoint recomputes the whole layer (2 more AR)
 
 
 def schedule_1f1b(stage_ms: list[float], microbatches: int) -> tuple[float, float]:
@@ -70,17 +76,27 @@ def schedule_1f1b(stage_ms: list[float], microbatches: int) -> tuple[float, floa
 def tp_collectives(
     shape: Shape, layers: int, first: bool, last: bool, group: GroupLink
 ) -> list[Collective]:
-    """Megatron tensor-parallel all-reduces of one micro-batch on one stage."""
+    """Tensor-parallel all-reduces of one micro-batch on one stage.
+
+    Row-parallel outputs (attention and MLP) are all-reduced in forward in the activations'
+    dtype; the column-parallel inputs' gradients in backward in the dtype of the residual
+    stream, the parameters' (fp32 under PyTorch autocast: the all-reduce sits before
+    autocast's cast, as traced through DTensor in ``traced.py``; fp16 in Megatron's fp16 model).
+    """
     if group.size <= 1:
         return []
-    act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
-    per_layer = 6 if shape.checkpointing else 4
-    out = [Collective("all_reduce", "tp", "layer activations (attention and MLP outputs)",
-                      act, per_layer * layers, 0.0, 0.0)]  # fmt: skip
+    tokens = shape.batch_size * shape.seq_len * shape.hidden
+    act = tokens * shape.act_bytes
+    recompute = (2 if shape.full_recompute else 1) if shape.checkpointing else 0
+    what = "layer outputs (attention and MLP, forward" + (" and recompute)" if recompute else ")")
+    out = [Collective("all_reduce", "tp", what, act, (2 + recompute) * layers, 0.0, 0.0),
+           Collective("all_reduce", "tp", "layer input gradients (attention and MLP, backward)",
+                      tokens * shape.grad_bytes, 2 * layers, 0.0, 0.0)]  # fmt: skip
     if first:
         out.append(Collective("all_reduce", "tp", "vocab-parallel embedding output", act, 1, 0, 0))
     if last:
-        out.append(Collective("all_reduce", "tp", "LM head input gradient", act, 1, 0, 0))
+        out.append(Collective("all_reduce", "tp", "LM head input gradient",
+                              tokens * shape.grad_bytes, 1, 0, 0))  # fmt: skip
         small = shape.batch_size * shape.seq_len * 4
         out.append(Collective("all_reduce", "tp", "vocab-parallel cross-entropy (max, sum, target)",
                               small, 3, 0, 0))  # fmt: skip
@@ -103,8 +119,14 @@ def pp_collectives(shape: Shape, first: bool, last: bool, group: GroupLink) -> l
 def dp_collectives(
     shape: Shape, layout: Layout, params: int, backward_ms: float, compute_mb_ms: float,
     group: GroupLink, embed_group: GroupLink | None, tied_params: int,
+    layer_params: int | None = None, last_ready_bytes: int = 0,
 ) -> list[Collective]:  # fmt: skip
-    """Gradient reduction (and ZeRO-3 / FSDP parameter gathers) over dp for one step."""
+    """Gradient reduction (and ZeRO-3 / FSDP parameter gathers) over dp for one step.
+
+    ``layer_params``: of ``params``, those in the layers (FSDP units; the rest, embedding, final
+    norm and head, is the root unit; default: all). ``last_ready_bytes``: the gradient that
+    becomes ready last (the embedding's on the first stage), which DDP's last bucket holds.
+    """
     out: list[Collective] = []
     m = layout.microbatches
     if group.size > 1:
@@ -112,7 +134,10 @@ def dp_collectives(
         if layout.zero_stage == 0:
             ms = all_reduce_ms(grads, group)
             if shape.overlap_grad_reduce:
-                last_bucket = all_reduce_ms(min(DDP_BUCKET_BYTES, grads), group)
+                # the last bucket: the last-ready gradient plus what came after the previous
+                # bucket closed (under one cap; collectives.ddp_buckets): at most this
+                last = min(grads, last_ready_bytes + DDP_BUCKET_BYTES)
+                last_bucket = all_reduce_ms(last, group)
                 exposed = max(last_bucket, ms - backward_ms)
             else:
                 exposed = ms
@@ -133,18 +158,38 @@ def dp_collectives(
                 Collective("all_gather", "dp", "updated parameters (ZeRO)", pbytes, 1, ag, ag)
             )
         else:
-            pbytes = params * shape.param_bytes
-            gathers = 3 if shape.checkpointing else 2  # forward, (recompute,) backward
-            ag = all_gather_ms(pbytes, group) * gathers * m
-            rs = reduce_scatter_ms(grads, group) * m
-            unit = shape.params_layer * shape.param_bytes
-            first_unit = all_gather_ms(unit, group) * m
-            # prefetch hides the gathers and reductions behind compute, except the first unit
-            exposed = first_unit + max(0.0, ag + rs - first_unit - m * compute_mb_ms)
-            out.append(Collective("all_gather", "dp", "parameters (FSDP / ZeRO-3, per micro-batch)",
-                                  pbytes, gathers * m, ag, exposed))  # fmt: skip
-            out.append(Collective("reduce_scatter", "dp", "gradients (FSDP / ZeRO-3)", grads, m,
-                                  rs, 0.0))  # fmt: skip
+            # FSDP2, fully_shard per layer and then the root (traced in traced.py): per
+            # micro-batch a layer is gathered in forward and again in backward (resharded after
+            # forward; a checkpointed layer's recompute reuses the backward gather), the root
+            # once (not resharded after forward); every unit's gradient is reduce-scattered
+            layer_params = params if layer_params is None else layer_params
+            units = max(1, round(layer_params / shape.params_layer)) if layer_params else 0
+            unit_p = layer_params // units if units else 0
+            root_p = params - layer_params
+            unit_ag = all_gather_ms(unit_p * shape.param_bytes, group)
+            root_ag = all_gather_ms(root_p * shape.param_bytes, group)
+            ag = (2 * units * unit_ag + root_ag) * m
+            rs = (units * reduce_scatter_ms(unit_p * shape.grad_bytes, group)
+                  + reduce_scatter_ms(root_p * shape.grad_bytes, group)) * m  # fmt: skip
+            # prefetch hides the gathers and reductions behind compute, except the first ones
+            first = (root_ag + unit_ag) * m
+            exposed = first + max(0.0, ag + rs - first - m * compute_mb_ms)
+            if units:
+                share = 2 * units * unit_ag * m / ag if ag > 0 else 1.0
+                out.append(Collective("all_gather", "dp", "layer parameters (FSDP unit, forward and backward)",
+                                      unit_p * shape.param_bytes, 2 * units * m,
+                                      2 * units * unit_ag * m, exposed * share))  # fmt: skip
+                out.append(Collective("reduce_scatter", "dp", "layer gradients (FSDP unit)",
+                                      unit_p * shape.grad_bytes, units * m,
+                                      units * reduce_scatter_ms(unit_p * shape.grad_bytes, group) * m,
+                                      0.0))  # fmt: skip
+            if root_p:
+                share = root_ag * m / ag if ag > 0 else 1.0
+                out.append(Collective("all_gather", "dp", "root parameters (embedding, norm, head: not resharded after forward)",
+                                      root_p * shape.param_bytes, m, root_ag * m, exposed * share))  # fmt: skip
+                out.append(Collective("reduce_scatter", "dp", "root gradients (FSDP root unit)",
+                                      root_p * shape.grad_bytes, m,
+                                      reduce_scatter_ms(root_p * shape.grad_bytes, group) * m, 0.0))  # fmt: skip
     if embed_group is not None and tied_params:
         nbytes = tied_params * shape.grad_bytes
         ms = all_reduce_ms(nbytes, embed_group)
@@ -198,6 +243,8 @@ def step_time(
     dp = dp_collectives(
         shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
         worst["compute_ms"], groups["dp"], embed, tied,
+        layer_params=worst["layers"] * shape.params_layer,
+        last_ready_bytes=shape.params_first * shape.grad_bytes if worst["first"] else 0,
     )  # fmt: skip
     colls = worst["collectives"] + dp
     exposed_dp = sum(c.exposed_ms for c in dp)

@@ -62,8 +62,6 @@ OP_NAMES = {
     "barrier": "barrier",
 }
 NAMESPACES = ("c10d", "_c10d_functional")
-# env vars torch.distributed may read or set; restored after the trace
-ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DECODER_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 DECODER_MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -158,17 +156,17 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
 
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialised; trace in a fresh process")
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    # torch.distributed and what the wrappers import may set variables (RANK..., inductor's
+    # cache dir): the whole environment is put back as it was
+    saved = dict(os.environ)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 def decoder_tp_plan(module: Any, mesh: Any) -> None:

@@ -1,0 +1,188 @@
+"""The analytic collectives (``parallel/time.py``, ``collectives.py``) against the real wrappers.
+
+DDP, FSDP2 ``fully_shard`` and DTensor tensor parallelism run one step of rank 0 on PyTorch's
+fake process group (``parallel/traced.py``); the collectives they issue must be the analytic
+model's, to the byte. The model is the synthetic tiny Llama of ``tiny_models.py`` (2 layers,
+hidden 64, MLP 128, 4 query / 2 KV heads of 16, vocabulary 256, untied): every dimension is
+divisible by the group sizes, so FSDP2 pads no shard.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from tiny_models import tiny_llama_config
+
+from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, GroupLink, ddp_buckets
+from boom_ml.parallel.layout import Layout
+from boom_ml.parallel.profile import TimeProfile
+from boom_ml.parallel.shard import param_split, rank_config
+from boom_ml.parallel.time import Shape, step_time, tp_collectives
+from boom_ml.parallel.traced import summarize, trace_collectives
+
+transformers = pytest.importorskip("transformers")
+
+RAW = tiny_llama_config(vocab_size=256, tie_word_embeddings=False)
+LAYERS, H, BATCH, SEQ = 2, 64, 2, 16
+
+
+def build(checkpointing: bool = False, raw: dict | None = None):
+    def make():
+        config = transformers.LlamaConfig(**(raw or RAW))
+        model = transformers.LlamaForCausalLM(config)
+        if checkpointing:  # as the zoo enables it (boom_ml/zoo/hf_models.py)
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        return model.train()
+
+    return make
+
+
+def loss_fn(amp: bool = False):
+    def run(model):
+        ids = torch.randint(0, RAW["vocab_size"], (BATCH, SEQ))
+        with torch.autocast("cpu", torch.bfloat16, enabled=amp):
+            return model(input_ids=ids, labels=ids).loss
+
+    return run
+
+
+def shape(raw: dict = RAW, tp: int = 1, checkpointing: bool = False, amp: bool = False) -> Shape:
+    """The analytic model's inputs, its parameter counts from ``shard.py`` on the built model."""
+    split = param_split(build(raw=rank_config(raw, tp, LAYERS))())
+    return Shape(batch_size=BATCH, seq_len=SEQ, hidden=H, act_bytes=2 if amp else 4,
+                 checkpointing=checkpointing, params_layer=split["layers"] // LAYERS,
+                 params_first=split["first"], params_last=split["last"])  # fmt: skip
+
+
+def groups(dp: int = 1, tp: int = 1) -> dict[str, GroupLink]:
+    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4)
+            for name, n in (("tp", tp), ("dp", dp), ("pp", 1))}  # fmt: skip
+
+
+def analytic(sh: Shape, layout: Layout) -> dict[tuple[str, str], dict[str, int]]:
+    """(group, op) -> calls and bytes per step of ``time.step_time``'s collectives."""
+    prof = TimeProfile(layer_ms=1.0, first_ms=0.0, last_ms=0.0, opt_layer_ms=0.0,
+                       opt_ends_ms=0.0, backward_fraction=0.5, method="synthetic")  # fmt: skip
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for c in step_time(prof, sh, layout, [LAYERS], groups(layout.dp, layout.tp))["collectives"]:
+        row = out.setdefault((c["group"], c["op"]), {"calls": 0, "bytes": 0})
+        row["calls"] += c["calls"]
+        row["bytes"] += c["bytes"] * c["calls"]
+    return out
+
+
+def traced_totals(calls, phases=("forward", "backward")) -> dict[tuple[str, str], dict[str, int]]:
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for (group, op, phase), row in summarize(calls).items():
+        if phase in phases:
+            acc = out.setdefault((group, op), {"calls": 0, "bytes": 0})
+            acc["calls"] += row["calls"]
+            acc["bytes"] += row["bytes"]
+    return out
+
+
+# --- DDP ----------------------------------------------------------------------------------
+
+
+def test_ddp_all_reduces_every_gradient_byte_once():
+    env = dict(os.environ)
+    layout = Layout(dp=4, microbatches=2)  # the first micro-batch under no_sync
+    calls = trace_collectives(build(), loss_fn(), layout)
+    assert not torch.distributed.is_initialized() and dict(os.environ) == env  # no leaks
+    reduces = [c for c in calls if c.op == "all_reduce"]
+    assert {(c.group, c.group_size, c.phase, c.dtype) for c in reduces} == {
+        ("dp", 4, "backward", "torch.float32")
+    }
+    want = analytic(shape(), layout)[("dp", "all_reduce")]
+    assert (
+        sum(c.bytes for c in reduces)
+        == want["bytes"]
+        == 4 * sum(p.numel() for p in build()().parameters())
+    )
+    # the tiny model fits DDP's first (1 MiB) bucket; buffers are broadcast every forward
+    assert len(reduces) == len(ddp_buckets([want["bytes"]])) == want["calls"] == 1
+    assert {c.op for c in calls} == {"all_reduce", "broadcast"}
+    assert not [c for c in calls if c.phase == "optimizer"]
+
+
+class Wide(torch.nn.Module):
+    """72 MiB of fp32 parameters: a 32 MiB embedding and ten 4 MiB linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(8192, 1024)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(10))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x.square().mean()
+
+
+def test_ddp_buckets_follow_the_size_rule_and_the_last_holds_the_embedding():
+    calls = trace_collectives(Wide, lambda m: m(torch.randint(0, 8192, (2, 4))), Layout(dp=2))
+    traced = [c.bytes for c in calls if c.op == "all_reduce"]
+    ready = [4 * p.numel() for p in reversed(list(Wide().parameters()))]  # backward order
+    assert traced == ddp_buckets(ready) and len(traced) == 3  # 1 MiB first, then 25 MiB caps
+    emb = 4 * 8192 * 1024
+    # the last bucket (exposed after the backward) holds the embedding, above one cap
+    assert emb <= traced[-1] <= emb + DDP_BUCKET_BYTES and traced[-1] > DDP_BUCKET_BYTES
+
+
+# --- FSDP2 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fsdp2_gathers_and_reduce_scatters_equal_the_analytic_ones(checkpointing):
+    layout = Layout(dp=4, sharding="fsdp", microbatches=2)
+    calls = trace_collectives(build(checkpointing), loss_fn(), layout)
+    sh = shape(checkpointing=checkpointing)
+    assert traced_totals(calls) == {k: v for k, v in analytic(sh, layout).items() if k[0] == "dp"}
+    # the root (embedding, final norm, head) is gathered in forward only (not resharded)
+    root = 4 * (sh.params_first + sh.params_last)
+    assert [c.phase for c in calls if c.op == "all_gather" and c.bytes == root] == ["forward"] * 2
+    assert {(c.group_size, c.dtype) for c in calls} == {(4, "torch.float32")}
+
+
+# --- tensor parallel ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_tp_all_reduces_equal_the_analytic_ones(checkpointing):
+    layout = Layout(tp=2)
+    calls = trace_collectives(build(checkpointing), loss_fn(amp=True), layout)
+    sh = shape(tp=2, checkpointing=checkpointing, amp=True)
+    # the traced plan shards the layers only (no vocabulary-parallel embedding or head)
+    layer = tp_collectives(sh, LAYERS, False, False, groups(tp=2)["tp"])
+    want: dict[tuple[str, str], int] = {}
+    for c in layer:
+        key = ("torch.bfloat16" if c.bytes == BATCH * SEQ * H * 2 else "torch.float32", c.op)
+        want[key] = want.get(key, 0) + c.calls
+    got: dict[tuple[str, str], int] = {}
+    for c in calls:
+        assert c.group == "tp" and c.bytes == BATCH * SEQ * H * (2 if "bfloat" in c.dtype else 4)
+        got[(c.dtype, c.op)] = got.get((c.dtype, c.op), 0) + 1
+    assert got == want
+    # forward: the row-parallel outputs (bf16); backward: input gradients (fp32) + recompute
+    fwd = [c.dtype for c in calls if c.phase == "forward"]
+    assert fwd == ["torch.bfloat16"] * 2 * LAYERS
+
+
+def test_fsdp2_over_tensor_parallel_shards_the_tp_rank_model():
+    layout = Layout(dp=2, tp=2, sharding="fsdp")
+    calls = trace_collectives(build(), loss_fn(), layout)
+    sh = shape(tp=2)
+    totals = traced_totals(calls, phases=("backward",))
+    # backward gathers are the layer units only: the tp rank's layer (rank_config), dp-wide
+    assert totals[("dp", "all_gather")] == {"calls": LAYERS, "bytes": 4 * LAYERS * sh.params_layer}
+    assert totals[("tp", "all_reduce")]["calls"] == 2 * LAYERS
+
+
+def test_untraced_layouts_say_so():
+    with pytest.raises(NotImplementedError, match="analytically"):
+        trace_collectives(build(), loss_fn(), Layout(dp=2, sharding="zero1"))
+    with pytest.raises(ValueError, match="real tensors"):
+        trace_collectives(build(), loss_fn(), Layout(dp=2), fake=True)
