@@ -23,7 +23,7 @@ import numpy as np
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig
-from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step, step_fits
+from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
 from boom_ml.memory.overheads import OverheadTable, load_overheads
 from boom_ml.memory.replay import Replay
 from boom_ml.stack import Stack, resolve_stack
@@ -178,8 +178,12 @@ class BatchSearch:
         return reserved + outside
 
     def fits(self, batch: int, gpu: GpuSpec) -> bool:
-        """Whether ``batch`` runs on ``gpu`` without OOM (see ``estimate.step_fits``)."""
-        return step_fits(self.graph_at(batch), gpu, **self._replay_options())[0]
+        """Whether ``batch`` runs on ``gpu`` without OOM: the verdict of
+        ``estimate.step_fits``, from the capped replay alone. step_fits first tries the
+        unbounded replay, which GPUs share; the search probes only batches whose need
+        exceeds the GPU and whose allocated peak fits, where it never decides."""
+        sm = simulate_step(self.graph_at(batch), gpu, capacity=True, **self._replay_options())
+        return not sm.result.oom and sm.total <= gpu.capacity_bytes
 
     def max_batch(self, gpu: GpuSpec, limit: int = MAX_BATCH) -> MaxBatch:
         """Largest batch size that fits on ``gpu``.

@@ -22,7 +22,7 @@ from boom_ml.memory.overheads import TABLE_PATH, load_overheads
 from boom_ml.memory.replay import build_replay
 from boom_ml.specs import StepSpec
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.step import trace_step
+from boom_ml.trace.step import canonical_free_order, trace_step
 
 MiB = 1 << 20
 
@@ -152,6 +152,22 @@ def test_batch_scaling_is_exact_on_a_third_trace():
     assert np.array_equal(scaling.graph_at(3).mem_events["bytes"], g3.mem_events["bytes"])
     with pytest.raises(ValueError):
         BatchScaling(g2, 2, transformer(), 4)
+
+
+def test_loose_frees_are_in_block_order_so_amp_traces_scale():
+    def free(block: int, phase: str, node: int = -1) -> dict:
+        return {"action": "free", "block": block, "node_id": node, "phase": phase}
+
+    alloc = {"action": "alloc", "block": 9, "node_id": 3, "phase": "forward"}
+    events = [free(5, "a"), free(2, "a"), free(4, "b"), free(1, "b"), alloc, free(8, "b"),
+              free(7, "b", node=3), free(6, "b", node=3)]  # fmt: skip
+    # Runs of op-less frees of one phase are sorted; frees inside an op keep their order.
+    assert [e["block"] for e in canonical_free_order(events)] == [2, 5, 1, 4, 9, 8, 7, 6]
+    # Under AMP, autocast's weight copies die at its exit in hash order: with the canonical
+    # order two batch sizes trace to one structure, and the max-batch search need not
+    # trace every probe.
+    g2, g4 = transformer(2, amp="bf16"), transformer(4, amp="bf16")
+    assert BatchScaling(g2, 2, g4, 4).batch_dependent
 
 
 def test_max_batch_size_is_the_boundary():

@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -236,7 +237,9 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
         # A parameter without a gradient after a real step (unused by this model's
         # forward) never had a gradient or optimizer state in a real run either.
         unused = {b for p in params if p.grad is None for b in owned_blocks[id(p)]}
-        recorder.events = [e for e in recorder.events if e["block"] not in unused]
+        recorder.events = canonical_free_order(
+            [e for e in recorder.events if e["block"] not in unused]
+        )
     events = assign_categories(recorder, runner.grad_blocks, runner.state_blocks)
     runner.recipe["bytes"] = _recipe_bytes(built, runner)
     return OpGraph.from_records(
@@ -258,6 +261,26 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             "torch_version": torch.__version__,
         },
     )
+
+
+def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of frees outside any op in one phase, in block order.
+
+    Such frees happen together (autocast's cache of weight copies cleared at its exit, a
+    dict of tensors dropped) in an order that follows hashes of tensor addresses, which
+    differ between traces. Freed at one instant, their order changes no block's life; in
+    block order the same step always traces to the same events, which the max-batch
+    search's affine scaling compares across batch sizes.
+    """
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for event in events:
+        loose = event["action"] == "free" and event["node_id"] == -1
+        if run and not (loose and event["phase"] == run[-1]["phase"]):
+            out += sorted(run, key=lambda e: e["block"])
+            run = []
+        (run if loose else out).append(event)
+    return out + sorted(run, key=lambda e: e["block"])
 
 
 def reference_flops(built: BuiltModel, step: StepSpec) -> int:
