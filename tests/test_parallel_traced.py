@@ -10,6 +10,7 @@ divisible by the group sizes, so FSDP2 pads no shard.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import torch
@@ -152,33 +153,33 @@ def test_fsdp2_gathers_and_reduce_scatters_equal_the_analytic_ones(checkpointing
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_tp_all_reduces_equal_the_analytic_ones(checkpointing):
-    layout = Layout(tp=2)
-    calls = trace_collectives(build(checkpointing), loss_fn(amp=True), layout)
+    """Layers, vocabulary-parallel embedding and head, and loss_parallel's cross-entropy, under
+    bf16 autocast: layer outputs in bf16, everything in the fp32 residual stream in fp32."""
+    calls = trace_collectives(build(checkpointing), loss_fn(amp=True), Layout(tp=2))
     sh = shape(tp=2, checkpointing=checkpointing, amp=True)
-    # the traced plan shards the layers only (no vocabulary-parallel embedding or head)
-    layer = tp_collectives(sh, LAYERS, False, False, groups(tp=2)["tp"])
-    want: dict[tuple[str, str], int] = {}
-    for c in layer:
-        key = ("torch.bfloat16" if c.bytes == BATCH * SEQ * H * 2 else "torch.float32", c.op)
-        want[key] = want.get(key, 0) + c.calls
-    got: dict[tuple[str, str], int] = {}
-    for c in calls:
-        assert c.group == "tp" and c.bytes == BATCH * SEQ * H * (2 if "bfloat" in c.dtype else 4)
-        got[(c.dtype, c.op)] = got.get((c.dtype, c.op), 0) + 1
-    assert got == want
-    # forward: the row-parallel outputs (bf16); backward: input gradients (fp32) + recompute
-    fwd = [c.dtype for c in calls if c.phase == "forward"]
-    assert fwd == ["torch.bfloat16"] * 2 * LAYERS
+    want: Counter[int] = Counter()
+    for c in tp_collectives(sh, LAYERS, True, True, groups(tp=2)["tp"]):
+        want[c.bytes] += c.calls
+    assert Counter(c.bytes for c in calls) == want
+    assert {(c.op, c.group, c.group_size) for c in calls} == {("all_reduce", "tp", 2)}
+    tokens = BATCH * SEQ
+    fwd = [(c.bytes, c.dtype[6:]) for c in calls if c.phase == "forward"]
+    assert (
+        fwd
+        == [(tokens * H * 4, "float32")]
+        + [(tokens * H * 2, "bfloat16")] * 2 * LAYERS
+        + [
+            (tokens * 4, "float32")  # cross-entropy: max, sum of exponentials, target logit
+        ]
+        * 3
+    )
 
 
-def test_fsdp2_over_tensor_parallel_shards_the_tp_rank_model():
+def test_fsdp2_over_tensor_parallel_equals_the_analytic_tp_rank():
+    """dp 2 x tp 2: FSDP2 shards the tp rank's parameters (``shard.rank_config``'s model)."""
     layout = Layout(dp=2, tp=2, sharding="fsdp")
     calls = trace_collectives(build(), loss_fn(), layout)
-    sh = shape(tp=2)
-    totals = traced_totals(calls, phases=("backward",))
-    # backward gathers are the layer units only: the tp rank's layer (rank_config), dp-wide
-    assert totals[("dp", "all_gather")] == {"calls": LAYERS, "bytes": 4 * LAYERS * sh.params_layer}
-    assert totals[("tp", "all_reduce")]["calls"] == 2 * LAYERS
+    assert traced_totals(calls) == analytic(shape(tp=2), layout)
 
 
 def test_untraced_layouts_say_so():

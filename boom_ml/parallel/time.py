@@ -60,7 +60,9 @@ class Shape:
     params_layer: int  # per tensor-parallel rank
     params_first: int
     params_last: int
-    grad_bytes: int = 4  # bytes per gradient element (dp reduction, tp backward all-reduces)
+    # bytes per element in the parameters' dtype: gradients (dp reduction, tp backward
+    # all-reduces of the residual stream's gradients) and the (not autocast) embedding output
+    grad_bytes: int = 4
     param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
     overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
     full_recompute: bool = False  # Megatron's checkpoint recomputes the whole layer (2 more AR)
@@ -92,8 +94,9 @@ def tp_collectives(
     out = [Collective("all_reduce", "tp", what, act, (2 + recompute) * layers, 0.0, 0.0),
            Collective("all_reduce", "tp", "layer input gradients (attention and MLP, backward)",
                       tokens * shape.grad_bytes, 2 * layers, 0.0, 0.0)]  # fmt: skip
-    if first:
-        out.append(Collective("all_reduce", "tp", "vocab-parallel embedding output", act, 1, 0, 0))
+    if first:  # the embedding is not autocast: its output is in the parameters' dtype
+        out.append(Collective("all_reduce", "tp", "vocab-parallel embedding output",
+                              tokens * shape.grad_bytes, 1, 0, 0))  # fmt: skip
     if last:
         out.append(Collective("all_reduce", "tp", "LM head input gradient",
                               tokens * shape.grad_bytes, 1, 0, 0))  # fmt: skip
@@ -172,10 +175,12 @@ def dp_collectives(
             rs = (units * reduce_scatter_ms(unit_p * shape.grad_bytes, group)
                   + reduce_scatter_ms(root_p * shape.grad_bytes, group)) * m  # fmt: skip
             # prefetch hides the gathers and reductions behind compute, except the first ones
+            # (the root's, then the first layer's); what compute cannot hide is split by ms
             first = (root_ag + unit_ag) * m
-            exposed = first + max(0.0, ag + rs - first - m * compute_mb_ms)
+            rest = max(0.0, ag + rs - first - m * compute_mb_ms)
             if units:
                 share = 2 * units * unit_ag * m / ag if ag > 0 else 1.0
+                exposed = unit_ag * m + rest * share
                 out.append(Collective("all_gather", "dp", "layer parameters (FSDP unit, forward and backward)",
                                       unit_p * shape.param_bytes, 2 * units * m,
                                       2 * units * unit_ag * m, exposed * share))  # fmt: skip
@@ -184,7 +189,7 @@ def dp_collectives(
                                       units * reduce_scatter_ms(unit_p * shape.grad_bytes, group) * m,
                                       0.0))  # fmt: skip
             if root_p:
-                share = root_ag * m / ag if ag > 0 else 1.0
+                exposed = root_ag * m + rest * (root_ag * m / ag if ag > 0 else 1.0)
                 out.append(Collective("all_gather", "dp", "root parameters (embedding, norm, head: not resharded after forward)",
                                       root_p * shape.param_bytes, m, root_ag * m, exposed * share))  # fmt: skip
                 out.append(Collective("reduce_scatter", "dp", "root gradients (FSDP root unit)",

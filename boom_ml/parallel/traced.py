@@ -124,6 +124,7 @@ def _process_group(args: tuple[Any, ...]) -> Any:
 
 def _recorder(groups: dict[str, str]) -> Any:
     """A TorchDispatchMode appending TracedCollectives to ``.calls`` while ``.phase`` is set."""
+    from torch.distributed.tensor import DTensor
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CollectiveRecorder(TorchDispatchMode):
@@ -134,6 +135,12 @@ def _recorder(groups: dict[str, str]) -> Any:
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             kwargs = kwargs or {}
+            if any(issubclass(t, DTensor) for t in types):
+                # modes run before subclasses, and a mode is off while its handler runs: let
+                # DTensor desugar the op first, so its collectives come back here (as
+                # CommDebugMode does); without this, redistributions inside ops (the
+                # vocabulary-parallel cross-entropy's) would go unrecorded
+                return NotImplemented
             name = func.name().split("::")[-1].split(".")[0]
             if self.phase and func.namespace in NAMESPACES and name in OP_NAMES:
                 pg = _process_group(tuple(args) + tuple(kwargs.values()))
@@ -174,8 +181,13 @@ def decoder_tp_plan(module: Any, mesh: Any) -> None:
     o and down row-parallel. The attention and MLP inputs become replicated DTensors once
     (``PrepareModuleInput``), so their gradient is all-reduced once per block in backward, as
     Megatron's fused QKV / gate-up does; plain per-linear ColwiseParallel all-reduces it after
-    each of q, k, v (and gate, up): 5 backward all-reduces per layer instead of 2."""
-    from torch.distributed.tensor import Replicate
+    each of q, k, v (and gate, up): 5 backward all-reduces per layer instead of 2.
+
+    An untied ``embed_tokens`` / ``lm_head`` pair is vocabulary-parallel (Megatron's): the
+    embedding row-parallel (its output all-reduced), the head column-parallel with logits left
+    sharded for ``loss_parallel``'s cross-entropy. Tied ones stay replicated.
+    """
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -204,6 +216,12 @@ def decoder_tp_plan(module: Any, mesh: Any) -> None:
         if plan:
             parallelize_module(sub, mesh, prepare)
             parallelize_module(sub, mesh, plan)
+    embeds = [m for name, m in module.named_modules() if name.endswith("embed_tokens")]
+    head = getattr(module, "lm_head", None)
+    if len(embeds) == 1 and head is not None and head.weight is not embeds[0].weight:
+        parallelize_module(embeds[0], mesh, RowwiseParallel(input_layouts=Replicate()))
+        head_plan = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+        parallelize_module(head, mesh, head_plan)
 
 
 def default_fsdp_units(module: Any) -> list[Any]:
@@ -292,13 +310,18 @@ def trace_collectives(
                     fully_shard(model, mesh=mesh["dp"])
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             rec = _recorder(groups)
+            # a vocabulary-parallel head's logits are sharded DTensors: cross-entropy on them
+            # (forward and backward) needs DTensor's loss_parallel; plain logits ignore it
+            vocab_parallel_loss = contextlib.nullcontext
+            if layout.tp > 1:
+                from torch.distributed.tensor.parallel import loss_parallel as vocab_parallel_loss
             with rec:
                 for step in range(warmup_steps + 1):
                     record = step == warmup_steps
                     for micro in range(layout.microbatches):
                         last = micro == layout.microbatches - 1
                         sync = model.no_sync() if ddp and not last else contextlib.nullcontext()
-                        with sync:
+                        with sync, vocab_parallel_loss():
                             rec.phase = "forward" if record else None
                             loss = loss_fn(model)
                             rec.phase = "backward" if record else None
