@@ -233,6 +233,7 @@ def predict(
             "num_trainable_parameters": graph.meta.get("num_trainable_parameters"),
             "recipe": graph.meta.get("recipe", {}),
             "trace_seconds": graph.meta["trace_seconds"],
+            "trace_from_cache": bool(graph.meta.get("from_cache", False)),
             "unknown_ops": graph.unknown_ops,
         },
         gpus=results,

@@ -218,9 +218,14 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
     graph = prediction.graph
+    traced = (
+        "trace from the cache"
+        if graph.get("trace_from_cache")
+        else f"traced in {graph['trace_seconds']:.1f} s"
+    )
     console.print(
         f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per step, "
-        f"{graph['num_parameters'] / 1e6:.1f} M parameters, traced in {graph['trace_seconds']:.1f} s. "
+        f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
     recipe = recipe_line(graph.get("recipe") or {})
