@@ -39,7 +39,8 @@ from boom_ml.parallel.profile import TimeProfile
 METHOD = (
     "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
     " layers, at least {dispatch_us:g} us of host dispatch per op + alpha-beta ring collectives"
-    " (links.csv) + 1F1B schedule"
+    " (links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
+    " a fake process group, tests/test_parallel_traced.py) + 1F1B schedule"
 )
 # Host time to dispatch one op in eager PyTorch: ~5 us without autograd, ~7 us with
 # (pytorch/pytorch#41383; ~4 us per CUDA op in pytorch/pytorch#82793). When a stage's kernels
@@ -183,7 +184,7 @@ def dp_collectives(
                 exposed = unit_ag * m + rest * share
                 out.append(Collective("all_gather", "dp", "layer parameters (FSDP unit, forward and backward)",
                                       unit_p * shape.param_bytes, 2 * units * m,
-                                      2 * units * unit_ag * m, exposed * share))  # fmt: skip
+                                      2 * units * unit_ag * m, exposed))  # fmt: skip
                 out.append(Collective("reduce_scatter", "dp", "layer gradients (FSDP unit)",
                                       unit_p * shape.grad_bytes, units * m,
                                       units * reduce_scatter_ms(unit_p * shape.grad_bytes, group) * m,
@@ -191,7 +192,7 @@ def dp_collectives(
             if root_p:
                 exposed = root_ag * m + rest * (root_ag * m / ag if ag > 0 else 1.0)
                 out.append(Collective("all_gather", "dp", "root parameters (embedding, norm, head: not resharded after forward)",
-                                      root_p * shape.param_bytes, m, root_ag * m, exposed * share))  # fmt: skip
+                                      root_p * shape.param_bytes, m, root_ag * m, exposed))  # fmt: skip
                 out.append(Collective("reduce_scatter", "dp", "root gradients (FSDP root unit)",
                                       root_p * shape.grad_bytes, m,
                                       reduce_scatter_ms(root_p * shape.grad_bytes, group) * m, 0.0))  # fmt: skip

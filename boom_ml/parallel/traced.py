@@ -10,16 +10,22 @@ analytic model (``collectives.py``, ``time.py``) is checked against this record 
 
 What runs where (torch 2.14, CPU):
 
-* FSDP2 and tensor parallel trace on fake tensors (``FakeTensorMode``): no parameter memory.
+* FSDP2 and tensor parallel (also FSDP2 over tp) trace on fake tensors (``FakeTensorMode``).
+  FSDP2 over tp-sharded DTensors concatenates device meshes, whose coordinate tensors must be
+  real ("DynamicOutputShapeException: aten.nonzero"), so ``fully_shard`` runs with the fake
+  mode unset (fake parameters stay fake).
 * DDP needs real tensors: its C++ ``Reducer`` reads tensor data, at construction
   (``_verify_params_across_processes``: "The tensor has a non-zero number of elements, but its
   data is not allocated yet") and when it rebuilds its buckets at the second step
-  (``Reducer._rebuild_buckets``, the same error). Its default all-reduce hook also fails on the
-  fake group ("expected the hook result is either a Tensor or a TensorList found None": the
-  fake group's work future holds no tensor), so we register a hook that does what the default
-  does (divide the bucket by the group size, all-reduce it) and returns the bucket itself.
-* DDP's buckets are rebuilt in gradient-ready order after the first step, so steps before
-  the recorded one run first (``warmup_steps``).
+  (``Reducer._rebuild_buckets``, the same error). Even on real tensors its default all-reduce
+  hook fails on the fake group (comm.cpp: "expected the hook result is either a Tensor or a
+  TensorList found None": the fake group's work future holds no tensor), so we register a hook
+  that does what the default does (divide the bucket by the group size, all-reduce it) and
+  returns the bucket. Buckets are rebuilt in gradient-ready order after the first step, so
+  ``warmup_steps`` run before the recorded one.
+* Not traced (analytic only): DDP over tp (its parameter sync fails on DTensors), ZeRO-1/2
+  (torch has no ZeRO-2; its ZeroRedundancyOptimizer broadcasts, unlike Megatron/DeepSpeed's
+  reduce-scatter + all-gather that ``time.py`` models) and pipeline stages.
 
 Bytes: all-reduce, the buffer; all-gather, the gathered output; reduce-scatter, the unscattered
 input (the sizes ``collectives.py``'s formulas take). ``torch.distributed`` is imported inside
@@ -273,7 +279,12 @@ def trace_collectives(
         raise NotImplementedError("pipeline stages and ZeRO-1/2 are modelled analytically only")
     ddp = layout.dp > 1 and layout.zero_stage == 0
     if ddp and layout.tp > 1:
-        raise NotImplementedError("DDP over tensor-parallel DTensor parameters is not traced")
+        # DDP's construction broadcasts its parameters flattened: on DTensors that fails
+        # (_sync_module_states: "aten.cat.default got mixed torch.Tensor and DTensor")
+        raise NotImplementedError(
+            "DDP over tensor-parallel DTensor parameters fails in DDP's parameter sync; "
+            "dp x tp is traced with FSDP2 (sharding=fsdp) and modelled analytically otherwise"
+        )
     if fake is None:
         fake = not ddp
     if fake and ddp:
