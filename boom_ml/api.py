@@ -16,7 +16,8 @@ from boom_ml.max_batch import TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as validate_layout
-from boom_ml.report.advisor import advise
+from boom_ml.parallel.search import search_layouts
+from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
@@ -217,11 +218,14 @@ def predict(
     results = session.evaluate(step, gpus, software, max_batch=True)
     graph = session.graph(replace(step, grad_accum=1))
     resolved = replace(StepSpec(**graph.meta["step"]), grad_accum=grad_accum)
-    advised = {}
+    advised, layout_advice = {}, {}
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
         evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
         advised = advise(resolved, failing, evaluate)
+        # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
+        search = partial(search_layouts, model, step=resolved, cluster=nodes, stack=software)
+        layout_advice = advise_layouts(advised, gpus, search)
     prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,
@@ -238,6 +242,7 @@ def predict(
         },
         gpus=results,
         advice=advised,
+        layout_advice=layout_advice,
     )
     if plot is not None:
         from boom_ml.report.figures import write_plots  # matplotlib: only when asked

@@ -85,6 +85,9 @@ class Prediction:
     plots: list[str] = field(default_factory=list)  # PNG files written (plot=<dir>)
     # multi-GPU layouts (parallel.*): per GPU the layout, worst-rank memory and step time
     parallel: list[dict[str, Any]] = field(default_factory=list)
+    # gpu id → the cheapest multi-GPU layouts that fit, where nothing fits on one GPU
+    # (report/advisor.py advise_layouts; JSON "layout_advice", beside "advice")
+    layout_advice: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +97,7 @@ class Prediction:
             "graph": self.graph,
             "gpus": [g.to_dict() for g in self.gpus],
             "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
+            "layout_advice": self.layout_advice,
             "plots": self.plots,
             **({"parallel": self.parallel} if self.parallel else {}),
         }

@@ -7,14 +7,20 @@ between micro-batches, which the memory replay models). A candidate fits when it
 step does. Single changes come
 first; if none fits, they are stacked in that order, which is roughly the order of what
 they cost in speed.
+
+When nothing tried fits on one GPU, :func:`advise_layouts` asks a layout search (passed in by
+``boom_ml.api``: ``report`` does not import the prediction stack) for the cheapest multi-GPU
+layouts that fit, ranked by $ per step (``boom_ml/parallel/search.py``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from boom_ml.errors import BoomError
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.specs import StepSpec
@@ -47,6 +53,8 @@ class Advice:
 
 # evaluate(step, gpus) -> one GpuPrediction per GPU, for that step configuration
 Evaluate = Callable[[StepSpec, list[GpuSpec]], list[GpuPrediction]]
+# search(gpu) -> {"layouts": [proposal, ...] ranked by $ per step, "searched": n, ...}
+LayoutSearch = Callable[[GpuSpec], dict[str, Any]]
 
 
 def _amp_for(gpu: GpuSpec) -> str:
@@ -181,3 +189,30 @@ def _advice(
         if step_ms > 0
         else float("nan"),
     )
+
+
+def nothing_fits(items: list[Advice]) -> bool:
+    """No single-GPU change tried fits (``advise`` then lists the closest, or nothing)."""
+    return not items or not items[0].fits
+
+
+def advise_layouts(
+    advised: dict[str, list[Advice]], gpus: list[GpuSpec], search: LayoutSearch
+) -> dict[str, dict[str, Any]]:
+    """For each GPU where nothing tried fits on one GPU, the cheapest layouts that fit.
+
+    A GPU whose layouts cannot be searched (a model the parallel predictor does not model)
+    gets ``layouts: []`` and the one-line ``reason``; an unexpected failure is logged and
+    the GPU left out, so the single-GPU prediction is never lost to the search.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for spec in gpus:
+        if spec.id not in advised or not nothing_fits(advised[spec.id]):
+            continue
+        try:
+            out[spec.id] = search(spec)
+        except BoomError as err:
+            out[spec.id] = {"layouts": [], "reason": str(err)}
+        except Exception as err:  # noqa: BLE001 - advice is optional, the prediction is not
+            logging.getLogger(__name__).warning("layout search on %s failed: %s", spec.id, err)
+    return out

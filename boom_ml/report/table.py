@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -73,11 +74,17 @@ def advice_lines(prediction: Prediction) -> list[str]:
             continue
         if not items[0].fits:
             a = items[0]
-            lines.append(
-                f"{gpu}: nothing tried fits; closest: {a.change} needs "
-                f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB "
-                "(consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
+            found = prediction.layout_advice.get(gpu, {})
+            hint = (
+                ""
+                if found.get("layouts")
+                else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
             )
+            lines.append(
+                f"{gpu}: nothing tried fits on one GPU; closest: {a.change} needs "
+                f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
+            )
+            lines += layout_lines(found)
             continue
         lines.append(f"{gpu}: to fit, change")
         for a in items:
@@ -85,6 +92,33 @@ def advice_lines(prediction: Prediction) -> list[str]:
                 f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
                 f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
             )
+    return lines
+
+
+def layout_lines(found: dict[str, Any]) -> list[str]:
+    """The layout search's proposals (``Prediction.layout_advice`` of one GPU), cheapest first."""
+    layouts = found.get("layouts") or []
+    if not layouts:
+        reason = found.get("reason")
+        return [f"    no multi-GPU layout searched: {reason}"] if reason else []
+    lines = [
+        f"    cheapest layouts that fit ({found['fitting']} of {found['searched']} fit, searched in "
+        f"{found['seconds']:.1f} s; $ per step of the requested batch):"
+    ]
+    for p in layouts:
+        lay = p["layout"]
+        name = " ".join(
+            [f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1]
+            + ([lay["sharding"]] if lay["sharding"] != "none" else [])
+            + ([f"microbatches={lay['microbatches']}"] if lay["microbatches"] > 1 else [])
+        )
+        usd = p["usd_per_step"]
+        cost = f"${usd:.3g} per step" if usd is not None else "no price"
+        lines.append(
+            f"      {name}: {p['gpus']} GPUs ({p['nodes']} node{'s' if p['nodes'] > 1 else ''}), "
+            f"{p['total_bytes'] / GIB:.1f} / {p['capacity_bytes'] / GIB:.0f} GiB per GPU, "
+            f"{p['step_ms']:.0f} ms per step of {p['global_batch']} samples, {cost}"
+        )
     return lines
 
 

@@ -1,0 +1,146 @@
+"""The cheapest multi-GPU layouts that fit: a small search over dp x tp x pp x sharding.
+
+Used by the advisor when no single-GPU change makes a step fit (``api`` passes it down, so
+``report`` never imports the prediction stack). Every candidate is predicted with
+:func:`boom_ml.parallel.predict.predict_raw`, which profiles a tensor-parallel rank from
+1- and 2-layer traces cached per (tp, step, GPU): the whole search traces at most four small
+models per tp degree, and every other layout is arithmetic on those profiles.
+
+Layouts compared:
+
+* dp, tp, pp are powers of two with dp * tp * pp <= ``max_gpus``, pp <= :data:`MAX_PP`; tp stays inside one node
+  (a tensor-parallel group across nodes runs its per-layer all-reduces over the network,
+  which no one would choose while a layout without it exists); the rules of
+  :func:`boom_ml.parallel.layout.validate` (heads, hidden size, layers, whole nodes) apply.
+* sharding: ``none`` for dp = 1; ``none``, ``zero1``, ``zero2``, ``fsdp`` for dp > 1
+  (``zero3`` is modelled as ``fsdp``).
+* micro-batches: the step's own ``grad_accum`` when pp = 1; a pipeline needs many micro-batches
+  to keep its bubble small, so pp > 1 runs ``max(grad_accum, 2 * largest pp searched)``. One
+  count for every pipeline keeps the number of traces independent of the pp degrees tried.
+
+Ranking: $ per step of the *requested* batch (``batch_size * grad_accum`` samples). Layouts
+differ in their global batch (``batch_size * microbatches * dp``), so a layout's own step is
+scaled to the requested number of samples; otherwise the layout processing fewer samples per
+step would always look cheapest. Without a price, GPU-seconds rank instead.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.predict import predict_raw
+from boom_ml.parallel.shard import load_raw, model_facts
+from boom_ml.specs import StepSpec
+
+MAX_GPUS = 64
+# Deeper pipelines need ever more micro-batches (a bigger global batch) to hide their bubble;
+# 8 stages is where published large-model layouts stop (Llama-3-405B: pp=16 on 16k GPUs).
+MAX_PP = 8
+TOP = 3
+SHARDING_SEARCHED = ("none", "zero1", "zero2", "fsdp")
+
+
+def _powers(limit: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(max(limit, 1))) + 1)]
+
+
+def candidate_layouts(
+    raw: dict[str, Any], step: StepSpec, cluster: Cluster, max_gpus: int = MAX_GPUS
+) -> list[Layout]:
+    """Every layout of the search (before validation against the model), single GPU excluded."""
+    layers = model_facts(raw)["layers"] or 1
+    pp_max = max(p for p in _powers(min(max_gpus, MAX_PP)) if p <= layers)
+    pipeline_micro = max(step.grad_accum, 2 * pp_max)
+    out = []
+    for tp in _powers(min(max_gpus, cluster.gpus_per_node)):
+        for pp in _powers(min(max_gpus // tp, pp_max)):
+            for dp in _powers(max_gpus // (tp * pp)):
+                if dp * tp * pp == 1:
+                    continue
+                micro = step.grad_accum if pp == 1 else pipeline_micro
+                for sharding in SHARDING_SEARCHED if dp > 1 else ("none",):
+                    out.append(Layout(dp=dp, tp=tp, pp=pp, sharding=sharding, microbatches=micro))
+    return out
+
+
+def _proposal(entry: dict[str, Any], gpu: GpuSpec, requested: int) -> dict[str, Any]:
+    par, mem, tim = entry["parallel"], entry["memory"], entry["time"]
+    world = int(par["world"])
+    step_ms = float(tim["step_ms"])
+    scale = requested / int(tim["global_batch"])  # the requested samples' share of a step
+    gpu_s = world * step_ms / 1e3
+    price = gpu.price_usd_per_hour
+    layout_usd = None if price is None else price * gpu_s / 3600
+    return {
+        "layout": {k: par[k] for k in ("dp", "tp", "pp", "sharding", "microbatches")},
+        "gpus": world,
+        "nodes": int(par["nodes"]),
+        "fits": bool(entry["fits"]),
+        "total_bytes": int(mem["total_bytes"]),
+        "p90_bytes": int(mem["p90_bytes"]),
+        "capacity_bytes": int(mem["capacity_bytes"]),
+        "step_ms": step_ms,  # one optimizer step of the layout, over its global batch
+        "global_batch": int(tim["global_batch"]),
+        "samples_per_s": float(tim["samples_per_s"]),
+        "bubble_ms": float(tim.get("bubble_ms") or 0.0),
+        "exposed_comm_ms": float(tim.get("exposed_comm_ms") or 0.0),
+        "usd_per_hour": None if price is None else price * world,
+        "layout_usd_per_step": layout_usd,
+        # the ranking key: what the requested batch (batch_size x grad_accum samples) costs
+        "usd_per_step": None if layout_usd is None else layout_usd * scale,
+        "gpu_seconds_per_step": gpu_s * scale,
+    }
+
+
+def rank_key(proposal: dict[str, Any]) -> tuple[float, float]:
+    """$ per requested step, then GPU-seconds (the order when a GPU has no price)."""
+    usd = proposal["usd_per_step"]
+    return (math.inf if usd is None else usd, proposal["gpu_seconds_per_step"])
+
+
+def search_layouts(
+    model: str | dict[str, Any],
+    gpu: GpuSpec,
+    step: StepSpec,
+    cluster: Cluster | None = None,
+    stack: Any = None,
+    max_gpus: int = MAX_GPUS,
+    top: int = TOP,
+) -> dict[str, Any]:
+    """The ``top`` cheapest layouts of ``model`` on ``gpu`` whose worst rank fits (p90).
+
+    ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
+    by :func:`rank_key`), ``searched`` (layouts predicted), ``valid``, ``fitting`` and
+    ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot
+    model (not an HF config).
+    """
+    started = time.perf_counter()
+    cluster = cluster or Cluster()
+    raw = load_raw(model) if isinstance(model, str) else model
+    requested = step.batch_size * step.grad_accum
+    fitting, valid, searched = [], 0, 0
+    for layout in candidate_layouts(raw, step, cluster, max_gpus):
+        searched += 1
+        try:
+            # predict_raw validates the layout (heads, hidden, layers, nodes) before any trace
+            (entry,) = predict_raw(raw, [gpu], replace(step, grad_accum=1), layout, cluster,
+                                   stack=stack)  # fmt: skip
+        except InvalidInputError:
+            continue
+        valid += 1
+        if entry["fits"]:
+            fitting.append(_proposal(entry, gpu, requested))
+    fitting.sort(key=rank_key)
+    return {
+        "layouts": fitting[:top],
+        "searched": searched,
+        "valid": valid,
+        "fitting": len(fitting),
+        "seconds": round(time.perf_counter() - started, 3),
+    }

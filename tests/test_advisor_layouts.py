@@ -1,0 +1,96 @@
+"""The advisor's multi-GPU layouts: proposed only where nothing fits on one GPU, each fitting
+(per its own prediction), ranked by $ per step of the requested batch.
+
+The model is a synthetic small Llama config (not a published model) and the GPU an A100 whose
+capacity is forced down to 680 MiB, so that no single-GPU change fits and sharding helps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from boom_ml import api
+from boom_ml.gpus import get_gpu
+from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.search import candidate_layouts, rank_key, search_layouts
+from boom_ml.parallel.shard import load_raw, model_facts
+from boom_ml.report.advisor import Advice, advise_layouts
+from boom_ml.report.table import advice_lines
+from boom_ml.specs import StepSpec
+from tests.tiny_models import tiny_llama_config
+
+MIB = 2**20
+STEP = {"batch_size": 1, "seq_len": 64}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    cfg = tiny_llama_config(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                            num_attention_heads=8, num_key_value_heads=4, vocab_size=32000,
+                            tie_word_embeddings=False)  # fmt: skip
+    path = tmp_path_factory.mktemp("advisor") / "small_llama.json"
+    path.write_text(json.dumps(cfg))
+    return f"hf:{path}"
+
+
+def small_gpu(mib: int = 680):
+    a100 = get_gpu("a100-80gb-sxm")
+    return replace(a100, id="a100-small", memory_bytes=mib * MIB, total_memory_bytes=mib * MIB)
+
+
+def test_fitting_model_gets_no_layouts(model: str) -> None:
+    p = api.predict(model, gpu="a100-80gb-sxm", **STEP)
+    assert p.gpus[0].fits and p.advice == {} and p.layout_advice == {}
+    assert p.to_dict()["layout_advice"] == {}
+
+
+def test_nothing_fits_on_one_gpu_proposes_cheapest_fitting_layouts(model: str) -> None:
+    gpu = small_gpu()
+    p = api.predict(model, gpu=gpu, **STEP)
+    assert not p.gpus[0].fits and not p.advice[gpu.id][0].fits  # nothing tried fits
+    found = p.to_dict()["layout_advice"][gpu.id]
+    layouts = found["layouts"]
+    assert 1 <= len(layouts) <= 3 and found["fitting"] >= len(layouts)
+    for prop in layouts:
+        assert prop["fits"] and prop["p90_bytes"] <= prop["capacity_bytes"] == gpu.capacity_bytes
+        assert prop["gpus"] == prop["layout"]["dp"] * prop["layout"]["tp"] * prop["layout"]["pp"]
+        assert prop["usd_per_step"] == pytest.approx(
+            gpu.price_usd_per_hour * prop["gpus"] * prop["step_ms"] / 3.6e6
+            * STEP["batch_size"] / prop["global_batch"]
+        )  # fmt: skip
+    costs = [prop["usd_per_step"] for prop in layouts]
+    assert costs == sorted(costs)
+    text = "\n".join(advice_lines(p))
+    assert "cheapest layouts that fit" in text and "consider sharding" not in text
+
+
+def test_search_is_valid_ranked_and_cheap_once_profiled(model: str) -> None:
+    gpu, step, cluster = small_gpu(), StepSpec(**STEP), Cluster()
+    raw = load_raw(model)
+    facts = model_facts(raw)
+    for layout in candidate_layouts(raw, step, cluster):
+        assert layout.world <= 64 and layout.tp <= cluster.gpus_per_node
+        assert layout.microbatches >= (2 * layout.pp if layout.pp > 1 else 1)
+    search_layouts(model, gpu, step)  # profiles every tp degree once (cached)
+    started = time.perf_counter()
+    found = search_layouts(model, gpu, step, top=100)
+    assert time.perf_counter() - started < 5.0  # arithmetic on cached profiles
+    assert found["layouts"] and found["fitting"] == len(found["layouts"])
+    assert [rank_key(p) for p in found["layouts"]] == sorted(map(rank_key, found["layouts"]))
+    for prop in found["layouts"]:  # every proposal passes the CLI's own layout rules
+        lay = prop["layout"]
+        validate(Layout(**lay), cluster, heads=facts["heads"], kv_heads=facts["kv_heads"],
+                 hidden=facts["hidden"], layers=facts["layers"])  # fmt: skip
+
+
+def test_model_the_search_cannot_model_keeps_the_old_hint() -> None:
+    gpu = small_gpu()
+    closest = Advice("amp=bf16", {"amp": "bf16"}, 1, False, 2 * 2**30, 2**30, float("nan"), 0.0)
+    out = advise_layouts({gpu.id: [closest]}, [gpu],
+                         lambda g: search_layouts("torchvision:resnet18", g, StepSpec()))  # fmt: skip
+    assert out[gpu.id]["layouts"] == [] and "hf: models" in out[gpu.id]["reason"]
+    assert advise_layouts({gpu.id: [replace(closest, fits=True)]}, [gpu], lambda g: {}) == {}
