@@ -137,10 +137,13 @@ class BatchSearch:
         )  # fmt: skip
 
     def scaling(self) -> BatchScaling | None:
-        """The affine model, from one more trace (at twice the batch, or half of it)."""
+        """The affine model, from one more trace (at half the batch, or twice batch 1)."""
         if not self._scaling_tried and self.trace_at is not None:
             self._scaling_tried = True
-            other = self.batch * 2 if self.batch < MAX_BATCH else self.batch // 2
+            # Half rather than twice: a trace costs the same at any batch, and a step that
+            # does not fit makes the advisor ask for half the micro-batch anyway (the
+            # session traces each step once).
+            other = self.batch // 2 if self.batch > 1 else 2
             try:
                 self._scaling = BatchScaling(self.graph, self.batch, self._traced(other), other)
             except ValueError:
