@@ -19,7 +19,7 @@ from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.search import search_layouts
 from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
-from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.specs import ModelSpec, StepSpec, search_max_batch
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
@@ -168,6 +168,7 @@ def predict(
     params_dtype: str = "fp32",
     finetune: dict[str, Any] | None = None,
     checkpointing_every: int = 1,
+    max_batch: str | bool = "auto",
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
@@ -187,6 +188,8 @@ def predict(
     else PyTorch's defaults: matmuls off, cuDNN convolutions on).
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
+    ``max_batch`` (auto | on | off, or a bool): search the largest batch that fits on each
+    GPU; auto does for up to ``specs.MAX_BATCH_AUTO_GPUS`` GPUs.
     """
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
@@ -215,7 +218,8 @@ def predict(
         check_plot_dir(plot)
     options = {"attn_implementation": attention, "moe_imbalance": (moe or {}).get("imbalance", 1.0)}
     session = Session(model, cache=cache, options=options)
-    results = session.evaluate(step, gpus, software, max_batch=True)
+    search = search_max_batch(max_batch, len(gpus))
+    results = session.evaluate(step, gpus, software, max_batch=search)
     graph = session.graph(replace(step, grad_accum=1))
     resolved = replace(StepSpec(**graph.meta["step"]), grad_accum=grad_accum)
     advised, layout_advice = {}, {}

@@ -28,7 +28,7 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
-from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec
+from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec, max_batch_setting
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -151,6 +151,8 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
             _check_bool(name, options[name])
     if "cache" in options:
         options["cache"] = _cache_flag(options["cache"])
+    if "max_batch" in options:
+        options["max_batch"] = max_batch_setting(options["max_batch"])
     check_model_syntax(options.get("model"))
     step_fields = {f.name for f in dataclasses.fields(StepSpec)}
     StepSpec(**{k: v for k, v in options.items() if k in step_fields})  # ranges and choices

@@ -140,3 +140,24 @@ def check_number(name: str, value: Any, low: float, high: float | None) -> None:
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise InvalidInputError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+
+
+# max_batch=auto searches the largest batch per GPU for up to this many GPUs: the search
+# replays the step through the allocator near each GPU's limit (about 0.3 s per GPU on a
+# laptop core), which would dominate a gpu=all comparison.
+MAX_BATCH_AUTO_GPUS = 8
+MAX_BATCH_SETTINGS = {"auto": "auto", "on": "on", "true": "on", "off": "off", "false": "off"}
+
+
+def max_batch_setting(value: Any) -> str:
+    """``auto`` | ``on`` | ``off`` from a CLI string, a YAML boolean or a Python bool."""
+    key = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
+    if key not in MAX_BATCH_SETTINGS:
+        raise InvalidInputError(f"max_batch must be auto, on or off, got {value!r}")
+    return MAX_BATCH_SETTINGS[key]
+
+
+def search_max_batch(value: Any, n_gpus: int) -> bool:
+    """Whether to search the largest batch: ``on``, or ``auto`` for a few GPUs."""
+    setting = max_batch_setting(value)
+    return setting == "on" or (setting == "auto" and n_gpus <= MAX_BATCH_AUTO_GPUS)

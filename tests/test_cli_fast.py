@@ -20,6 +20,7 @@ from boom_ml.predict import (
     rewrite_aliases,
     validate,
 )
+from boom_ml.specs import search_max_batch
 
 REPO = Path(__file__).resolve().parent.parent
 NEEDS_STACK_KEYS = pytest.mark.skipif(
@@ -60,6 +61,8 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ),
         ("gpus=l4", "error: unknown option 'gpus' (did you mean: gpu?)"),
         ("cache=sometimes", "error: cache must be on or off, got 'sometimes'"),
+        ("max_batch=maybe", "error: max_batch must be auto, on or off, got 'maybe'"),
+        ("plot=/dev/null/plots", "error: cannot create plot directory '/dev/null/plots'"),
         pytest.param(
             "stack.torch=1.2",
             "error: unknown stack.torch 1.2; known releases: 1.12,",
@@ -144,6 +147,14 @@ def test_validate_normalises_cache_and_checks_values():
     base = {"model": "torchvision:resnet50", "gpu": ["l4"], "batch_size": 2}
     assert validate({**base, "cache": "off"})["cache"] is False
     assert validate({**base, "cache": True})["cache"] is True
+    assert [validate({**base, "max_batch": v})["max_batch"] for v in ("on", True, "false")] == [
+        "on",
+        "on",
+        "off",
+    ]
+    # auto searches the largest batch for up to 8 GPUs; gpu=all (44) would spend ~13 s on it
+    assert [search_max_batch("auto", n) for n in (1, 8, 9)] == [True, True, False]
+    assert search_max_batch("on", 44) and not search_max_batch(False, 1)
     with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 'yes'"):
         validate({**base, "tf32": "yes"})
     with pytest.raises(InvalidInputError, match="image_size must be an integer >= 1"):

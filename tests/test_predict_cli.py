@@ -163,6 +163,20 @@ def test_malformed_hf_config(tmp_path):
         run({**BASE, "model": f"hf:{config}", "seq_len": 16, "image_size": None})
 
 
+def test_max_batch_off_and_auto_over_many_gpus_skip_the_search():
+    nine = ["l4", "t4", "a10g", "a100-80gb-sxm", "h100-sxm", "v100-sxm2-16gb", "rtx-4090",
+            "a100-40gb-sxm", "rtx-3090"]  # fmt: skip
+    for options in ({"gpu": ["l4", "t4"], "max_batch": "off"}, {"gpu": nine}):
+        result = json.loads(run({**BASE, **options, "advice": False}))
+        assert [g["memory"]["max_batch_size"] for g in result["gpus"]] == [None] * len(
+            options["gpu"]
+        )
+    table = run({**BASE, "gpu": nine, "advice": False, "output": "table"})
+    assert "max batch: not searched for 9 GPUs (max_batch=on searches each GPU" in table
+    two = json.loads(run({**BASE, "gpu": ["l4", "t4"], "advice": False}))
+    assert all(g["memory"]["max_batch_size"] >= 2 for g in two["gpus"])  # auto: searched
+
+
 def test_unwritable_plot_directory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
+from boom_ml.specs import MAX_BATCH_AUTO_GPUS
 
 GIB = 1024**3
 MIB = 1024**2
@@ -251,6 +252,13 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             console.print(line, highlight=False, soft_wrap=True)
         return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
+    gpus = prediction.gpus
+    if len(gpus) > MAX_BATCH_AUTO_GPUS and all(g.memory.max_batch_size is None for g in gpus):
+        console.print(
+            f"max batch: not searched for {len(gpus)} GPUs (max_batch=on searches each GPU, "
+            "about 0.3 s per GPU)",
+            highlight=False,
+        )
     graph = prediction.graph
     traced = (
         "trace from the cache"
