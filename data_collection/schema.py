@@ -132,7 +132,18 @@ STEP_COLUMNS: tuple[Col, ...] = (
     _s("run_id"),
     _s("source_path"),
     _s("notes"),
+    # Multi-GPU runs (data_collection/distributed_steps.py): one row per rank; num_gpus is the
+    # world size. The layout as ``boom_ml.predict``'s parallel.* keys spell it.
+    _i("rank"),
+    _i("dp", minimum=1),
+    _i("tp", minimum=1),
+    _i("pp", minimum=1),
+    _s("sharding", allowed=("none", "zero1", "zero2", "zero3", "fsdp")),
+    _i("microbatches", minimum=1),
 )
+# Nullable columns added after datasets were written: absent in an older file, they read as
+# null instead of failing validation (every other missing column is an error).
+LATE_COLUMNS = {"steps": ("rank", "dp", "tp", "pp", "sharding", "microbatches")}
 
 _ESTIMATORS = ("xmem", "dnnmem", "schedtune", "llmem")
 MEMORY_COLUMNS: tuple[Col, ...] = (
@@ -275,6 +286,9 @@ def validate(df: pd.DataFrame, kind: str, origin: str) -> pd.DataFrame:
     """
     cols = _cols(kind)
     names = [c.name for c in cols]
+    late = [n for n in LATE_COLUMNS.get(kind, ()) if n not in df.columns]
+    if late:
+        df = df.assign(**dict.fromkeys(late))
     missing = [n for n in names if n not in df.columns]
     if missing:
         raise SchemaError(f"{origin}: missing column(s): {', '.join(missing)}")
@@ -318,6 +332,9 @@ def _check_rules(df: pd.DataFrame, kind: str, origin: str) -> None:
         ran = df["oom"] == False  # noqa: E712 (nullable boolean comparison)
         msg = "step_time_ms is required when oom is false but null"
         _fail(origin, ran & df["step_time_ms"].isna(), msg, df["step_time_ms"])
+        outside = df["rank"] >= df["num_gpus"]
+        _fail(origin, outside.fillna(False), "rank must be < num_gpus (the world size)",
+              df["rank"])  # fmt: skip
         small = df["global_batch_size"] < df["batch_size"]
         _fail(origin, small.fillna(False), "global_batch_size must be >= batch_size",
               df["global_batch_size"])  # fmt: skip

@@ -184,8 +184,12 @@ def _check_initialised(module: torch.nn.Module, what: str) -> None:
 def measure_step(
     config: dict[str, Any], key: str, dev: torch.device, base: dict[str, Any],
     nvml: env.NvmlMemory, warmup: int, iterations: int,
+    runner: Callable[[Mapping[str, Any], torch.device], StepRunner] = StepRunner,
 ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
-    """The steps row (and op-profile rows) of one configuration; ``{}`` if it cannot run."""
+    """The steps row (and op-profile rows) of one configuration; ``{}`` if it cannot run.
+
+    ``runner`` builds the step (the multi-GPU harness passes one that wraps the model).
+    """
     env.set_tf32(bool(config["tf32"]))
     cuda = dev.type == "cuda"
     _release(dev)
@@ -203,7 +207,7 @@ def measure_step(
         run_id=key, oom=False,
     )  # fmt: skip
     profile: list[dict[str, Any]] = []
-    runner: StepRunner | None = None
+    make_runner, runner = runner, None
     oom_at, stage = None, "setup"
     try:
         # A meta build (no memory) names the family and default sizes even if the real
@@ -214,7 +218,7 @@ def measure_step(
         row.update(model_family=_family(meta.family), seq_len=resolved.seq_len,
                    image_size=resolved.image_size)  # fmt: skip
         stage = "build"
-        runner = StepRunner(config, dev)
+        runner = make_runner(config, dev)
         stage = "warm-up"
         for _ in range(warmup):
             runner()
@@ -267,15 +271,28 @@ def _release(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run_step_sweep(cfg: Mapping[str, Any]) -> str:
-    """Run the step sweep ``cfg`` (see configs/collect/steps.yaml); returns the shard root."""
-    dev = env.resolve_device(str(cfg.get("device", "cuda")))
-    info = env.device_info(dev)
-    torch.manual_seed(int(cfg.get("seed", 0)))
+def sweep_settings(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
+    """(warm-up steps, timed steps, shards, shard index); a dry run caps the steps at 1 and 2."""
     dry = bool(cfg.get("dry_run"))
     warmup = min(int(cfg["warmup"]), 1) if dry else int(cfg["warmup"])
     iterations = min(int(cfg["iterations"]), 2) if dry else int(cfg["iterations"])
-    shards, index = int(cfg.get("num_shards", 1)), int(cfg.get("shard_index", 0))
+    return warmup, iterations, int(cfg.get("num_shards", 1)), int(cfg.get("shard_index", 0))
+
+
+def run_step_sweep(cfg: Mapping[str, Any]) -> str:
+    """Run the step sweep ``cfg`` (see configs/collect/steps.yaml); returns the shard root.
+
+    ``launcher=torchrun`` runs it on ``nproc`` ranks with the ``parallel.*`` layout
+    (:mod:`data_collection.distributed_steps`).
+    """
+    if str(cfg.get("launcher", "none")) == "torchrun":
+        from data_collection.distributed_steps import run_distributed_sweep
+
+        return run_distributed_sweep(cfg)
+    dev = env.resolve_device(str(cfg.get("device", "cuda")))
+    info = env.device_info(dev)
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    warmup, iterations, shards, index = sweep_settings(cfg)
     configs = [
         (k, c) for k, c in expand(cfg, info.gpu_id, info.is_cuda) if my_share(k, shards, index)
     ]
@@ -289,7 +306,7 @@ def run_step_sweep(cfg: Mapping[str, Any]) -> str:
     with env.cpu_threads(dev, cfg.get("cpu_threads")):
         stats = run_configs(
             configs, writers, "steps",
-            lambda c: measure_step(c, _key(c), dev, base, nvml, warmup, iterations),
+            lambda c: measure_step(c, step_key(c), dev, base, nvml, warmup, iterations),
             flush_every=int(cfg.get("flush_every", 10)),
             time_budget_s=float(budget) * 60 if budget is not None else None,
             fail_after=cfg.get("fail_after"), desc=f"steps[{info.gpu_id}]",
@@ -300,8 +317,12 @@ def run_step_sweep(cfg: Mapping[str, Any]) -> str:
     return root
 
 
-def _key(config: Mapping[str, Any]) -> str:
-    return config_key({k: config[k] for k in _KEYED})
+def step_key(config: Mapping[str, Any]) -> str:
+    """The shard key of a configuration; a multi-GPU one's layout is part of it."""
+    keyed = {k: config[k] for k in _KEYED}
+    if "parallel" in config:  # absent for single-GPU configs, whose keys stay as they were
+        keyed["parallel"] = config["parallel"]
+    return config_key(keyed)
 
 
 def hydra_task(cfg: Any) -> None:

@@ -1,0 +1,263 @@
+"""Multi-GPU step harness: the step sweep under torchrun, one ``steps`` row per rank.
+
+``python -m data_collection.steps launcher=torchrun nproc=8 parallel.dp=8 parallel.sharding=fsdp``
+
+``launcher=torchrun`` spawns ``nproc`` ranks on this node through ``torch.distributed.run``'s
+library API (:func:`torch.distributed.launcher.api.elastic_launch`, what the ``torchrun``
+command runs: rendezvous, environment, failure propagation); a script already started by
+``torchrun`` (``LOCAL_RANK`` set) runs its rank directly. Each rank builds the model of every
+configuration, wraps it for the layout and measures it with the single-GPU harness's step
+(:func:`data_collection.steps.measure_step`); rank 0 gathers the rows and writes one per rank.
+
+Layouts (the keys of ``boom_ml.predict``'s ``parallel.*``; dp * tp * pp = world size):
+
+* ``sharding=none``: DistributedDataParallel (25 MiB gradient buckets, PyTorch's default);
+* ``zero1``: DDP plus ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer state
+  sharded over the data-parallel ranks);
+* ``zero2``: FSDP2 ``fully_shard(reshard_after_forward=False)`` per block and at the root
+  (parameters stay gathered between forward and backward, as in ZeRO-2 / SHARD_GRAD_OP);
+* ``zero3`` / ``fsdp``: FSDP2 ``fully_shard`` with resharding after forward (ZeRO-3);
+* ``microbatches``: gradient accumulation, gradient sync on the last micro-batch only;
+* tp > 1 or pp > 1: not supported by the harness yet (one-line error before any launch).
+
+The backend is NCCL on CUDA and gloo on the CPU (a ``device=cpu dry_run=true`` run tests the
+whole path in CI; every sharding mode runs on gloo with torch 2.14). Rows: ``num_gpus``
+= world size, ``rank``, the layout columns, ``global_batch_size`` = batch_size x microbatches
+x dp, the rank's own step time and peak memory. Each rank's row has its own shard key, so a
+resumed sweep skips a configuration only when every rank's row is on disk. An out-of-memory
+is a row like in the single-GPU harness; ranks of one data-parallel layout run the same
+shapes and normally fail together, and a process-group timeout ends a sweep whose ranks
+disagree instead of leaving it hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from boom_ml.trace.optimizers import make_optimizer
+from data_collection import environment as env
+from data_collection.shards import ShardWriter, config_key, my_share
+from data_collection.steps import StepRunner, expand, measure_step, step_key, sweep_settings
+
+log = logging.getLogger(__name__)
+
+SHARDING = ("none", "zero1", "zero2", "zero3", "fsdp")
+LAYOUT_DEFAULTS: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "sharding": "none",
+                                   "microbatches": 1}  # fmt: skip
+TIMEOUT = datetime.timedelta(minutes=10)  # a rank stuck in a collective fails the sweep
+
+
+class LayoutError(ValueError):
+    """A layout the harness cannot run (one line, raised before any process starts)."""
+
+
+def layouts(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The layouts of ``cfg["parallel"]`` (``sharding`` may list several modes to sweep)."""
+    par = {**LAYOUT_DEFAULTS, **dict(cfg.get("parallel") or {})}
+    unknown = sorted(set(par) - set(LAYOUT_DEFAULTS))
+    if unknown:
+        raise LayoutError(f"unknown parallel key(s) {unknown}; known: {list(LAYOUT_DEFAULTS)}")
+    modes = par["sharding"] if isinstance(par["sharding"], (list, tuple)) else [par["sharding"]]
+    world = int(cfg.get("nproc", 1)) * int(cfg.get("nnodes", 1))
+    out = []
+    for mode in modes:
+        lay = {**par, "sharding": str(mode)}
+        for k in ("dp", "tp", "pp", "microbatches"):
+            lay[k] = int(lay[k])
+            if lay[k] < 1:
+                raise LayoutError(f"parallel.{k} must be >= 1, got {lay[k]}")
+        if lay["sharding"] not in SHARDING:
+            raise LayoutError(f"parallel.sharding={mode!r}: choose one of {', '.join(SHARDING)}")
+        if lay["tp"] > 1 or lay["pp"] > 1:
+            raise LayoutError(
+                "parallel.tp>1 / parallel.pp>1 are not supported by the harness yet "
+                "(data parallel with DDP, ZeRO-1 or FSDP2 is)"
+            )
+        if lay["dp"] * lay["tp"] * lay["pp"] != world:
+            raise LayoutError(
+                f"parallel.dp*tp*pp = {lay['dp'] * lay['tp'] * lay['pp']} but nproc*nnodes = "
+                f"{world} ranks: they must be equal"
+            )
+        out.append(lay)
+    return out
+
+
+def run_distributed_sweep(cfg: Mapping[str, Any]) -> str:
+    """Spawn ``nproc`` ranks (or be one, under ``torchrun``); returns the shard root."""
+    layouts(cfg)  # fail in one line before anything starts
+    if "LOCAL_RANK" in os.environ:  # started by the torchrun command: this is one rank
+        return rank_main(dict(cfg))
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    nproc = int(cfg.get("nproc", 1))
+    launch = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"boom-steps-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",  # torchrun --standalone's choice
+        max_restarts=0, start_method="spawn",
+    )  # fmt: skip
+    results = elastic_launch(launch, rank_main)(dict(cfg))
+    return str(results[0])
+
+
+def _device(cfg: Mapping[str, Any]) -> torch.device:
+    if str(cfg.get("device", "cuda")).startswith("cuda"):
+        return env.resolve_device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}")
+    return env.resolve_device("cpu")
+
+
+@record  # a failing rank's traceback reaches the launcher's error summary
+def rank_main(cfg: dict[str, Any]) -> str:
+    """One rank: join the process group, measure every configuration, rank 0 writes."""
+    dev = _device(cfg)
+    backend = str(cfg.get("backend", "auto"))
+    backend = ("nccl" if dev.type == "cuda" else "gloo") if backend == "auto" else backend
+    dist.init_process_group(backend, timeout=TIMEOUT,
+                            device_id=dev if dev.type == "cuda" else None)  # fmt: skip
+    try:
+        with env.cpu_threads(dev, cfg.get("cpu_threads")):
+            return _sweep(cfg, dev)
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_key(key: str, rank: int, world: int) -> str:
+    return config_key({"config": key, "rank": rank, "world": world})
+
+
+def _sweep(cfg: dict[str, Any], dev: torch.device) -> str:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    info = env.device_info(dev)
+    torch.manual_seed(int(cfg.get("seed", 0)))
+    warmup, iterations, shards, index = sweep_settings(cfg)
+    configs = []
+    for lay in layouts(cfg):
+        for _, config in expand(cfg, info.gpu_id, info.is_cuda):
+            config = {**config, "parallel": lay, "profile": False}  # no op profiles per rank
+            key = step_key(config)
+            if my_share(key, shards, index):
+                configs.append((key, config))
+    root = str(cfg["out"])
+    writer, todo = None, []
+    if rank == 0:
+        writer = ShardWriter(root, "steps", env.job_id(f"s{index}of{shards}-w{world}"), None)
+        todo = [(k, c) for k, c in configs
+                if not all(writer.is_done(rank_key(k, r, world)) for r in range(world))]  # fmt: skip
+    box = [todo if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # every rank runs the same configurations
+    todo = box[0]
+    base = {"source": cfg["source"], **info.columns(), **env.software_versions()}
+    nvml = env.NvmlMemory(dev)
+    flush_every, measured = int(cfg.get("flush_every", 10)), 0
+    for key, config in todo:
+        rows = measure_step(config, key, dev, base, nvml, warmup, iterations,
+                            runner=DistributedStepRunner).get("steps", [])  # fmt: skip
+        row = _rank_row(rows[0], config["parallel"], rank, world) if rows else None
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        dist.gather_object(row, gathered if rank == 0 else None, dst=0)
+        if writer is not None and all(r is not None for r in gathered):
+            for r in gathered:
+                writer.add(rank_key(key, r["rank"], world), [r])
+            measured += 1
+            if writer.pending >= flush_every * world:
+                writer.flush()
+        elif writer is not None:
+            log.warning("%s: a rank could not run it; no rows written", config["model"])
+    if writer is not None:
+        writer.flush()
+        print(f"steps[torchrun x{world}]: {measured} measured, "
+              f"{len(configs) - len(todo)} already done -> {root}")  # fmt: skip
+    return root
+
+
+def _rank_row(row: dict[str, Any], lay: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    return {
+        **row,
+        **{k: lay[k] for k in LAYOUT_DEFAULTS},
+        "rank": rank,
+        "num_gpus": world,
+        "global_batch_size": row["batch_size"] * lay["microbatches"] * lay["dp"],
+    }
+
+
+def _blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks (entries of every ModuleList): FSDP2's units, as torchtitan wraps."""
+    return [m for lst in module.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
+
+
+class DistributedStepRunner(StepRunner):
+    """The single-GPU step, wrapped for a data-parallel layout, with gradient accumulation."""
+
+    def __init__(self, config: Mapping[str, Any], dev: torch.device) -> None:
+        super().__init__(config, dev)  # builds, checkpoints, casts: the unwrapped module
+        lay = config["parallel"]
+        self.microbatches = int(lay["microbatches"])
+        inner, sharding = self.module, lay["sharding"]
+        self.fsdp = sharding in ("zero2", "zero3", "fsdp")
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            reshard = sharding != "zero2"  # ZeRO-2 keeps parameters gathered until backward
+            for block in _blocks(inner):
+                fully_shard(block, reshard_after_forward=reshard)
+            self.module = fully_shard(inner, reshard_after_forward=reshard)
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [dev.index] if dev.type == "cuda" else None
+            self.module = DistributedDataParallel(inner, device_ids=ids)
+        # The optimizer holds the parameters as wrapped (FSDP2 turns them into DTensors).
+        if self.optimizer is not None:
+            params = list(self.module.parameters())
+            self.optimizer = make_optimizer(config["optimizer"], params)
+            if sharding == "zero1":
+                from torch.distributed.optim import ZeroRedundancyOptimizer
+
+                # the same class and settings; defaults may hold derived keys the
+                # constructor does not take (AdamW's decoupled_weight_decay)
+                cls = type(self.optimizer)
+                takes = inspect.signature(cls.__init__).parameters
+                kwargs = {k: v for k, v in self.optimizer.defaults.items() if k in takes}
+                self.optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Gradient sync on the last micro-batch only (DDP ``no_sync`` / FSDP2's switch)."""
+        if self.fsdp:
+            self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else self.module.no_sync()  # type: ignore[operator]
+
+    def __call__(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.module.zero_grad(set_to_none=True)
+        autocast_dtype = self.amp_dtype
+        for i in range(self.microbatches):
+            batch = self.built.make_inputs(self.step, self.dev)
+            with self._sync(i == self.microbatches - 1):
+                autocast = (torch.autocast(self.dev.type, dtype=autocast_dtype)
+                            if autocast_dtype else contextlib.nullcontext())  # fmt: skip
+                with autocast:
+                    outputs = self.module(**self.built.forward_kwargs(batch))
+                    loss = self.built.compute_loss(outputs, batch) / self.microbatches
+                del outputs
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            del loss, batch
+        if self.optimizer is None:
+            return
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
