@@ -18,7 +18,11 @@ Layouts (the keys of ``boom_ml.predict``'s ``parallel.*``; dp * tp * pp = world 
   (parameters stay gathered between forward and backward, as in ZeRO-2 / SHARD_GRAD_OP);
 * ``zero3`` / ``fsdp``: FSDP2 ``fully_shard`` with resharding after forward (ZeRO-3);
 * ``microbatches``: gradient accumulation, gradient sync on the last micro-batch only;
-* tp > 1 or pp > 1: not supported by the harness yet (one-line error before any launch).
+* tp > 1: the HF config's own ``base_model_tp_plan`` through
+  ``torch.distributed.tensor.parallel`` (column/row-parallel decoder linears), on a
+  (dp, tp) device mesh, tp innermost; with dp > 1 only under FSDP2 (DDP cannot synchronise
+  DTensors);
+* pp > 1: not supported by the harness yet (one-line error before any launch).
 
 The backend is NCCL on CUDA and gloo on the CPU (a ``device=cpu dry_run=true`` run tests the
 whole path in CI; every sharding mode runs on gloo with torch 2.14). Rows: ``num_gpus``
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import fnmatch
 import inspect
 import logging
 import os
@@ -79,10 +84,20 @@ def layouts(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
                 raise LayoutError(f"parallel.{k} must be >= 1, got {lay[k]}")
         if lay["sharding"] not in SHARDING:
             raise LayoutError(f"parallel.sharding={mode!r}: choose one of {', '.join(SHARDING)}")
-        if lay["tp"] > 1 or lay["pp"] > 1:
+        if lay["pp"] > 1:
             raise LayoutError(
-                "parallel.tp>1 / parallel.pp>1 are not supported by the harness yet "
-                "(data parallel with DDP, ZeRO-1 or FSDP2 is)"
+                "parallel.pp>1 is not supported by the harness yet (dp with DDP, ZeRO-1 or "
+                "FSDP2, and tp through torch.distributed.tensor.parallel are)"
+            )
+        if lay["tp"] > 1 and lay["dp"] == 1 and lay["sharding"] != "none":
+            raise LayoutError(
+                f"parallel.sharding={mode!r} shards over data-parallel ranks; with "
+                "parallel.dp=1 and parallel.tp>1 use parallel.sharding=none"
+            )
+        if lay["tp"] > 1 and lay["dp"] > 1 and lay["sharding"] in ("none", "zero1"):
+            raise LayoutError(
+                f"parallel.tp>1 with parallel.dp>1 needs FSDP2 (parallel.sharding=zero2, zero3 "
+                f"or fsdp): DDP cannot synchronise tensor-parallel DTensors (got {mode!r})"
             )
         if lay["dp"] * lay["tp"] * lay["pp"] != world:
             raise LayoutError(
@@ -195,6 +210,40 @@ def _blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for lst in module.modules() if isinstance(lst, torch.nn.ModuleList) for m in lst]
 
 
+def tensor_parallel(module: torch.nn.Module, mesh: Any) -> None:
+    """Shard ``module``'s decoder linears over ``mesh`` with its HF config's own TP plan.
+
+    transformers ships ``base_model_tp_plan`` per architecture (Llama: q/k/v and gate/up
+    column-parallel, o and down row-parallel); its ``colwise`` / ``rowwise`` entries map onto
+    ``torch.distributed.tensor.parallel``'s ColwiseParallel / RowwiseParallel, local outputs
+    (Megatron-style: attention runs on the rank's heads). Embedding and LM head stay
+    replicated. A model without such a plan is one error naming it.
+    """
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    base = getattr(module, "base_model", module)
+    plan_spec = getattr(getattr(module, "config", None), "base_model_tp_plan", None) or {}
+    unknown = sorted({v for v in plan_spec.values() if v not in styles})
+    if not plan_spec or unknown:
+        raise ValueError(
+            f"parallel.tp>1 needs an HF model whose config has a base_model_tp_plan of "
+            f"colwise/rowwise entries; {type(module).__name__} has "
+            f"{'none' if not plan_spec else 'unsupported styles ' + ', '.join(unknown)}"
+        )
+    plan = {
+        name: styles[style]()
+        for name, _ in base.named_modules()
+        for pattern, style in plan_spec.items()
+        if fnmatch.fnmatchcase(name, pattern.replace("*", "[0-9]*"))
+    }
+    parallelize_module(base, mesh, plan)
+
+
 class DistributedStepRunner(StepRunner):
     """The single-GPU step, wrapped for a data-parallel layout, with gradient accumulation."""
 
@@ -202,23 +251,37 @@ class DistributedStepRunner(StepRunner):
         super().__init__(config, dev)  # builds, checkpoints, casts: the unwrapped module
         lay = config["parallel"]
         self.microbatches = int(lay["microbatches"])
-        inner, sharding = self.module, lay["sharding"]
-        self.fsdp = sharding in ("zero2", "zero3", "fsdp")
+        inner, sharding, dp, tp = self.module, lay["sharding"], int(lay["dp"]), int(lay["tp"])
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # ranks tp-innermost (Megatron's order, as boom_ml.parallel assumes)
+        mesh = init_device_mesh(dev.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+        if tp > 1:
+            tensor_parallel(inner, mesh["tp"])
+        self.fsdp = sharding in ("zero2", "zero3", "fsdp") and (dp > 1 or tp == 1)
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 
             reshard = sharding != "zero2"  # ZeRO-2 keeps parameters gathered until backward
             for block in _blocks(inner):
-                fully_shard(block, reshard_after_forward=reshard)
-            self.module = fully_shard(inner, reshard_after_forward=reshard)
-        else:
+                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
+            self.module = fully_shard(inner, mesh=mesh["dp"], reshard_after_forward=reshard)
+        elif tp == 1:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [dev.index] if dev.type == "cuda" else None
             self.module = DistributedDataParallel(inner, device_ids=ids)
+        # else: tensor parallel alone (dp = 1): no data-parallel wrapper to add
         # The optimizer holds the parameters as wrapped (FSDP2 turns them into DTensors).
         if self.optimizer is not None:
-            params = list(self.module.parameters())
+            params: list[Any] = list(self.module.parameters())
+            if tp > 1 and not self.fsdp:
+                # foreach kernels cannot mix DTensors (sharded linears) with the replicated
+                # plain tensors (embedding, norms, head): one param group of each
+                from torch.distributed.tensor import DTensor
+
+                split = [[p for p in params if isinstance(p, DTensor) == d] for d in (True, False)]
+                params = [{"params": group} for group in split if group]
             self.optimizer = make_optimizer(config["optimizer"], params)
             if sharding == "zero1":
                 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -235,7 +298,8 @@ class DistributedStepRunner(StepRunner):
         if self.fsdp:
             self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
             return contextlib.nullcontext()
-        return contextlib.nullcontext() if last else self.module.no_sync()  # type: ignore[operator]
+        no_sync = getattr(self.module, "no_sync", None)  # DDP; tensor parallel alone has none
+        return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
     def __call__(self) -> None:
         if self.optimizer is not None:

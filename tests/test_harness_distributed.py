@@ -53,11 +53,30 @@ def test_layouts_the_harness_cannot_run_fail_in_one_line(tmp_path: Path) -> None
     base = {"nproc": 4}
     assert [lay["sharding"] for lay in layouts({**base, "parallel": {
         "dp": 4, "sharding": ["none", "zero1", "fsdp"]}})] == ["none", "zero1", "fsdp"]  # fmt: skip
-    with pytest.raises(LayoutError, match="not supported by the harness yet"):
+    assert layouts({**base, "parallel": {"dp": 2, "tp": 2, "sharding": "fsdp"}})[0]["tp"] == 2
+    with pytest.raises(LayoutError, match="pp>1 is not supported by the harness yet"):
         layouts({**base, "parallel": {"dp": 1, "tp": 2, "pp": 2}})
+    with pytest.raises(LayoutError, match="needs FSDP2"):
+        layouts({**base, "parallel": {"dp": 2, "tp": 2, "sharding": "zero1"}})
     with pytest.raises(LayoutError, match="must be equal"):
         layouts({**base, "parallel": {"dp": 2}})
     with pytest.raises(LayoutError, match="parallel.sharding='zero4'"):
         layouts({**base, "parallel": {"dp": 4, "sharding": "zero4"}})
     with pytest.raises(LayoutError, match="not supported"):  # before any process starts
-        steps.run_step_sweep(torchrun_cfg(tmp_path, tp=2, dp=1))
+        steps.run_step_sweep(torchrun_cfg(tmp_path, pp=2, dp=1))
+
+
+def test_gloo_tensor_parallel_with_the_models_own_tp_plan(tmp_path: Path) -> None:
+    # SmolLM2-135M's Llama config, cut to one layer of 4 query / 2 key-value heads (the dry
+    # run's 1 key-value head cannot be split over 2 ranks)
+    tiny_llama = [{"name": "hf:HuggingFaceTB/SmolLM2-135M", "batch_sizes": [2], "seq_len": 16,
+                   "dry_run_options": {"num_attention_heads": 4, "num_key_value_heads": 2,
+                                       "head_dim": 16}}]  # fmt: skip
+    cfg = {**torchrun_cfg(tmp_path, dp=1, tp=2), "models": tiny_llama}
+    steps.run_step_sweep(cfg)
+    df = schema.validate(read_shards(tmp_path, "steps"), "steps", "test")
+    assert df[LAYOUT_COLUMNS].sort_values("rank").to_dict("records") == [
+        {"rank": r, "num_gpus": 2, "dp": 1, "tp": 2, "pp": 1, "sharding": "none",
+         "microbatches": 1} for r in (0, 1)
+    ]  # fmt: skip
+    assert (df["global_batch_size"] == 2).all() and (df["step_time_ms"] > 0).all()
