@@ -16,8 +16,9 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 - attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``).
 
 The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` (``per-op``: a
-learned head; ``roofline-calibrated``: no head covers the op). A ``latency_ms`` column, if
-given, is passed through (handy to score the predictions).
+learned head; ``gemm-tiles``: the tile/wave GEMM model; ``roofline-calibrated``: no head
+covers the op). A ``latency_ms`` column, if given, is passed through (handy to score the
+predictions).
 """
 
 from __future__ import annotations
@@ -155,11 +156,15 @@ def predict_ops(
 ) -> pd.DataFrame:
     """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms and method appended."""
     from boom_ml.gpus import get_gpu
+    from boom_ml.timing.gemm import gemm_model_for, override_gemm
     from boom_ml.timing.heads import load_model
 
     spec = get_gpu(gpu)
     rows = canonical_rows(table, where)
-    pred = load_model(model).predict_rows(rows, spec)
+    per_op = load_model(model)
+    pred = per_op.predict_rows(rows, spec)
+    # GEMM rows: the tile/wave model (packaged one with the packaged heads; boom_ml/timing/gemm.py)
+    pred = override_gemm(rows, spec, pred, gemm_model_for(per_op))
     out = table.copy()
     for col in OUTPUT_COLUMNS:
         out[col] = pred[col].to_numpy()

@@ -84,7 +84,7 @@ class FoldHeads:
         key = self.key(gpu)
         folder = self.cache_dir / self.data_version / key
         if (folder / "model.json").exists():
-            return PerOpModel.load(folder)
+            return _with_gemm(PerOpModel.load(folder), self.kernels, key, folder)
         train = self.kernels[self.kernels["gpu_id"].astype(str) != key]
         cap = self.settings.get("max_train_rows")
         if cap and len(train) > cap:
@@ -108,7 +108,16 @@ class FoldHeads:
         model.save(folder)
         self.log(f"fold heads without {key}: {len(train)} kernel rows, "
                  f"{time.perf_counter() - started:.0f} s (cached in {folder})")  # fmt: skip
-        return model
+        return _with_gemm(model, self.kernels, key, folder)
+
+
+def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, key: str, folder: Path) -> PerOpModel:
+    """The fold's tile/wave GEMM model (training/train_gemm.py), fit without the same GPU and
+    cached beside the heads, attached as ``model.gemm`` for per_op's GEMM hook."""
+    from training.train_gemm import fold_gemm
+
+    model.gemm = fold_gemm(kernels, None if key == NONE else key, folder / "gemm")  # type: ignore[attr-defined]
+    return model
 
 
 def fold_settings(o: dict[str, Any], n_jobs: int | None = None) -> dict[str, Any]:

@@ -224,8 +224,10 @@ def predict_nodes_many(
     :func:`predict_nodes` on each GPU, featurised and predicted in one call (features are
     per row, so batching does not change them). ``median_only``: p10/p90 repeat the median."""
     from boom_ml.timing.features import kernel_features
+    from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
     from boom_ml.timing.heads import load_model
 
+    gemm = gemm_model_for(model)  # GEMM hook (gemm.py): before `model` defaults
     model = model if model is not None else load_model()
     shape = (len(gpus), len(nodes))
     out = {"ms": np.zeros(shape), "p10": np.zeros(shape), "p90": np.zeros(shape)}
@@ -243,6 +245,7 @@ def predict_nodes_many(
     # Features do not depend on the heads: CV folds that swap heads reuse them.
     feats = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), *gpus), features)
     pred = model.predict_features(feats, median_only)
+    pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
     pos = rows["node_pos"].to_numpy()
     for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
         values = pred[src].to_numpy().reshape(len(gpus), len(base))

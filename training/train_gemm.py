@@ -1,0 +1,339 @@
+"""`python -m training.train_gemm`: the tile/wave GEMM model, leave-one-GPU-out, packaging.
+
+    python -m training.train_gemm                        # LOGO table: every variant + old head
+    python -m training.train_gemm package=true           # ... and write boom_ml/artifacts/gemm
+    python -m training.train_gemm run_variants=[lgb_spec] cv.baseline=false
+
+Each fold removes every kernel row of the held-out GPU, from any source, before anything is
+fit (the learner, the NaN fill of the MLP, the interval), then scores that GPU's fp32 bmm and
+linear rows: all of them (the rows of the per-op table in the README) and NeuSight's
+test split alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from boom_ml.timing.gemm import (
+    GPU_FEATURE_SETS,
+    MULTI_TILE_FEATURES,
+    SHAPE_FEATURES,
+    GemmModel,
+    gemm_features,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCORED_OPS = ("bmm", "linear")  # NeuSight's two GEMM tables, fp32
+MIN_TEST_ROWS = 20
+MIN_TRAIN_ROWS = 200  # fewer GEMM rows: no model (train_ops' min_rows for a head)
+
+
+def fit_variant(
+    feats: pd.DataFrame, y: np.ndarray, variant: dict, o: dict, gpus: np.ndarray | None = None
+) -> GemmModel:
+    """One learner on (features, log(t / roof)) rows; ``weight: gpu`` in the variant gives
+    every training GPU the same total weight (``gpus``: each row's GPU)."""
+    multi = MULTI_TILE_FEATURES if variant.get("multi_tile") else []
+    cols = [*SHAPE_FEATURES, *multi, *GPU_FEATURE_SETS[variant["gpu_features"]]]
+    x = feats[cols].to_numpy(dtype=float)
+    w = None
+    if variant.get("weight") == "gpu" and gpus is not None:
+        counts = pd.Series(gpus).value_counts()
+        w = (1.0 / pd.Series(gpus).map(counts)).to_numpy() * len(gpus) / len(counts)
+    if variant["learner"] == "lgb_offset":
+        return _fit_offset(feats, y, variant, o, gpus, cols, w)
+    if variant["learner"] == "lgb":
+        bags = range(variant.get("bags", 1))
+        return GemmModel("lgb", cols, boosters=[_fit_lgb(x, y, w, o, o["seed"] + b) for b in bags])
+    floor = np.log(feats["bound_ms"].to_numpy() / feats["roof_ms"].to_numpy())
+    mlp = _fit_mlp(x, y, floor, w, o["mlp"], o["seed"], o["threads"])
+    return GemmModel("mlp", cols, mlp=mlp)
+
+
+def _fit_lgb(x: np.ndarray, y: np.ndarray, w: np.ndarray | None, o: dict, seed: int) -> Any:
+    import lightgbm as lgb
+
+    params = {**o["lgb"]["params"], "objective": "l2", "verbose": -1,
+              "n_jobs": o["threads"], "seed": seed}  # fmt: skip
+    return lgb.train(params, lgb.Dataset(x, label=y, weight=w), o["lgb"]["n_estimators"])
+
+
+def _fit_offset(feats, y, variant, o, gpus, cols, w) -> GemmModel:
+    """Shape learner + a per-GPU offset that is a line in a few spec columns.
+
+    The trees see only shape-relative features (``cols``); each training GPU (and precision
+    class) gets an offset, alternating with the trees (``rounds``); then a ridge line maps the
+    offset groups' spec columns (``offset_features``) to their offsets: a held-out GPU gets
+    the line's value, which extrapolates where a tree would return a training GPU's leaf.
+    """
+    shape_cols = [c for c in cols if not c.startswith("g_")]
+    x = feats[shape_cols].to_numpy(dtype=float)
+    gcols = GPU_FEATURE_SETS[variant["offset_features"]]
+    group = (
+        pd.Series(gpus).astype(str) + "/" + feats["tensor_core"].astype(int).astype(str).to_numpy()
+    )
+    off = np.zeros(len(y))
+    for _ in range(variant.get("rounds", 2)):
+        booster = _fit_lgb(x, y - off, w, o, o["seed"])
+        res = pd.Series(y - booster.predict(x, num_threads=o["threads"]))
+        off = res.groupby(group.to_numpy()).transform("median").to_numpy()
+    per = pd.DataFrame({"off": off, "group": group.to_numpy()})
+    per[gcols] = feats[gcols].to_numpy()
+    per = per.groupby("group").first()
+    g = per[gcols].to_numpy(dtype=float)
+    mean = np.nanmean(g, axis=0)
+    g = np.where(np.isnan(g), mean, g)
+    std = np.where(g.std(axis=0) > 0, g.std(axis=0), 1.0)
+    z = (g - mean) / std
+    lam = variant.get("ridge", 1.0)  # in standardised units, one unit per group
+    coef_z = np.linalg.solve(
+        z.T @ z + lam * np.eye(z.shape[1]), z.T @ (per["off"] - per["off"].mean())
+    )
+    coef = coef_z / std
+    offset = {"features": gcols, "coef": coef.tolist(), "mean": mean.tolist(),
+              "intercept": float(per["off"].mean() - mean @ coef)}  # fmt: skip
+    return GemmModel("lgb", shape_cols, boosters=[booster], offset=offset)
+
+
+def _fit_mlp(
+    x: np.ndarray,
+    y: np.ndarray,
+    floor: np.ndarray,
+    w: np.ndarray | None,
+    m: dict,
+    seed: int,
+    threads: int,
+) -> dict[str, Any]:
+    """ReLU MLP, output floor + softplus (never under the roofline), squared log error."""
+    import torch
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    mean = np.nanmean(x, axis=0)
+    mean = np.where(np.isnan(mean), 0.0, mean)
+    xf = np.where(np.isnan(x), mean, x)
+    std = xf.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    xt = torch.tensor((xf - mean) / std, dtype=torch.float32)
+    yt = torch.tensor(y, dtype=torch.float32)
+    ft = torch.tensor(floor, dtype=torch.float32)
+    wt = torch.tensor(np.ones(len(y)) if w is None else w, dtype=torch.float32)
+    sizes = [x.shape[1], *m["hidden"], 1]
+    layers: list[torch.nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*layers)
+    opt = torch.optim.AdamW(net.parameters(), lr=m["lr"], weight_decay=m["weight_decay"])
+    steps = m["epochs"] * int(np.ceil(len(yt) / m["batch_size"]))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=m["lr"], total_steps=steps)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(m["epochs"]):
+        for idx in torch.randperm(len(yt), generator=gen).split(m["batch_size"]):
+            pred = ft[idx] + torch.nn.functional.softplus(net(xt[idx])[:, 0])
+            loss = torch.mean(wt[idx] * (pred - yt[idx]) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    lin = [mod for mod in net if isinstance(mod, torch.nn.Linear)]
+    return {"mean": mean.tolist(), "std": std.tolist(),
+            "layers": [[mod.weight.detach().numpy().T.tolist(), mod.bias.detach().numpy().tolist()]
+                       for mod in lin]}  # fmt: skip
+
+
+def _baseline(kernels: pd.DataFrame, specs: dict, train: np.ndarray, o: dict):
+    """The per-op gemm head (boom_ml.timing.heads) trained on the same fold's rows."""
+    from boom_ml.timing.features import kernel_features, target
+    from boom_ml.timing.heads import PerOpModel, train_head
+
+    sub = kernels.iloc[train]
+    f = kernel_features(sub, specs)
+    head = train_head("gemm", f, target(sub["latency_ms"].to_numpy(), f["roof_ms"].to_numpy()),
+                      list(sub["gpu_id"]), n_estimators=o["cv"]["baseline_estimators"],
+                      quantile_estimators=0, params={"learning_rate": 0.1}, seed=o["seed"])  # fmt: skip
+    return PerOpModel({"gemm": head}, {})
+
+
+def _scores(rows: pd.DataFrame, pred: np.ndarray) -> list[dict[str, Any]]:
+    true = rows["latency_ms"].to_numpy(dtype=float)
+    ape = np.abs(pred - true) / true
+    out = []
+    for op in SCORED_OPS:
+        for split, extra in (("all", True), ("test", rows["source"].eq("neusight_test"))):
+            sel = (rows["op"].eq(op) & rows["dtype"].eq("float32") & extra).to_numpy()
+            if sel.sum() >= MIN_TEST_ROWS:
+                out.append({"op": op, "rows": split, "n": int(sel.sum()),
+                            "mape": float(100 * ape[sel].mean())})  # fmt: skip
+    return out
+
+
+def leave_one_gpu_out(
+    kernels: pd.DataFrame, specs: dict, o: dict, log: Any = print
+) -> tuple[pd.DataFrame, dict]:
+    """MAPE per (variant, held-out GPU, op, rows); and the held-out log residuals per variant."""
+    feats = gemm_features(kernels, specs)
+    y = np.log(kernels["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
+    gpu = kernels["gpu_id"].astype(str).to_numpy()
+    scored = kernels["op"].isin(SCORED_OPS) & kernels["dtype"].eq("float32")
+    counts = kernels[scored].groupby("gpu_id").size()
+    held = o["cv"]["gpus"] or sorted(counts[counts >= MIN_TEST_ROWS].index)
+    names = o["run_variants"] or list(o["variants"])
+    rng = np.random.default_rng(o["seed"])
+    out, resid = [], {n: {} for n in names}
+    for g in held:
+        # The split is fixed before any fit: every row of g (any source) is out.
+        train, test = np.flatnonzero(gpu != g), np.flatnonzero(gpu == g)
+        cap = o["cv"]["max_train_rows"]
+        if cap and len(train) > cap:
+            train = np.sort(rng.choice(train, cap, replace=False))
+        rows = kernels.iloc[test]
+        preds = {}
+        for name in names:
+            start = time.perf_counter()
+            model = fit_variant(feats.iloc[train], y[train], o["variants"][name], o, gpu[train])
+            pred = preds[name] = model.predict_ms(feats.iloc[test])
+            resid[name][g] = np.log(rows["latency_ms"].to_numpy() / pred)
+            for s in _scores(rows, pred):
+                out.append({"variant": name, "gpu": g, **s})
+            log(f"fold {g} {name}: {time.perf_counter() - start:.0f} s "
+                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in _scores(rows, pred)))  # fmt: skip
+        if o["cv"]["baseline"]:
+            start = time.perf_counter()
+            base = _baseline(kernels, specs, train, o)
+            pred = base.predict_rows(rows, specs)["pred_ms"].to_numpy()
+            for s in _scores(rows, pred):
+                out.append({"variant": "heads", "gpu": g, **s})
+            for name in o["cv"].get("blend") or []:  # geometric mean with the old head
+                mix = np.sqrt(preds[name] * pred)
+                out += [{"variant": f"{name}+heads", "gpu": g, **s} for s in _scores(rows, mix)]
+            log(f"fold {g} heads: {time.perf_counter() - start:.0f} s "
+                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in _scores(rows, pred)))  # fmt: skip
+    return pd.DataFrame(out), resid
+
+
+def format_table(cv: pd.DataFrame) -> str:
+    """Per rows-set: (variant, op) x held-out GPU MAPE %, with the mean over GPUs."""
+    lines = []
+    for split in ("all", "test"):
+        part = cv[cv["rows"] == split]
+        if part.empty:
+            continue
+        t = part.pivot_table(index=["variant", "op"], columns="gpu", values="mape")
+        t["mean"] = t.mean(axis=1)
+        lines += [f"LOGO MAPE % on {split} fp32 rows of the held-out GPU:",
+                  t.round(1).to_string(), ""]  # fmt: skip
+        both = part.groupby("variant")["mape"].mean().round(1).sort_values()
+        lines += [
+            "mean over GPUs and bmm+linear: " + ", ".join(f"{k} {v}" for k, v in both.items()),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def interval(resid: dict[str, np.ndarray]) -> dict[str, float]:
+    """p10/p90 of held-out log(measured / predicted), each held-out GPU weighing the same."""
+    vals = np.concatenate(list(resid.values()))
+    w = np.concatenate([np.full(len(v), 1.0 / len(v)) for v in resid.values()])
+    order = np.argsort(vals)
+    cdf = np.cumsum(w[order]) / w.sum()
+    return {q: float(vals[order][np.searchsorted(cdf, p)]) for q, p in (("p10", 0.1), ("p90", 0.9))}
+
+
+def load_config(**override: Any) -> dict:
+    """``configs/train_gemm.yaml`` as a dict (top-level keys replaced by ``override``)."""
+    from omegaconf import OmegaConf
+
+    o = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "train_gemm.yaml"))
+    return {**o, **override}
+
+
+def fold_gemm(
+    kernels: pd.DataFrame, gpu: str | None, cache: Path | None = None
+) -> GemmModel | None:
+    """The packaged variant fit on the GEMM rows of every GPU but ``gpu`` (a CV fold's GEMM
+    model; ``cache``: a folder to reuse it from; None without GEMM rows: the heads time them).
+    No interval: p10/p90 repeat the median."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.gemm import GEMM_MODEL_VERSION, is_gemm_row
+
+    o = load_config()
+    tag = f"{o['use']}-v{GEMM_MODEL_VERSION}-seed{o['seed']}"
+    if cache is not None and (cache / "model.json").exists():
+        model = GemmModel.load(cache)
+        if model.meta.get("tag") == tag:
+            return model
+    rows = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
+    rows = rows[rows["gpu_id"].astype(str) != gpu].reset_index(drop=True)
+    if len(rows) < MIN_TRAIN_ROWS:
+        return None
+    specs = {g: get_gpu(g) for g in sorted(rows["gpu_id"].astype(str).unique())}
+    feats = gemm_features(rows, specs)
+    y = np.log(rows["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
+    model = fit_variant(feats, y, o["variants"][o["use"]], o, rows["gpu_id"].astype(str).to_numpy())
+    model.meta = {"tag": tag, "held_out_gpu": gpu, "train_rows": len(rows)}
+    if cache is not None:
+        model.save(cache)
+    return model
+
+
+def run(o: dict, log: Any = print) -> dict[str, Any]:
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.gemm import PACKAGED_DIR, is_gemm_row
+    from training.train_ops import load_training_data
+
+    kernels = load_training_data(o["data"], log)
+    kernels = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
+    kernels = kernels.reset_index(drop=True)
+    specs = {g: get_gpu(g) for g in sorted(kernels["gpu_id"].unique())}
+    log(f"{len(kernels)} GEMM rows, GPUs: {', '.join(specs)}")
+    result: dict[str, Any] = {"cv": None}
+    if o["cv"]["enabled"]:
+        result["cv"], resid = leave_one_gpu_out(kernels, specs, o, log)
+        log(format_table(result["cv"]))
+    if o["package"]:
+        feats = gemm_features(kernels, specs)
+        y = np.log(kernels["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
+        gpus = kernels["gpu_id"].astype(str).to_numpy()
+        model = fit_variant(feats, y, o["variants"][o["use"]], o, gpus)
+        if result["cv"] is not None and o["use"] in resid:
+            model.interval = interval(resid[o["use"]])
+        model.meta = {
+            "variant": o["use"], **o["variants"][o["use"]],
+            "trained_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "data_sources": {str(k): int(v) for k, v in kernels["source"].value_counts().items()},
+            "rows_per_gpu": {str(k): int(v) for k, v in kernels["gpu_id"].value_counts().items()},
+            "excluded_gpus": sorted(o["data"].get("exclude_gpus") or {}),
+            "logo": format_table(result["cv"]).splitlines() if result["cv"] is not None else None,
+            "command": "python -m training.train_gemm package=true",
+        }  # fmt: skip
+        folder = model.save(o["package_dir"] or PACKAGED_DIR)
+        (folder / "manifest.json").write_text(json.dumps(model.meta, indent=1) + "\n")
+        log(f"packaged {o['use']} in {folder}")
+        result["model"] = model
+    return result
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    @hydra.main(config_path=str(REPO / "configs"), config_name="train_gemm", version_base="1.3")
+    def _entry(cfg: Any) -> None:
+        run(OmegaConf.to_container(cfg, resolve=True), log=lambda m: print(m, flush=True))
+
+    _entry()
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    sys.exit(main())
