@@ -24,6 +24,7 @@ from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP, sdpa_group
 from boom_ml.trace_cache import TraceCache
 
 
@@ -42,8 +43,14 @@ class Session:
         # any trace): a graph from the on-disk cache needs no model library at all.
         self._cache = TraceCache() if cache else None
         self._graphs: dict[StepSpec, OpGraph] = {}
+        # step (sdpa_group None) -> the attention group evaluate() traced it for first, and
+        # the graph of a step whose model calls no SDPA (the same for every GPU)
+        self._first_group: dict[StepSpec, str] = {}
+        self._no_sdpa: dict[StepSpec, OpGraph] = {}
 
     def graph(self, step: StepSpec) -> OpGraph:
+        if step.sdpa_group is None and step in self._first_group:
+            step = replace(step, sdpa_group=self._first_group[step])  # evaluate()'s first GPU's
         if step not in self._graphs:
             graph = self._cache.get(self.model, step) if self._cache is not None else None
             if graph is None:
@@ -57,6 +64,21 @@ class Session:
                     self._cache.put(self.model, step, graph)
             self._graphs[step] = graph
         return self._graphs[step]
+
+    def graph_for(self, step: StepSpec, group: str, first: str | None = None) -> OpGraph:
+        """``step`` traced for attention architecture group ``group`` (boom_ml/trace/sdpa_select).
+
+        The ``first`` group is traced first; when its model calls no SDPA (a CNN, eager
+        attention) no GPU changes the graph, and that one trace serves every group.
+        """
+        key = replace(step, sdpa_group=None)
+        if key in self._no_sdpa:
+            return self._no_sdpa[key]
+        graph = self.graph(replace(step, sdpa_group=first or group))
+        if not _uses_sdpa(graph):
+            self._no_sdpa[key] = graph
+            return graph
+        return graph if (first or group) == group else self.graph(replace(step, sdpa_group=group))
 
     def evaluate(
         self,
@@ -73,26 +95,40 @@ class Session:
         The trace does not depend on ``grad_accum``: accumulation is a replay option.
         """
         stack = stack if stack is not None else resolve_stack()
-        traced = replace(step, grad_accum=1)
-        graph = self.graph(traced)
-
-        def trace_at(batch: int) -> OpGraph:
-            return self.graph(replace(traced, batch_size=batch))
-
-        memories = []
-        for spec in gpus:
-            memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
-            if max_batch:
-                memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
-            memories.append(memory)
-        # Time for every GPU in one call (one GNN pass, one LightGBM call per head).
-        timed = [k for k, memory in enumerate(memories) if memory.fits or not time_unless_oom]
+        traced = replace(step, grad_accum=1, sdpa_group=None)
+        # One trace per attention architecture group in the list, the first GPU's first
+        # (and only that one when the model calls no SDPA); results stay in the user's order.
+        groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
+        first = groups[0] if groups else DEFAULT_GROUP
+        self._first_group.setdefault(traced, first)
+        buckets: dict[int, tuple[OpGraph, str, list[int]]] = {}
+        for k, group in enumerate(groups):
+            graph = self.graph_for(traced, group, first)
+            buckets.setdefault(id(graph), (graph, group, []))[2].append(k)
+        graphs: dict[int, OpGraph] = {}
+        memories: dict[int, Any] = {}
+        times: dict[int, TimeEstimate] = {}
         tf32 = Tf32(*step.tf32_switches())
-        estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
-        times = dict(zip(timed, estimates, strict=True))
+        for graph, group, members in buckets.values():
+            # other batch sizes: this group's own trace, unless the model calls no SDPA
+            probe = group if _uses_sdpa(graph) else first
+
+            def trace_at(batch: int, group: str = group, probe: str = probe) -> OpGraph:
+                return self.graph_for(replace(traced, batch_size=batch), group, probe)
+
+            for k in members:
+                spec, graphs[k] = gpus[k], graph
+                memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
+                if max_batch:
+                    memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
+                memories[k] = memory
+            # Time for the bucket's GPUs in one call (one GNN pass, one LightGBM call per head).
+            timed = [k for k in members if memories[k].fits or not time_unless_oom]
+            estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
+            times.update(zip(timed, estimates, strict=True))
         results = []
-        for k, (spec, memory) in enumerate(zip(gpus, memories, strict=True)):
-            time = times.get(k)
+        for k, spec in enumerate(gpus):
+            memory, time, graph = memories[k], times.get(k), graphs[k]
             notes = graph.meta.get("method_notes") or []
             if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
                 memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")
@@ -111,6 +147,15 @@ class Session:
                 )
             )
         return results
+
+
+def _uses_sdpa(graph: OpGraph) -> bool:
+    """Whether the traced model called SDPA (graph meta "sdpa"; a graph without it: whether
+    it has attention-family nodes)."""
+    sdpa = graph.meta.get("sdpa")
+    if sdpa:
+        return int(sdpa.get("calls", 0)) > 0
+    return bool((graph.nodes["family"] == "attention").any())
 
 
 def _largest_batch(

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from boom_ml.errors import InvalidInputError
+from boom_ml.trace.sdpa_select import check_group as check_sdpa_group
 
 OPTIMIZERS = (
     "sgd",
@@ -75,6 +76,9 @@ class StepSpec:
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] | None = None  # None: peft's default for the architecture
     double_quant: bool = True  # qlora: quantise the NF4 absmax again (bitsandbytes' default)
+    # attention architecture group the trace follows (boom_ml/trace/sdpa_select.py: GPUs that
+    # pick the same SDPA kernels); None: the caller's choice, the A100's group when traced
+    sdpa_group: str | None = None
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -90,6 +94,7 @@ class StepSpec:
         check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
         check_positive("checkpointing.every", self.checkpointing_every)
         check_choice("finetune.method", self.finetune_method, FINETUNE_METHODS)
+        check_sdpa_group(self.sdpa_group)
         check_positive("finetune.r", self.lora_r)
         check_number("finetune.alpha", self.lora_alpha, 0.0, None)
         check_number("finetune.dropout", self.lora_dropout, 0.0, 1.0)

@@ -5,4 +5,6 @@
 # counts cached graphs made by other tracer code as stale.
 # 7: the optimizer implementation follows the stack (Adafactor: for-loop)
 # 8: recipes of issue #15 (params_dtype, LoRA/QLoRA, 8-bit optimizers, selective checkpointing)
-TRACE_VERSION = 8
+# 9: SDPA follows the target GPU's attention architecture group (StepSpec.sdpa_group);
+#    native GQA in the fused kernels; causal attention FLOPs count the kept pairs only
+TRACE_VERSION = 9

@@ -181,26 +181,62 @@ register("convolution", "conv", cuda="cudnn_convolution")
 register("_convolution cudnn_convolution cudnn_convolution_transpose convolution_backward "
          "convolution_overrideable convolution_backward_overrideable _slow_conv2d_forward "
          "_slow_conv2d_backward _conv_depthwise2d", "conv")  # fmt: skip
-register("_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_backward "
-         "_scaled_dot_product_efficient_attention _scaled_dot_product_efficient_attention_backward "
-         "_scaled_dot_product_cudnn_attention _scaled_dot_product_cudnn_attention_backward "
-         "_efficient_attention_forward _efficient_attention_backward _flash_attention_forward "
+register("_efficient_attention_forward _efficient_attention_backward _flash_attention_forward "
          "_flash_attention_backward", "attention")  # fmt: skip
 
 
-# The CPU flash kernels are counted as their CUDA twins, whose formulas torch has.
-@register("_scaled_dot_product_flash_attention_for_cpu", "attention",
-          cuda="_scaled_dot_product_flash_attention")  # fmt: skip
-def _cpu_flash_fwd(q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-    return sdpa_flop_count(q_shape, k_shape, v_shape)
+def causal_pairs(seq_q: int, seq_k: int) -> int:
+    """(query, key) pairs a causal mask keeps: query i sees keys 0..i (PyTorch's upper-left
+    ``tril``), so a square mask keeps L(L+1)/2 of L² and the fused kernels skip the rest."""
+    if seq_q <= seq_k:
+        return seq_q * (seq_q + 1) // 2
+    return seq_k * (seq_k + 1) // 2 + (seq_q - seq_k) * seq_k
 
 
-@register("_scaled_dot_product_flash_attention_for_cpu_backward", "attention",
-          cuda="_scaled_dot_product_flash_attention_backward")  # fmt: skip
-def _cpu_flash_bwd(
-    g_shape, q_shape, k_shape, v_shape, *args: Any, out_shape: Any = None, **kw: Any
-) -> int:
-    return sdpa_backward_flop_count(g_shape, q_shape, k_shape, v_shape)
+def _causal(full: int, q_shape: Any, k_shape: Any, args: tuple, kw: dict, at: int) -> int:
+    """torch's formulas count every pair ("NB: We aren't accounting for causal attention
+    here"); with ``is_causal`` (positional ``at`` or keyword) only the kept pairs count."""
+    causal = kw.get("is_causal", args[at] if len(args) > at else False)
+    if not causal:
+        return full
+    seq_q, seq_k = q_shape[-2], k_shape[-2]
+    return full * causal_pairs(seq_q, seq_k) // (seq_q * seq_k)  # full is a multiple of L*S
+
+
+# Forward ops: is_causal's index among all arguments (q, k, v first).
+_FORWARD_CAUSAL_AT = {
+    "_scaled_dot_product_flash_attention": 4,
+    "_scaled_dot_product_efficient_attention": 6,
+    "_scaled_dot_product_cudnn_attention": 6,
+    "_scaled_dot_product_flash_attention_for_cpu": 4,
+}
+# Backward ops (grad_out, q, k, v first).
+_BACKWARD_CAUSAL_AT = {
+    "_scaled_dot_product_flash_attention_backward": 11,
+    "_scaled_dot_product_efficient_attention_backward": 11,
+    "_scaled_dot_product_cudnn_attention_backward": 14,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": 7,
+}
+
+
+def _register_sdpa(name: str, at: int, backward: bool) -> None:
+    # The CPU flash kernels are counted (and named) as their CUDA twins.
+    cuda = name.removesuffix("_for_cpu") if name.endswith("_for_cpu") else None
+    cuda = "_scaled_dot_product_flash_attention_backward" if name.endswith("cpu_backward") else cuda
+
+    @register(name, "attention", cuda=cuda)
+    def formula(*args: Any, out_shape: Any = None, **kw: Any) -> int:
+        if backward:
+            g, q, k, v = args[:4]
+            return _causal(sdpa_backward_flop_count(g, q, k, v), q, k, args, kw, at)
+        q, k, v = args[:3]
+        return _causal(sdpa_flop_count(q, k, v), q, k, args, kw, at)
+
+
+for _name, _at in _FORWARD_CAUSAL_AT.items():
+    _register_sdpa(_name, _at, backward=False)
+for _name, _at in _BACKWARD_CAUSAL_AT.items():
+    _register_sdpa(_name, _at, backward=True)
 
 
 # -- row-wise and lookup families ------------------------------------------------------------

@@ -30,6 +30,7 @@ from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.trace.recorder import OpRecorder
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
 from boom_ml.zoo.finetune import DTYPES, apply_recipe, logical_parameters
@@ -68,6 +69,7 @@ class _StepRunner:
         self.recipe: dict = {}  # what zoo.finetune did (graph meta)
         self.grad_blocks: set[int] = set()
         self.state_blocks: set[int] = set()
+        self.sdpa: dict = {}  # the SDPA calls' backends (attention.SdpaLog), graph meta "sdpa"
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -186,7 +188,8 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
-    with fake_mode, torch.device("cpu"), cuda_attention(), cuda_dropout(), cuda_autocast_policy():
+    attention = cuda_attention(step.sdpa_group or DEFAULT_GROUP)  # the target GPUs' kernels
+    with fake_mode, torch.device("cpu"), attention as sdpa, cuda_dropout(), cuda_autocast_policy():
         built.materialize("cpu")
         built.module.train()
         if step.checkpointing != "none":
@@ -198,6 +201,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
             runner = _StepRunner(built, step)
             runner.recipe = recipe
             yield runner
+            runner.sdpa = sdpa.to_dict()
         except TraceError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
@@ -207,6 +211,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     """Trace one steady-state training step of ``built`` under ``step`` into an OpGraph."""
     step = built.resolve_step(step)
+    step = replace(step, sdpa_group=step.sdpa_group or DEFAULT_GROUP)  # recorded as traced
     if step.optimizer_impl == "auto":  # recorded as the implementation that ran
         impl = resolve_optimizer_impl(step.optimizer, "auto", resolve_stack())
         step = replace(step, optimizer_impl=impl if impl != "none" else "auto")
@@ -259,6 +264,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             "method_notes": runner.recipe.get("method_notes", [])
             + getattr(runner.optimizer, "method_notes", []),
             "torch_version": torch.__version__,
+            "sdpa": runner.sdpa,
         },
     )
 
