@@ -16,7 +16,7 @@ from boom_ml.max_batch import TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.layout import validate as validate_layout
-from boom_ml.parallel.search import search_layouts
+from boom_ml.parallel.search import search_layouts_many
 from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import ModelSpec, StepSpec, search_max_batch
@@ -273,7 +273,7 @@ def predict(
         evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
         advised = advise(resolved, failing, evaluate)
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
-        search = partial(search_layouts, model, step=resolved, cluster=nodes, stack=software)
+        search = partial(search_layouts_many, model, step=resolved, cluster=nodes, stack=software)
         layout_advice = advise_layouts(advised, gpus, search)
     prediction = Prediction(
         model=session.model.text,

@@ -16,7 +16,12 @@ import pytest
 from boom_ml import api
 from boom_ml.gpus import get_gpu
 from boom_ml.parallel.layout import Cluster, Layout, validate
-from boom_ml.parallel.search import candidate_layouts, rank_key, search_layouts
+from boom_ml.parallel.search import (
+    candidate_layouts,
+    rank_key,
+    search_layouts,
+    search_layouts_many,
+)
 from boom_ml.parallel.shard import load_raw, model_facts
 from boom_ml.report.advisor import Advice, advise_layouts
 from boom_ml.report.table import advice_lines
@@ -91,6 +96,15 @@ def test_model_the_search_cannot_model_keeps_the_old_hint() -> None:
     gpu = small_gpu()
     closest = Advice("amp=bf16", {"amp": "bf16"}, 1, False, 2 * 2**30, 2**30, float("nan"), 0.0)
     out = advise_layouts({gpu.id: [closest]}, [gpu],
-                         lambda g: search_layouts("torchvision:resnet18", g, StepSpec()))  # fmt: skip
+                         lambda gs: search_layouts_many("torchvision:resnet18", gs, StepSpec()))  # fmt: skip
     assert out[gpu.id]["layouts"] == [] and "hf: models" in out[gpu.id]["reason"]
     assert advise_layouts({gpu.id: [replace(closest, fits=True)]}, [gpu], lambda g: {}) == {}
+
+
+def test_one_search_for_many_gpus_equals_a_search_per_gpu(model: str) -> None:
+    step = StepSpec(**STEP)
+    gpus = [small_gpu(), replace(small_gpu(), id="small-l4", total_memory_bytes=3 * 2**30)]
+    together = search_layouts_many(model, gpus, step)
+    for gpu in gpus:
+        alone = search_layouts(model, gpu, step)
+        assert {**together[gpu.id], "seconds": 0} == {**alone, "seconds": 0}

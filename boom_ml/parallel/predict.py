@@ -14,7 +14,7 @@ from boom_ml.parallel.collectives import groups as make_groups
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.links import inter_link, intra_link
 from boom_ml.parallel.memory import rank_memory
-from boom_ml.parallel.profile import memory_profile, param_counts, time_profile
+from boom_ml.parallel.profile import memory_profile, param_counts, time_profiles
 from boom_ml.parallel.shard import check_model, load_raw, stage_layers
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
@@ -65,11 +65,11 @@ def predict_raw(
         full_recompute=full_recompute,
     )
     out = []
-    for gpu in gpus:
+    profiles = time_profiles(raw, layout.tp, time_step, gpus)  # one timing call for all GPUs
+    for gpu, tprof in zip(gpus, profiles, strict=True):
         intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
         inter = inter_link(cluster, gpu.architecture)
         groups = make_groups(layout, cluster, intra, inter)
-        tprof = time_profile(raw, layout.tp, time_step, gpu)
         time = step_time(
             tprof,
             shape,

@@ -103,10 +103,13 @@ def _graphs(raw: dict[str, Any], tp: int, step: StepSpec) -> list[tuple[Any, dic
     return [_traced(json.dumps(rank_config(raw, tp, n), sort_keys=True), step) for n in (1, 2)]
 
 
-def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
-    from boom_ml.timing.estimate import estimate_time  # the timing entry, wherever it lives
+def _time_parts(graph: Any, gpus: list[GpuSpec]) -> list[dict[str, Any]]:
+    from boom_ml.timing.estimate import estimate_times  # the timing entry, wherever it lives
 
-    est = estimate_time(graph, gpu, tf32=False, top_n=1_000_000)
+    return [_parts(graph, est) for est in estimate_times(graph, gpus, tf32=False, top_n=1_000_000)]
+
+
+def _parts(graph: Any, est: Any) -> dict[str, Any]:
     opt = float(est.by_phase.get("optimizer", 0.0))
     first = float(est.by_phase.get("input", 0.0))
     roles = {"layer": 0.0, "first": 0.0, "last": 0.0}
@@ -137,21 +140,39 @@ def _time_parts(graph: Any, gpu: GpuSpec) -> dict[str, Any]:
 _MEMO: dict[str, Any] = {}
 
 
-def time_profile(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> TimeProfile:
-    key = _key("time", raw, tp, step.to_dict(), asdict(gpu))
-    if key in _MEMO:
-        return _MEMO[key]
-    hit = _disk_get("time", key)
-    if hit is not None:
-        _MEMO[key] = TimeProfile(**hit)
-        return _MEMO[key]
-    one, two = (_time_parts(g, gpu) for g, _ in _graphs(raw, tp, step))
+def time_profiles(
+    raw: dict[str, Any], tp: int, step: StepSpec, gpus: list[GpuSpec]
+) -> list[TimeProfile]:
+    """The time profile on each GPU; the GPUs not cached yet share one timing call per trace."""
+    keys = [_key("time", raw, tp, step.to_dict(), asdict(gpu)) for gpu in gpus]
+    missing = []
+    for key, gpu in zip(keys, gpus, strict=True):
+        if key not in _MEMO:
+            hit = _disk_get("time", key)
+            if hit is not None:
+                _MEMO[key] = TimeProfile(**hit)
+            elif key not in (k for k, _ in missing):
+                missing.append((key, gpu))
+    if missing:
+        (one_graph, _), (two_graph, _) = _graphs(raw, tp, step)
+        todo = [gpu for _, gpu in missing]
+        for (key, _), one, two in zip(
+            missing, _time_parts(one_graph, todo), _time_parts(two_graph, todo), strict=True
+        ):
+            prof = _profile(one, two)
+            _disk_put("time", key, asdict(prof))
+            _MEMO[key] = prof
+    return [_MEMO[key] for key in keys]
+
+
+def _profile(one: dict[str, Any], two: dict[str, Any]) -> TimeProfile:
+    """A layer's time from the 2-layer trace minus the 1-layer one; the rest is the ends."""
     layer = two["nonopt"] - one["nonopt"]
     ends = one["nonopt"] - layer
     # the 1-layer trace's module split of what lies outside the layer, scaled to sum to ends
     split = one["first"] + one["last"]
     first = ends * one["first"] / split if split > 0 else 0.0
-    prof = TimeProfile(
+    return TimeProfile(
         layer_ms=layer,
         first_ms=first,
         last_ms=ends - first,
@@ -166,9 +187,6 @@ def time_profile(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> 
         layer_matrix_ms=two["matrix"] - one["matrix"],
         last_matrix_ms=max(2 * one["matrix"] - two["matrix"], 0.0),
     )
-    _disk_put("time", key, asdict(prof))
-    _MEMO[key] = prof
-    return prof
 
 
 def memory_profile(
@@ -177,9 +195,12 @@ def memory_profile(
     from boom_ml.memory.estimate import estimate_memory
 
     key = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack))
+    if key in _MEMO:  # a layout search asks once per layout
+        return _MEMO[key]
     hit = _disk_get("memory", key)
     if hit is not None:
-        return MemoryProfile(**hit)
+        _MEMO[key] = MemoryProfile(**hit)
+        return _MEMO[key]
     ests, splits = [], []
     for graph, params in _graphs(raw, tp, step):
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
@@ -203,6 +224,7 @@ def memory_profile(
         terms=list(ests[0].terms),
     )  # fmt: skip
     _disk_put("memory", key, asdict(prof))
+    _MEMO[key] = prof
     return prof
 
 

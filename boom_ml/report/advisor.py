@@ -53,8 +53,8 @@ class Advice:
 
 # evaluate(step, gpus) -> one GpuPrediction per GPU, for that step configuration
 Evaluate = Callable[[StepSpec, list[GpuSpec]], list[GpuPrediction]]
-# search(gpu) -> {"layouts": [proposal, ...] ranked by $ per step, "searched": n, ...}
-LayoutSearch = Callable[[GpuSpec], dict[str, Any]]
+# search(gpus) -> per GPU id: {"layouts": [proposal, ...] ranked by $ per step, "searched": n, ...}
+LayoutSearch = Callable[[list[GpuSpec]], dict[str, dict[str, Any]]]
 
 
 def _amp_for(gpu: GpuSpec) -> str:
@@ -201,18 +201,18 @@ def advise_layouts(
 ) -> dict[str, dict[str, Any]]:
     """For each GPU where nothing tried fits on one GPU, the cheapest layouts that fit.
 
-    A GPU whose layouts cannot be searched (a model the parallel predictor does not model)
-    gets ``layouts: []`` and the one-line ``reason``; an unexpected failure is logged and
-    the GPU left out, so the single-GPU prediction is never lost to the search.
+    ``search`` takes those GPUs at once and returns a result per GPU id. When the layouts
+    cannot be searched (a model the parallel predictor does not model) every such GPU gets
+    ``layouts: []`` and the one-line ``reason``; an unexpected failure is logged and the
+    GPUs left out, so the single-GPU prediction is never lost to the search.
     """
-    out: dict[str, dict[str, Any]] = {}
-    for spec in gpus:
-        if spec.id not in advised or not nothing_fits(advised[spec.id]):
-            continue
-        try:
-            out[spec.id] = search(spec)
-        except BoomError as err:
-            out[spec.id] = {"layouts": [], "reason": str(err)}
-        except Exception as err:  # noqa: BLE001 - advice is optional, the prediction is not
-            logging.getLogger(__name__).warning("layout search on %s failed: %s", spec.id, err)
-    return out
+    wanted = [s for s in gpus if s.id in advised and nothing_fits(advised[s.id])]
+    if not wanted:
+        return {}
+    try:
+        return search(wanted)
+    except BoomError as err:
+        return {spec.id: {"layouts": [], "reason": str(err)} for spec in wanted}
+    except Exception as err:  # noqa: BLE001 - advice is optional, the prediction is not
+        logging.getLogger(__name__).warning("layout search failed: %s", err)
+        return {}
