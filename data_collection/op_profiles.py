@@ -12,11 +12,14 @@ import contextlib
 import difflib
 import json
 from collections.abc import Mapping
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from boom_ml.specs import ModelSpec
+from boom_ml.trace.sdpa_select import sdpa_group
 from boom_ml.zoo import build_model
 from data_collection import schema
 
@@ -112,10 +115,15 @@ def profile_rows(
 
     from boom_ml.trace.step import trace_step
 
-    graph = trace_step(
-        build_model(ModelSpec(config["model"], dict(config["options"]))), runner.step
-    )
     cuda = dev.type == "cuda"
+    step = runner.step
+    if cuda:  # traced with the SDPA kernels this GPU's dispatcher picks (trace/sdpa_select.py)
+        major, minor = torch.cuda.get_device_capability(dev)
+        build = SimpleNamespace(
+            cuda=torch.version.cuda or "0", cudnn=torch.backends.cudnn.version()
+        )
+        step = replace(step, sdpa_group=sdpa_group(major * 10 + minor, build))
+    graph = trace_step(build_model(ModelSpec(config["model"], dict(config["options"]))), step)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     runner.marks = lambda name: record_function(MARK + name)
     try:

@@ -108,6 +108,10 @@ def test_groups_of_every_gpu_and_stack() -> None:
     assert sdpa_group(90, resolve_stack({"torch": "2.14", "cuda": "12.6"})) == "sm80"
     assert sdpa_group(90, resolve_stack({"torch": "2.11", "cuda": "12.8"})) == "sm90-cudnn"
     assert sdpa_traits(121) == GROUPS["sm86"] and sdpa_traits(130) == GROUPS["math"]
+    # a running torch's own build (data_collection/op_profiles.py): CUDNN_VERSION integers
+    assert sdpa_traits(90, "12.4", 90100) == GROUPS["sm80"]
+    assert sdpa_traits(100, "13.0", 92400) == GROUPS["sm90-cudnn-d256"]
+    assert sdpa_traits(101, "12.8", 91701) == GROUPS["sm80"]  # CUDA < 13: minor 0 or 3 only
 
 
 def _shape(*s: int) -> torch.Tensor:

@@ -55,15 +55,18 @@ DEFAULT_GROUP = "sm80"
 DEFAULT_CUDA, DEFAULT_CUDNN = "13.0", "9.24.0.43"  # torch 2.14's default wheel (stacks.csv)
 
 
-def cudnn_version_int(text: str) -> int:
-    """``"9.24.0.43"`` → 92400, cuDNN's own CUDNN_VERSION encoding (8.x: major * 1000)."""
+def cudnn_version_int(text: str | int | None) -> int:
+    """``"9.24.0.43"`` → 92400, cuDNN's own CUDNN_VERSION encoding (8.x: major * 1000); an
+    int (``torch.backends.cudnn.version()``) is that encoding already, None is no cuDNN."""
+    if text is None or isinstance(text, int):
+        return int(text or 0)
     parts = [int(p) for p in str(text).split(".")[:3]] + [0, 0]
     major, minor, patch = parts[:3]
     return major * (10000 if major >= 9 else 1000) + minor * 100 + patch
 
 
 def sdpa_traits(
-    sm_version: int, cuda: str = DEFAULT_CUDA, cudnn: str = DEFAULT_CUDNN
+    sm_version: int, cuda: str = DEFAULT_CUDA, cudnn: str | int | None = DEFAULT_CUDNN
 ) -> SdpaTraits:
     """The traits of compute capability ``sm_version`` (86 = 8.6) under a CUDA/cuDNN build."""
     major, minor = divmod(int(sm_version), 10)
