@@ -51,6 +51,9 @@ class BatchScaling:
         self.slope = diff // (b2 - b1)
         self.intercept = s1 - self.slope * b1
         self.template = g1
+        # Trusted from the smaller traced batch up: below it the structure may change (HF
+        # decoders take another mask path at batch 1).
+        self.low = min(b1, b2)
         self.batch_dependent = bool(np.any(self.slope))
         # Nodes' traffic sizes cuDNN workspaces (overheads.py): scaled the same way.
         self._traffic = {}
@@ -137,17 +140,21 @@ class BatchSearch:
         )  # fmt: skip
 
     def scaling(self) -> BatchScaling | None:
-        """The affine model, from one more trace (at half the batch, or twice batch 1)."""
+        """The affine model, from one more trace (at half the batch, or twice a small one)."""
         if not self._scaling_tried and self.trace_at is not None:
             self._scaling_tried = True
             # Half rather than twice: a trace costs the same at any batch, and a step that
             # does not fit makes the advisor ask for half the micro-batch anyway (the
-            # session traces each step once).
-            other = self.batch // 2 if self.batch > 1 else 2
-            try:
-                self._scaling = BatchScaling(self.graph, self.batch, self._traced(other), other)
-            except ValueError:
-                self._scaling = None
+            # session traces each step once). Never down to batch 1, whose structure can
+            # differ; from batch 1, the model comes from batches 2 and 4.
+            other = self.batch // 2 if self.batch >= 4 else self.batch * 2
+            pairs = [(self.batch, other)] + ([(2, 4)] if self.batch == 1 else [])
+            for b1, b2 in pairs:
+                try:
+                    self._scaling = BatchScaling(self._traced(b1), b1, self._traced(b2), b2)
+                    break
+                except ValueError:
+                    continue
         return self._scaling
 
     def _traced(self, batch: int) -> OpGraph:
@@ -161,7 +168,9 @@ class BatchSearch:
         if batch in self.traced:
             return self.traced[batch]
         scaling = self.scaling()
-        return scaling.graph_at(batch) if scaling is not None else self._traced(batch)
+        if scaling is not None and batch >= scaling.low:
+            return scaling.graph_at(batch)
+        return self._traced(batch)
 
     def _unbounded_peaks(self, batch: int, gpu: GpuSpec) -> tuple[int, int, int]:
         """(reserved, allocated, outside) of an unbounded replay; the replay is shared by
@@ -271,7 +280,9 @@ class BatchSearch:
     def _template_replay(self, gpu: GpuSpec) -> Replay:
         major = gpu.sm_version // 10
         if major not in self._templates:
-            sm = simulate_step(self.graph, gpu, capacity=False, **self._replay_options())
+            # the scaling's own template: its event indices are the ones slopes refer to
+            template = self._scaling.template if self._scaling is not None else self.graph
+            sm = simulate_step(template, gpu, capacity=False, **self._replay_options())
             self._templates[major] = sm.replay
         return self._templates[major]
 

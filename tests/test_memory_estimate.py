@@ -192,3 +192,29 @@ def test_timeline_png(tmp_path, graph):
 
     out = memory_timeline(graph, get_gpu("l4"), tmp_path / "timeline.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batch_one_scales_from_batches_two_and_four(tmp_path):
+    """HF decoders trace another structure at batch 1 than at 2: the search from batch 1
+    takes its affine model from batches 2 and 4 instead of tracing every probe."""
+    import json
+
+    from boom_ml.specs import ModelSpec
+    from boom_ml.zoo import build_model
+    from tests.tiny_models import tiny_llama_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_llama_config(vocab_size=1000)))
+    traced: list[int] = []
+
+    def trace_at(b: int) -> OpGraph:
+        traced.append(b)
+        return trace_step(build_model(ModelSpec(f"hf:{path}")), StepSpec(b, seq_len=32))
+
+    base = trace_at(1)
+    gpu = shrunk(
+        "a100-80gb-sxm", estimate_memory(trace_at(16), gpu=get_gpu("a100-80gb-sxm")).p90_bytes
+    )
+    traced.clear()
+    found = max_batch_size(base, gpu, trace_at=trace_at)
+    assert found.scaled and sorted(traced) == [2, 4] and found.batch_size >= 15
