@@ -24,7 +24,7 @@ from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.sdpa_select import DEFAULT_GROUP, sdpa_group
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP, same_backends, sdpa_group
 from boom_ml.trace_cache import TraceCache
 
 
@@ -47,6 +47,7 @@ class Session:
         # the graph of a step whose model calls no SDPA (the same for every GPU)
         self._first_group: dict[StepSpec, str] = {}
         self._no_sdpa: dict[StepSpec, OpGraph] = {}
+        self._sdpa_graphs: dict[StepSpec, list[OpGraph]] = {}  # traced for other groups
 
     def graph(self, step: StepSpec) -> OpGraph:
         if step.sdpa_group is None and step in self._first_group:
@@ -78,7 +79,14 @@ class Session:
         if not _uses_sdpa(graph):
             self._no_sdpa[key] = graph
             return graph
-        return graph if (first or group) == group else self.graph(replace(step, sdpa_group=group))
+        # A graph traced for another group serves this one when each of its SDPA calls picks
+        # the same kernel here (sm80 and sm86 both run flash for head dim 128, say).
+        for done in [graph, *self._sdpa_graphs.get(key, [])]:
+            if same_backends(done.meta["sdpa"], group):
+                return done
+        graph = self.graph(replace(step, sdpa_group=group))
+        self._sdpa_graphs.setdefault(key, []).append(graph)
+        return graph
 
     def evaluate(
         self,

@@ -283,3 +283,21 @@ def test_each_backend_runs_forward_and_backward(group, dtype, head_dim, mask_len
         assert out.shape == q.shape and out.dtype == dtype
         assert k.grad.shape == k.shape and q.grad.shape == q.shape
     assert dict(log.backends) == {backend: 1}
+
+
+def test_a_group_whose_calls_pick_the_same_kernels_reuses_the_trace(llama, monkeypatch) -> None:
+    """sm86 runs flash for these calls as sm80 does: one trace serves both; sm70 differs."""
+    import boom_ml.api as api
+    from boom_ml.trace.sdpa_select import call_from_dict, call_to_dict, same_backends
+
+    calls = _count_traces(monkeypatch)
+    gpus = parse_gpu_list(["a100-80gb-sxm", "a10g", "t4", "rtx-3090"])
+    session = api.Session(llama.text, cache=False, options=llama.options)
+    step = StepSpec(batch_size=2, seq_len=32, amp="fp16", optimizer="none")
+    results = session.evaluate(step, gpus)
+    assert [r.gpu for r in results] == [g.id for g in gpus]
+    assert [c.sdpa_group for c in calls] == ["sm80", "sm70"]
+    meta = session.graph(replace(step, grad_accum=1)).meta["sdpa"]
+    assert same_backends(meta, "sm86") and not same_backends(meta, "sm70")
+    recorded = [call_from_dict(d) for d in meta["inputs"]]
+    assert recorded and [call_to_dict(c) for c in recorded] == meta["inputs"]

@@ -32,6 +32,7 @@ from boom_ml.trace.sdpa_select import (
     FLASH,
     SdpaCall,
     TensorInfo,
+    call_to_dict,
     select_backend,
 )
 
@@ -45,12 +46,16 @@ class SdpaLog:
 
     group: str
     backends: Counter = field(default_factory=Counter)
+    # the distinct calls (what the selection reads): another group whose selection picks the
+    # same backend for each of them traces to the same graph (boom_ml.api reuses it)
+    inputs: dict[SdpaCall, None] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
             "group": self.group,
             "calls": sum(self.backends.values()),
             "backends": dict(self.backends),
+            "inputs": [call_to_dict(c) for c in self.inputs],
         }
 
 
@@ -109,6 +114,7 @@ def cuda_sdpa(
     )
     backend = select_backend(log.group, call)
     log.backends[backend] += 1
+    log.inputs[call] = None
     # CUDA autocast casts SDPA's inputs and then runs it with autocast off: the math
     # backend's matmuls stay in its fp32 upcast
     with torch.autocast("cpu", enabled=False) if dtype is not None else contextlib.nullcontext():

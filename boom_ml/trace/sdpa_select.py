@@ -16,7 +16,7 @@ Torch-free: ``Session.evaluate`` groups a GPU list before it knows whether it mu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from boom_ml.errors import InvalidInputError
@@ -128,6 +128,36 @@ class SdpaCall:
     is_causal: bool = False
     enable_gqa: bool = False
     requires_grad: bool = True  # input_requires_grad: an input requires grad and grad mode is on
+
+
+def call_to_dict(call: SdpaCall) -> dict[str, Any]:
+    """A call as JSON (graph meta); :func:`call_from_dict` reads it back."""
+    return asdict(call)
+
+
+def call_from_dict(data: dict[str, Any]) -> SdpaCall:
+    def info(d: dict[str, Any] | None) -> TensorInfo | None:
+        if d is None:
+            return None
+        stride = d.get("stride")
+        return TensorInfo(tuple(d["shape"]), d["dtype"], None if stride is None else tuple(stride),
+                          d["storage_offset"], d["requires_grad"])  # fmt: skip
+
+    fields = {k: v for k, v in data.items() if k not in ("query", "key", "value", "attn_mask")}
+    return SdpaCall(info(data["query"]), info(data["key"]), info(data["value"]),  # type: ignore[arg-type]
+                    info(data["attn_mask"]), **fields)  # fmt: skip
+
+
+def same_backends(sdpa_meta: dict[str, Any], group: str) -> bool:
+    """Whether every SDPA call a trace recorded (graph meta ``sdpa``) picks the same backend
+    in ``group`` as in the group it was traced for: then tracing for ``group`` gives the same
+    graph (the trace depends on the group only through these choices)."""
+    inputs = sdpa_meta.get("inputs")
+    if inputs is None:  # a trace from before the inputs were recorded
+        return sdpa_meta.get("group") == group
+    traced = sdpa_meta["group"]
+    calls = [call_from_dict(d) for d in inputs]
+    return all(select_backend(group, c) == select_backend(traced, c) for c in calls)
 
 
 def select_backend(group: str, call: SdpaCall) -> str:
