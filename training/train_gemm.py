@@ -66,7 +66,15 @@ def _fit_lgb(x: np.ndarray, y: np.ndarray, w: np.ndarray | None, o: dict, seed: 
     return lgb.train(params, lgb.Dataset(x, label=y, weight=w), o["lgb"]["n_estimators"])
 
 
-def _fit_offset(feats, y, variant, o, gpus, cols, w) -> GemmModel:
+def _fit_offset(
+    feats: pd.DataFrame,
+    y: np.ndarray,
+    variant: dict,
+    o: dict,
+    gpus: np.ndarray | None,
+    cols: list[str],
+    w: np.ndarray | None,
+) -> GemmModel:
     """Shape learner + a per-GPU offset that is a line in a few spec columns.
 
     The trees see only shape-relative features (``cols``); each training GPU (and precision
@@ -151,7 +159,7 @@ def _fit_mlp(
                        for mod in lin]}  # fmt: skip
 
 
-def _baseline(kernels: pd.DataFrame, specs: dict, train: np.ndarray, o: dict):
+def _baseline(kernels: pd.DataFrame, specs: dict, train: np.ndarray, o: dict) -> Any:
     """The per-op gemm head (boom_ml.timing.heads) trained on the same fold's rows."""
     from boom_ml.timing.features import kernel_features, target
     from boom_ml.timing.heads import PerOpModel, train_head
