@@ -40,6 +40,12 @@ GEMM_MODEL_VERSION = 1
 GEMM_ROW_OPS = frozenset({"linear", "mm", "addmm", "bmm", "baddbmm"})
 BIAS_OPS = frozenset({"linear", "addmm", "baddbmm"})
 METHOD = "gemm-tiles"
+# Whether step times (per_op.predict_nodes_many: the GNN's inputs, the per-op sum) use this
+# model. Off: the packaged GNN, its CV verdict per cell and the step's calibrated intervals
+# were all fitted on the per-op heads' GEMM times; fed these instead, they would no longer be
+# what was validated. Turn on together with `python -m training.train_gnn` (issue #13).
+# predict_ops (kernel rows, where the leave-one-GPU-out table applies) always uses it.
+STEP_TIMES = False
 
 # Output tiles cuBLAS picks from. SIMT (fp32 without TF32): the tiles named by the kernels in
 # NeuSight's measured rows (``kernel_names``: ampere_sgemm_128x128_nn, volta_sgemm_128x64_nn,

@@ -223,11 +223,14 @@ def predict_nodes_many(
     """``ms``, ``p10``, ``p90`` and ``method`` per GPU and node ((len(gpus), len(nodes)) each):
     :func:`predict_nodes` on each GPU, featurised and predicted in one call (features are
     per row, so batching does not change them). ``median_only``: p10/p90 repeat the median."""
+    from boom_ml.timing import gemm as gemm_tiles
     from boom_ml.timing.features import kernel_features
     from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
     from boom_ml.timing.heads import load_model
 
-    gemm = gemm_model_for(model)  # GEMM hook (gemm.py): before `model` defaults
+    # GEMM hook (gemm.py; off in step times until the GNN is retrained on it): before
+    # `model` defaults
+    gemm = gemm_model_for(model) if gemm_tiles.STEP_TIMES else None
     model = model if model is not None else load_model()
     shape = (len(gpus), len(nodes))
     out = {"ms": np.zeros(shape), "p10": np.zeros(shape), "p90": np.zeros(shape)}
