@@ -54,6 +54,14 @@ class Session:
             step = replace(step, sdpa_group=self._first_group[step])  # evaluate()'s first GPU's
         if step not in self._graphs:
             graph = self._cache.get(self.model, step) if self._cache is not None else None
+            # The on-disk cache is keyed by group; a step cached for the default group serves
+            # another group where the trace would not differ (no SDPA, the same kernels).
+            default = replace(step, sdpa_group=DEFAULT_GROUP)
+            other = step.sdpa_group not in (None, DEFAULT_GROUP)
+            if graph is None and other and self._cache is not None:
+                graph = self._cache.get(self.model, default)
+                if graph is not None and not _serves(graph, step.sdpa_group):
+                    graph = None
             if graph is None:
                 # Model libraries and the tracer (~1 s of imports) only on a cache miss.
                 from boom_ml.trace.step import trace_step
@@ -63,6 +71,8 @@ class Session:
                 graph = trace_step(build_model(self.model), step)
                 if self._cache is not None:
                     self._cache.put(self.model, step, graph)
+                    if other and _serves(graph, DEFAULT_GROUP):
+                        self._cache.put(self.model, default, graph)
             self._graphs[step] = graph
         return self._graphs[step]
 
@@ -155,6 +165,12 @@ class Session:
                 )
             )
         return results
+
+
+def _serves(graph: OpGraph, group: str) -> bool:
+    """Whether tracing for ``group`` would give ``graph`` again: no SDPA call, or each call
+    picks the same kernel there."""
+    return not _uses_sdpa(graph) or same_backends(graph.meta["sdpa"], group)
 
 
 def _uses_sdpa(graph: OpGraph) -> bool:

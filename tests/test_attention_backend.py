@@ -301,3 +301,20 @@ def test_a_group_whose_calls_pick_the_same_kernels_reuses_the_trace(llama, monke
     assert same_backends(meta, "sm86") and not same_backends(meta, "sm70")
     recorded = [call_from_dict(d) for d in meta["inputs"]]
     assert recorded and [call_to_dict(c) for c in recorded] == meta["inputs"]
+
+
+def test_a_cnn_cached_for_one_group_is_not_traced_again_for_another(tmp_path, monkeypatch) -> None:
+    """The disk cache is keyed by attention group; a step without SDPA traced for one group
+    is stored for the default one too, and any group reads it from there."""
+    import boom_ml.api as api
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "cnn.py"
+    path.write_text(CNN)
+    calls = _count_traces(monkeypatch)
+    step = StepSpec(batch_size=2)
+    api.Session(f"file:{path}:make").evaluate(step, parse_gpu_list(["t4"]))  # sm70 first
+    assert [c.sdpa_group for c in calls] == ["sm70"]
+    for first in (["a100-80gb-sxm"], ["p100-pcie-16gb", "h100-sxm"]):  # sm80; sm50 first
+        api.Session(f"file:{path}:make").evaluate(step, parse_gpu_list(first))
+    assert len(calls) == 1
