@@ -92,7 +92,7 @@ class Session:
         # A graph traced for another group serves this one when each of its SDPA calls picks
         # the same kernel here (sm80 and sm86 both run flash for head dim 128, say).
         for done in [graph, *self._sdpa_graphs.get(key, [])]:
-            if same_backends(done.meta["sdpa"], group):
+            if _serves(done, group):
                 return done
         graph = self.graph(replace(step, sdpa_group=group))
         self._sdpa_graphs.setdefault(key, []).append(graph)

@@ -151,6 +151,7 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
 ) -> None:
     """A CV fold's per-op model carries a GEMM model fit without the fold's GPU, and per_op's
     hook uses that one (never the packaged model, which saw every GPU)."""
+    from boom_ml.timing import gemm as gemm_tiles
     from boom_ml.timing.gemm import gemm_model_for
     from training import train_gemm
     from training.fold_heads import FoldHeads
@@ -159,6 +160,7 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
     full = train_gemm.load_config()
     small = {**full, "lgb": {**full["lgb"], "n_estimators": 10}}  # the packaged variant, tiny
     monkeypatch.setattr(train_gemm, "load_config", lambda **_kw: small)
+    monkeypatch.setattr(gemm_tiles, "STEP_TIMES", True)  # folds fit GEMM models only then
 
     data = canonical
     kernels = load_training_data({"dir": str(data), "sources": ["neusight_train", "neusight_test"],

@@ -113,9 +113,13 @@ class FoldHeads:
 
 def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, key: str, folder: Path) -> PerOpModel:
     """The fold's tile/wave GEMM model (training/train_gemm.py), fit without the same GPU and
-    cached beside the heads, attached as ``model.gemm`` for per_op's GEMM hook."""
+    cached beside the heads, attached as ``model.gemm`` for per_op's GEMM hook; not fit while
+    step times leave GEMMs to the heads (``boom_ml.timing.gemm.STEP_TIMES``): nothing reads it."""
+    from boom_ml.timing import gemm as gemm_tiles
     from training.train_gemm import fold_gemm
 
+    if not gemm_tiles.STEP_TIMES:
+        return model
     model.gemm = fold_gemm(kernels, None if key == NONE else key, folder / "gemm")  # type: ignore[attr-defined]
     return model
 
