@@ -156,7 +156,7 @@ MAX_BATCH_SETTINGS = {"auto": "auto", "on": "on", "true": "on", "off": "off", "f
 
 def max_batch_setting(value: Any) -> str:
     """``auto`` | ``on`` | ``off`` from a CLI string, a YAML boolean or a Python bool."""
-    key = str(value).strip().lower() if not isinstance(value, bool) else str(value).lower()
+    key = str(value).strip().lower()  # a YAML or Python bool reads "true" / "false"
     if key not in MAX_BATCH_SETTINGS:
         raise InvalidInputError(f"max_batch must be auto, on or off, got {value!r}")
     return MAX_BATCH_SETTINGS[key]
