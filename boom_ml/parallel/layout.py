@@ -16,6 +16,9 @@ from typing import Any
 from boom_ml.errors import InvalidInputError, suggest
 
 SHARDING_MODES = ("none", "zero1", "zero2", "zero3", "fsdp")
+# Pipeline schedules: 1F1B (PipeDream-Flush, Megatron's default), GPipe (all forwards, then all
+# backwards) and interleaved 1F1B (each rank holds ``virtual_stages`` chunks of layers).
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
 INTRA_LINKS = ("auto", "nvlink", "pcie")
 INTER_LINKS = ("auto", "ib-ndr400", "ib-hdr200", "roce-100g", "eth-25g")
 
@@ -42,11 +45,20 @@ class Layout:
     pp: int = 1
     sharding: str = "none"  # none | zero1 | zero2 | zero3 | fsdp (= zero3)
     microbatches: int = 1  # per optimizer step: pipeline micro-batches / accumulation steps
+    schedule: str = "1f1b"  # 1f1b | gpipe | interleaved (pipeline schedule when pp > 1)
+    virtual_stages: int = 1  # model chunks per pipeline rank (interleaved only)
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "microbatches"):
+        for name in ("dp", "tp", "pp", "microbatches", "virtual_stages"):
             _positive(f"parallel.{name}", getattr(self, name))
         _choice("parallel.sharding", self.sharding, SHARDING_MODES)
+        _choice("parallel.schedule", self.schedule, SCHEDULES)
+        if (self.schedule == "interleaved") != (self.virtual_stages > 1):
+            raise InvalidInputError(
+                "parallel.schedule=interleaved needs parallel.virtual_stages >= 2, and"
+                " parallel.virtual_stages > 1 needs parallel.schedule=interleaved (got"
+                f" schedule={self.schedule}, virtual_stages={self.virtual_stages})"
+            )
 
     @property
     def world(self) -> int:
