@@ -178,8 +178,8 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
 @pytest.mark.skipif(not (PACKAGED_DIR / "model.json").exists(), reason="no packaged GEMM model")
 def test_packaged_model_times_the_traced_gemms(monkeypatch) -> None:
     """per_op's hook: with the packaged heads, GEMM nodes of a traced step are timed by the
-    packaged tile/wave model and no other node is; off in step times until the GNN is
-    retrained on these times (gemm.STEP_TIMES)."""
+    packaged tile/wave model and no other node is; with gemm.STEP_TIMES off (the switch the
+    GNN is retrained with) the heads time them."""
     from tiny_models import tiny_transformer
 
     from boom_ml.specs import StepSpec
@@ -188,6 +188,7 @@ def test_packaged_model_times_the_traced_gemms(monkeypatch) -> None:
     from boom_ml.trace.step import trace_step
 
     graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="none"))
+    monkeypatch.setattr(gemm_tiles, "STEP_TIMES", False)
     assert not (predict_nodes(graph.nodes, get_gpu("l4"))["method"] == METHOD).any()
     monkeypatch.setattr(gemm_tiles, "STEP_TIMES", True)
     pred = predict_nodes(graph.nodes, get_gpu("t4"))  # another GPU: no cached features

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -14,8 +15,8 @@ from boom_ml.specs import StepSpec
 from boom_ml.timing import estimate, gnn_artifact, gnn_features, gnn_model
 from boom_ml.trace.step import trace_step
 from data_collection.paths import shared_data_dir
-from tests.tiny_models import tiny_cnn
-from training.graph_dataset import GraphCache, TraceConfig
+from tests.tiny_models import tiny_cnn, tiny_llama_config
+from training.graph_dataset import GraphCache, TraceConfig, row_trace_config, trace_config
 from training.train_gnn import CONFIG_DIR
 
 SHARED = shared_data_dir()
@@ -103,6 +104,25 @@ def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
     monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
     est = estimate.estimate_time(graph, get_gpu("l4"))
     assert est.method != "gnn" and est.overhead_ms == 0.0
+
+
+def test_neusight_rows_trace_eager_attention(tmp_path) -> None:
+    """NeuSight measured HF models with eager attention (its SOURCE.md): their rows trace the
+    bmm-softmax-bmm path, other sources the SDPA kernel a default build records."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_llama_config(vocab_size=1000)))
+    row = {"model": f"hf:{path}", "batch_size": 2, "seq_len": 32, "image_size": None,
+           "optimizer": "none", "amp": None, "checkpointing": None, "precision": "float32",
+           "phase_scope": "fwd+bwd"}  # fmt: skip
+    eager = row_trace_config(pd.Series({**row, "source": "neusight_labels"}))
+    sdpa = row_trace_config(pd.Series({**row, "source": "timm_train"}))
+    assert (eager.attention, sdpa.attention) == ("eager", "sdpa")
+    assert eager.key() != sdpa.key()
+    ops = {name: set(trace_config(cfg).nodes["op"]) for name, cfg in
+           (("eager", eager), ("sdpa", sdpa))}  # fmt: skip
+    attention = {op for op in ops["sdpa"] if "scaled_dot_product" in op}
+    assert attention and not any("scaled_dot_product" in op for op in ops["eager"])
+    assert "_softmax" in ops["eager"] and "bmm" in ops["eager"]
 
 
 def test_graph_round_trips_through_cache(tmp_path) -> None:

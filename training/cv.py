@@ -130,13 +130,16 @@ def evaluate_steps(
     model_for_gpu: Callable[[str], PerOpModel],
     specs: Mapping[str, GpuSpec],
     log: Callable[[str], Any] = print,
+    attention: str = "sdpa",
 ) -> pd.DataFrame:
     """Predicted vs measured step time for each label row (one GPU at a time).
+
+    ``attention``: the HF ``attn_implementation`` the labels were measured with.
 
     ``model_for_gpu(gpu_id)`` returns a model trained without that GPU, so each label is
     predicted for a GPU its model never saw. Graphs are traced once per (model, batch, seq).
     """
-    from boom_ml.specs import StepSpec
+    from boom_ml.specs import ModelSpec, StepSpec
     from boom_ml.timing.per_op import predict_nodes
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
@@ -156,7 +159,8 @@ def evaluate_steps(
             key = (str(row.model), int(row.batch_size), int(row.seq_len))
             if key not in graphs:
                 try:
-                    built = build_model(resolve(key[0]))
+                    opts = {"attn_implementation": attention} if key[0].startswith("hf:") else {}
+                    built = build_model(ModelSpec(resolve(key[0]), opts))
                     step = StepSpec(batch_size=key[1], seq_len=key[2], optimizer="none")
                     graphs[key] = trace_step(built, step)
                 except Exception as exc:  # a model the zoo cannot build is reported, not fatal

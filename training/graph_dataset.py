@@ -44,6 +44,10 @@ COMPILED_VARIANTS = ("fusion", "dynamo")
 # PyTorch of sources whose rows leave torch_version empty (their SOURCE.md): the 2020
 # cnn_step_times A100 run used the NGC 20.10 container; NeuSight used 2.1.0.
 SOURCE_TORCH = {"cnn_step_times": "1.7", "neusight_labels": "2.1.0"}
+# Attention implementation of sources measured with HF transformers: NeuSight built its models
+# "with eager attention" (neusight/SOURCE.md), so their graphs are traced with eager
+# attention (bmm, softmax, bmm), not with the SDPA kernel a default build would record.
+SOURCE_ATTENTION = {"neusight_labels": "eager"}
 # timm's benchmark builds its "sgd" with create_optimizer_v2: SGD, nesterov momentum 0.9.
 OPTIMIZER_ALIASES = {("timm_train", "sgd"): "sgd-momentum"}
 
@@ -61,6 +65,7 @@ class TraceConfig:
     checkpointing: str
     half: bool  # whole model and batch in fp16 (``model.half()``), not AMP
     forward_only: bool  # inference rows: keep the forward nodes only
+    attention: str = "sdpa"  # HF attn_implementation the measured run used (hf: models only)
 
     def key(self) -> str:
         import timm
@@ -86,11 +91,12 @@ def trace_config(cfg: TraceConfig) -> OpGraph:
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
-    built = build_model(ModelSpec(resolve_model(cfg.model)))
+    hf = {"attn_implementation": cfg.attention} if cfg.model.startswith("hf:") else {}
+    built = build_model(ModelSpec(resolve_model(cfg.model), dict(hf)))
     strict = getattr(getattr(built.module, "patch_embed", None), "strict_img_size", False)
     if cfg.image_size and strict and built.default_image_size != cfg.image_size:
         # timm's benchmark builds patch models at the size it runs them at.
-        opts = {"img_size": cfg.image_size}
+        opts = {"img_size": cfg.image_size, **hf}
         built = build_model(ModelSpec(resolve_model(cfg.model), opts))
     if cfg.half:
         built.module.half()
@@ -254,6 +260,7 @@ def row_trace_config(row: pd.Series) -> TraceConfig:
         checkpointing=str(row["checkpointing"]) if pd.notna(row["checkpointing"]) else "none",
         half=row["precision"] == "float16",
         forward_only=row["phase_scope"] == "fwd",
+        attention=SOURCE_ATTENTION.get(str(row["source"]), "sdpa"),
     )
 
 

@@ -129,6 +129,7 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     from data_collection.schema import load_steps
     from training.cv import evaluate_steps
     from training.fold_heads import FoldHeads, fold_settings
+    from training.graph_dataset import SOURCE_ATTENTION
 
     s = o["steps"]
     steps = load_steps(o["data"].get("dir"), [s["source"]])
@@ -142,7 +143,8 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
         return folds.without(gpu_id)
 
     all_specs = {**specs, **{g: get_gpu(g) for g in labels["gpu_id"].unique()}}
-    return evaluate_steps(labels, model_for, all_specs, log)
+    attention = SOURCE_ATTENTION.get(s["source"], "sdpa")  # NeuSight: eager (its SOURCE.md)
+    return evaluate_steps(labels, model_for, all_specs, log, attention=attention)
 
 
 def _git_commit() -> str | None:

@@ -41,11 +41,11 @@ GEMM_ROW_OPS = frozenset({"linear", "mm", "addmm", "bmm", "baddbmm"})
 BIAS_OPS = frozenset({"linear", "addmm", "baddbmm"})
 METHOD = "gemm-tiles"
 # Whether step times (per_op.predict_nodes_many: the GNN's inputs, the per-op sum) use this
-# model. Off: the packaged GNN, its CV verdict per cell and the step's calibrated intervals
-# were all fitted on the per-op heads' GEMM times; fed these instead, they would no longer be
-# what was validated. Turn on together with `python -m training.train_gnn` (issue #13).
+# model. The packaged GNN, its CV verdict per cell and the step's calibrated intervals were
+# fitted on these times (`python -m training.train_gnn`, each fold with a GEMM model fit
+# without its GPU); turn it off only together with a retrain on the heads' GEMM times.
 # predict_ops (kernel rows, where the leave-one-GPU-out table applies) always uses it.
-STEP_TIMES = False
+STEP_TIMES = True
 
 # Output tiles cuBLAS picks from. SIMT (fp32 without TF32): the tiles named by the kernels in
 # NeuSight's measured rows (``kernel_names``: ampere_sgemm_128x128_nn, volta_sgemm_128x64_nn,
