@@ -114,7 +114,27 @@ def validate(
     Ranks are placed tp-innermost (Megatron's order) and a job on more than one node fills
     whole nodes; a tensor-parallel group larger than a node is allowed (its all-reduces then
     run at the inter-node rate, as vTrain's tp=16 runs did).
+
+    The interleaved schedule follows Megatron-LM's rules: the layers split into pp * v equal
+    chunks (``megatron/training/arguments.py``: num_layers divisible by pp, and the layers per
+    stage by the layers per virtual stage), and the micro-batches are a multiple of pp (they go
+    round in groups of ``microbatch_group_size_per_vp_stage``, default pp, and a last group
+    smaller than pp is refused in ``forward_backward_pipelining_with_interleaving``). Megatron
+    also wants pp > 2 unless ``--overlap-p2p-comm`` is on; pp = 2 is accepted here (as with
+    that flag) and its sends are charged as blocking anyway (``schedule.py``).
     """
+    if layout.schedule == "interleaved":
+        if layout.pp == 1:
+            raise InvalidInputError(
+                "parallel.schedule=interleaved needs parallel.pp >= 2 (it interleaves model"
+                " chunks over the pipeline ranks)"
+            )
+        if layout.microbatches % layout.pp:
+            raise InvalidInputError(
+                f"parallel.microbatches={layout.microbatches} is not a multiple of parallel.pp="
+                f"{layout.pp}: the interleaved schedule runs micro-batches in groups of pp"
+                " (Megatron-LM)"
+            )
     world = layout.world
     if world > cluster.gpus_per_node and world % cluster.gpus_per_node:
         raise InvalidInputError(
@@ -137,6 +157,13 @@ def validate(
     if layers is not None and layout.pp > layers:
         raise InvalidInputError(
             f"parallel.pp={layout.pp} exceeds the model's {layers} layers (one stage per layer at most)"
+        )
+    chunks = layout.pp * layout.virtual_stages
+    if layout.schedule == "interleaved" and layers is not None and layers % chunks:
+        raise InvalidInputError(
+            f"the model's {layers} layers do not split into parallel.pp x"
+            f" parallel.virtual_stages = {chunks} equal chunks (the interleaved schedule"
+            " needs the layers divisible by pp x virtual_stages, as Megatron-LM does)"
         )
     if global_batch is not None and batch_size is not None:
         if global_batch % (batch_size * layout.dp):

@@ -14,8 +14,14 @@ Start: the allocator replay of the per-rank model (tensor-parallel dimensions di
   ``parallel/traced.py``'s trace);
 * DDP (dp > 1, no sharding): one 25 MiB bucket of communication buffer (gradients are viewed
   into the buckets, ``gradient_as_bucket_view``);
-* 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches in flight
-  (the first stage the most), i.e. (that - 1) more than the traced step;
+* pipeline activations in flight (``schedule.peak_in_flight``, from the schedule's operation
+  order): 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches (the
+  first stage the most); GPipe: all m on every stage; interleaved 1F1B: Megatron's warm-up
+  chunk-forwards + 1 (at most m * v) chunk-micro-batches, each a chunk of layers / (pp * v)
+  layers, i.e. 1 / v of the stage's micro-batch: ``in_flight_microbatches`` is then that count
+  / v (a float; ``in_flight_chunks`` keeps the count). The stage holds (that - 1) micro-batches'
+  activations more than the traced step; with one stage (pp = 1) micro-batches run one after
+  another whatever the schedule;
 * NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB by default, NVIDIA/nccl src/init.cc
   ``DEFAULT_BUFFSIZE (1 << 22)``) per channel and ring peer (2), for each communicator the rank is
   in; channels per communicator: 8 (assumption: NCCL picks 2-32 by topology).
@@ -28,13 +34,14 @@ from typing import Any
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
 from boom_ml.parallel.layout import Layout
 from boom_ml.parallel.profile import MemoryProfile
+from boom_ml.parallel.schedule import peak_in_flight
 
 NCCL_BUFFSIZE = 4 * MIB  # NCCL DEFAULT_BUFFSIZE (src/init.cc), per channel and peer
 NCCL_CHANNELS = 8  # assumption (NCCL chooses by topology)
 NCCL_PEERS = 2  # a ring: previous and next rank
 METHOD = (
     "{method} per rank (1- and 2-layer traces of the tp-sharded model, linear in layers)"
-    " + analytic sharding (ZeRO/FSDP, DDP bucket, 1F1B in-flight activations, NCCL buffers)"
+    " + analytic sharding (ZeRO/FSDP, DDP bucket, {schedule} in-flight activations, NCCL buffers)"
 )
 
 
@@ -43,12 +50,29 @@ def _extrapolate(values: list[float], layers: int) -> float:
     return values[0] + (values[1] - values[0]) * (layers - 1)
 
 
+def _schedule_name(layout: Layout) -> str:
+    if layout.pp == 1:
+        return "no pipeline"
+    return {"1f1b": "1F1B", "gpipe": "GPipe"}.get(layout.schedule, "interleaved 1F1B")
+
+
 def communicators(layout: Layout) -> int:
     """Process groups this rank runs NCCL collectives in (tp, dp, pp and embedding groups)."""
     count = sum(1 for n in (layout.tp, layout.dp) if n > 1)
     if layout.pp > 1:
         count += 2  # pipeline p2p and the tied-embedding group of first and last stage
     return count
+
+
+def in_flight_counts(layout: Layout, microbatches: int | None = None) -> list[tuple[float, int]]:
+    """Per stage: (stage-micro-batches, chunk-micro-batches) of activations in flight at the
+    peak under the layout's schedule; (1, v) for one stage."""
+    m = layout.microbatches if microbatches is None else microbatches
+    v = layout.virtual_stages
+    if layout.pp == 1:
+        return [(1, v)]
+    chunks = peak_in_flight(layout.schedule, layout.pp, m, v)
+    return [(c / v if c % v else c // v, c) for c in chunks]
 
 
 def stage_memory(
@@ -90,7 +114,7 @@ def stage_memory(
         terms["fsdp_allgather_buffers"] = (2 * p["layers"] + root) * prof.param_bytes
     if dp > 1 and zero == 0:
         terms["ddp_bucket"] = DDP_BUCKET_BYTES
-    in_flight = min(pp - stage, microbatches) if pp > 1 else 1
+    in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1:
         terms["pipeline_activations"] = (in_flight - 1) * bd.get("activation", 0)
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
@@ -128,7 +152,8 @@ def stage_memory(
         "fit": fit,
         "breakdown": adjusted,
         "parallel_terms": {k: int(v) for k, v in terms.items()},
-        "in_flight_microbatches": in_flight,
+        "in_flight_microbatches": in_flight,  # a float under interleaving (chunks / v)
+        "in_flight_chunks": in_flight_chunks,
     }
 
 
@@ -141,7 +166,7 @@ def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]
     worst = max(stages, key=lambda st: st["total_bytes"])
     out = {k: v for k, v in worst.items() if k not in ("stage", "layers")}
     out["worst_stage"] = worst["stage"]
-    out["method"] = METHOD.format(method=prof.method)
+    out["method"] = METHOD.format(method=prof.method, schedule=_schedule_name(layout))
     out["terms"] = prof.terms + [
         {"name": "nccl_buffers", "bytes": worst["parallel_terms"]["nccl_buffers"],
          "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "

@@ -15,7 +15,7 @@ from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.links import inter_link, intra_link
 from boom_ml.parallel.memory import rank_memory
 from boom_ml.parallel.profile import memory_profile, param_counts, time_profiles
-from boom_ml.parallel.shard import check_model, load_raw, stage_layers
+from boom_ml.parallel.shard import check_model, chunk_layers, load_raw, stage_layers
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
 
@@ -92,6 +92,8 @@ def predict_raw(
                 "cluster": cluster.to_dict(),
                 "nodes": cluster.nodes(layout),
                 "layers_per_stage": per_stage,
+                # per rank, its model chunks' layers (interleaved: rank r holds r, r + pp, ...)
+                "layers_per_chunk": chunk_layers(per_stage, layout.virtual_stages),
                 "links": {k: g.to_dict() for k, g in groups.items()},
                 "link_sources": {intra.name: intra.source, inter.name: inter.source},
             },

@@ -80,6 +80,16 @@ def stage_layers(layers: int, pp: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(pp)]
 
 
+def chunk_layers(layers_per_stage: list[int], virtual_stages: int = 1) -> list[list[int]]:
+    """Per pipeline rank, the layers of each of its ``virtual_stages`` model chunks.
+
+    Interleaved 1F1B (Megatron-LM) gives rank r the chunks r, r + pp, r + 2 pp, ... of the
+    model cut into pp * v equal chunks (``layout.validate`` requires the layers to divide);
+    a rank's chunks then hold equal shares of its layers.
+    """
+    return [stage_layers(n, virtual_stages) for n in layers_per_stage]
+
+
 def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     """The config of one tensor-parallel rank with ``layers`` transformer layers."""
     out = dict(raw)

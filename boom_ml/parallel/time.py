@@ -1,5 +1,5 @@
 """Step time of a parallel layout: per-stage compute from the traced rank, collectives from
-the alpha-beta model, and a 1F1B pipeline schedule.
+the alpha-beta model, and the pipeline schedule simulated from per-stage times.
 
 Per micro-batch, stage s takes ``T_s = C_s + X_s``: compute ``C_s`` (its layers, plus the
 embedding on the first stage and head + loss on the last, from ``profile.py``) and the
@@ -8,9 +8,20 @@ in the activations' dtype, 2 backward in the gradients' dtype, and under checkpo
 (PyTorch's non-reentrant checkpoint stops recomputing once the last saved tensor is rebuilt,
 before the MLP's output all-reduce) or 2 (Megatron's full recompute); pipeline sends of the
 activation forward and its gradient backward). ``C_s`` is at least the host's dispatch time of
-the stage's ops (``DISPATCH_US`` each): small tensor-parallel shards are host-bound. 1F1B then takes ``sum_s T_s + (m - 1) max_s T_s``
-(fill and drain once, the slowest stage m - 1 more times); for equal stages that is
-``(m + pp - 1) T``, and the bubble is ``(pp - 1) / (m + pp - 1)`` of it. After the last
+the stage's ops (``DISPATCH_US`` each): small tensor-parallel shards are host-bound.
+
+The pipeline (``schedule.py``): each stage's (or, interleaved, each model chunk's) compute and
+tensor-parallel time is split into a forward ``F`` and a backward ``B`` by the profile's
+``backward_fraction``; one point-to-point send of the activation (or its gradient) between
+adjacent stages takes ``send_ms`` and blocks the sender (Megatron's p2p without
+``overlap_p2p_comm``), which is the send time ``X_s`` has always charged a stage. The event
+simulation of the layout's schedule (1F1B, GPipe or interleaved 1F1B) gives the pipeline time
+and the bubble (total minus the busiest rank's busy time). For equal stages without sends,
+1F1B and GPipe take ``(m + pp - 1) T`` (1F1B's closed form ``sum_s T_s + (m - 1) max_s T_s``)
+with a bubble of ``(pp - 1) / (m + pp - 1)``; interleaved 1F1B over v chunks per rank
+``(m + (pp - 1) / v) T`` with a bubble of ``(pp - 1) / (v m + pp - 1)``. Interleaving splits
+each rank's layers into v chunks (the first chunk of rank 0 holds the embedding, the last chunk
+of the last rank head + loss) and sends v times as often. After the last
 micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
 except its last bucket, which holds the last-ready gradient, the embedding's; ZeRO-1/2
 reduce-scatter + all-gather of the updated parameters; FSDP2 per micro-batch: each layer
@@ -35,13 +46,17 @@ from boom_ml.parallel.collectives import (
 from boom_ml.parallel.layout import Layout
 from boom_ml.parallel.memory import DDP_BUCKET_BYTES
 from boom_ml.parallel.profile import TimeProfile
+from boom_ml.parallel.schedule import simulate
+from boom_ml.parallel.shard import chunk_layers
 
 METHOD = (
     "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
     " layers, at least {dispatch_us:g} us of host dispatch per op + alpha-beta ring collectives"
     " (links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
-    " a fake process group, tests/test_parallel_traced.py) + 1F1B schedule"
+    " a fake process group, tests/test_parallel_traced.py) + {schedule} pipeline schedule"
+    " (event simulation of per-stage forward/backward times and blocking point-to-point sends)"
 )
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
 # Host time to dispatch one op in eager PyTorch: ~5 us without autograd, ~7 us with
 # (pytorch/pytorch#41383; ~4 us per CUDA op in pytorch/pytorch#82793). When a stage's kernels
 # are shorter than that, the GPU waits for the host: a micro-batch takes at least
@@ -110,12 +125,19 @@ def tp_collectives(
     return out
 
 
-def pp_collectives(shape: Shape, first: bool, last: bool, group: GroupLink) -> list[Collective]:
-    """Activation sends of one micro-batch leaving or entering a stage (forward and backward)."""
+def pp_collectives(
+    shape: Shape, first: bool, last: bool, group: GroupLink, chunks: int = 1
+) -> list[Collective]:
+    """Activation sends of one micro-batch leaving or entering a stage (forward and backward).
+
+    ``chunks``: model chunks the rank holds (interleaved schedule): each chunk sends and
+    receives, except the model's first chunk (nothing in, no gradient out) and its last.
+    """
     if group.size <= 1:
         return []
     act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
-    sends = (0 if last else 2) + (0 if first else 2)  # fwd out + grad in, fwd in + grad out
+    # per chunk: fwd out + grad in, fwd in + grad out; none before the first or after the last
+    sends = 4 * chunks - (2 if last else 0) - (2 if first else 0)
     ms = send_ms(act, group) * sends / 2  # a send and its matching receive overlap
     return [Collective("send_recv", "pp", "activations and their gradients", act, sends, ms, ms)]
 
@@ -214,18 +236,36 @@ def step_time(
     ``compute_scale`` multiplies every compute time, ``other_scale`` further the time of the
     memory-bound (non-GEMM, non-attention) kernels; both are 1 unless calibrated.
     """
-    pp, m = layout.pp, layout.microbatches
-    stages = []
-    for s, n in enumerate(layers_per_stage):
-        first, last = s == 0, s == pp - 1
+    pp, m, v = layout.pp, layout.microbatches, layout.virtual_stages
+    chunks = chunk_layers(layers_per_stage, v)  # per rank, its chunks' layers
+
+    def chunk_compute(n: int, first: bool, last: bool) -> float:
         total = n * prof.layer_ms + (prof.first_ms if first else 0) + (prof.last_ms if last else 0)
         matrix = n * prof.layer_matrix_ms + (prof.last_matrix_ms if last else 0)
         # other_scale: memory-bound kernels only (1 = as predicted)
         compute = compute_scale * (matrix + other_scale * (total - matrix))
         ops = n * prof.layer_ops + (prof.first_ops if first else 0) + (prof.last_ops if last else 0)
-        compute = max(compute, ops * dispatch_us * 1e-3)
+        return max(compute, ops * dispatch_us * 1e-3)
+
+    # per virtual stage j = chunk * pp + rank (model order): forward and backward of one
+    # micro-batch, compute and tensor-parallel all-reduces split by the backward share
+    bwd = prof.backward_fraction
+    fwd_ms, bwd_ms = [0.0] * (pp * v), [0.0] * (pp * v)
+    stages = []
+    for s, layers_c in enumerate(chunks):
+        compute = 0.0
+        for c, n in enumerate(layers_c):
+            j = c * pp + s
+            cfirst, clast = j == 0, j == pp * v - 1
+            cc = chunk_compute(n, cfirst, clast)
+            tp = sum(x.ms for x in tp_collectives(shape, n, cfirst, clast, groups["tp"]))
+            fwd_ms[j], bwd_ms[j] = (1 - bwd) * (cc + tp), bwd * (cc + tp)
+            compute += cc
+        n = sum(layers_c)
+        first, last = s == 0, s == pp - 1
+        # the rank's all-reduces: linear in layers, so the sum over its chunks
         colls = tp_collectives(shape, n, first, last, groups["tp"])
-        colls += pp_collectives(shape, first, last, groups["pp"])
+        colls += pp_collectives(shape, first, last, groups["pp"], chunks=v)
         crit = sum(c.ms for c in colls)
         for c in colls:  # per micro-batch -> per step
             c.calls *= m
@@ -242,7 +282,19 @@ def step_time(
         stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
                        "micro_ms": compute + crit, "optimizer_ms": opt, "params": params,
                        "collectives": colls, "first": first, "last": last})  # fmt: skip
-    pipe_ms, bubble_ms = schedule_1f1b([st["micro_ms"] for st in stages], m)
+    p2p = 0.0
+    if pp > 1:
+        act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
+        p2p = send_ms(act, groups["pp"])
+        run = simulate(fwd_ms, bwd_ms, m, layout.schedule, pp=pp, p2p_ms=p2p)
+        pipe_ms, bubble_ms = run.total_ms, run.bubble_ms
+        busy, peaks = run.busy_ms, run.peak_in_flight
+    else:  # one rank: micro-batches run one after another whatever the schedule
+        pipe_ms, bubble_ms = m * (sum(fwd_ms) + sum(bwd_ms)), 0.0
+        busy, peaks = [pipe_ms], [v]
+    for st, rank_busy, peak in zip(stages, busy, peaks, strict=True):
+        st["busy_ms"] = rank_busy
+        st["in_flight_chunks"] = peak
     worst = max(stages, key=lambda st: st["micro_ms"])
     embed = groups["pp"] if pp > 1 else None
     tied = tied_params if pp > 1 else 0
@@ -270,11 +322,16 @@ def step_time(
         "collectives": sorted((c.to_dict() for c in colls), key=lambda c: -c["ms"]),
         "per_stage": [
             {
-                k: (round(v, 4) if isinstance(v, float) else v)
-                for k, v in st.items()
+                k: (round(val, 4) if isinstance(val, float) else val)
+                for k, val in st.items()
                 if k not in ("collectives", "first", "last")
             }
             for st in stages
         ],  # fmt: skip
-        "method": METHOD.format(method=prof.method, dispatch_us=dispatch_us),
+        "schedule": layout.schedule,
+        "virtual_stages": v,
+        "p2p_ms": round(p2p, 4),
+        "method": METHOD.format(
+            method=prof.method, dispatch_us=dispatch_us, schedule=SCHEDULE_NAMES[layout.schedule]
+        ),
     }

@@ -203,8 +203,13 @@ def stack_label(stack: dict) -> str:
 def parallel_table(prediction: Prediction) -> Table:
     """One row per GPU of a multi-GPU layout: worst rank's memory, step time and its terms."""
     first = prediction.parallel[0]["parallel"]
+    schedule = ""
+    if first["pp"] > 1:  # the pipeline schedule, and its chunks per rank when interleaved
+        name = first.get("schedule", "1f1b")
+        chunks = first.get("virtual_stages", 1)
+        schedule = f" {name}" + (f" (v={chunks})" if chunks > 1 else "")
     title = (
-        f"{_title(prediction)}  dp={first['dp']} tp={first['tp']} pp={first['pp']} "
+        f"{_title(prediction)}  dp={first['dp']} tp={first['tp']} pp={first['pp']}{schedule} "
         f"{first['sharding']} x{first['microbatches']} micro-batches ({first['world']} GPUs)"
     )
     table = Table(title=title)
