@@ -1,9 +1,11 @@
-"""Alpha-beta model of NCCL ring collectives, and which link each process group runs on.
+"""Time of NCCL collectives, and which link each process group runs on.
 
-Ring all-reduce of S bytes over n ranks: ``base + 2(n-1) alpha + 2(n-1)/n * S / busbw``;
-all-gather and reduce-scatter (S = the full, gathered size): ``base + (n-1) alpha +
-(n-1)/n * S / busbw``; a point-to-point send: ``base + alpha + S / busbw``. ``busbw`` is the
-nccl-tests bus bandwidth of the link (``links.csv``), which is defined so that these formulas hold.
+All-reduce, all-gather and reduce-scatter are timed as NCCL's tuner would run them
+(``nccl.py``): ring, tree, NVLink SHARP (NVLS) or PAT, each with the LL, LL128 or Simple
+protocol, whichever NCCL's model predicts fastest. ``busbw`` is the nccl-tests ring bus bandwidth
+of the link (``links.csv``). For large messages on one node without NVLS that is the ring with
+Simple: all-reduce of S bytes over n ranks takes ``8.4 + 2(n-1) 3.4 us + 2(n-1)/n S / busbw`` on
+NVLink. A point-to-point send stays alpha-beta: ``base + alpha + S / busbw``.
 
 Ranks are numbered tp-innermost, then dp, then pp (Megatron's order), so a group of ``size``
 ranks with stride ``stride`` spans ``size * stride`` consecutive ranks. A group inside one node
@@ -14,9 +16,10 @@ intra-node link; a per-node NIC is shared.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from boom_ml.parallel import nccl
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.links import Link
 
@@ -27,11 +30,20 @@ class GroupLink:
     size: int
     link: str  # link name, or "intra+inter" names
     busbw_gbs: float
-    alpha_us: float
+    alpha_us: float  # point-to-point sends only
     base_us: float
+    nodes: int = 1  # nodes the group spans
+    hw: str = "nvlink"  # nvlink | pci: NCCL's latency class of the link inside a node
+    sm: int = 0  # compute capability x 10 NCCL keys its constants on (0: unknown)
+    nvls_busbw_gbs: float = 0.0  # NVLink SHARP all-reduce busbw; 0: none
+    nic_per_gpu: bool = True  # across nodes: one NIC per GPU (else one shared per node)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def comm(self) -> nccl.Comm:
+        return nccl.Comm(self.size, self.nodes, self.busbw_gbs, self.hw, self.sm,
+                         self.nvls_busbw_gbs, self.nic_per_gpu)  # fmt: skip
 
 
 def group_link(
@@ -39,16 +51,20 @@ def group_link(
 ) -> GroupLink:
     """The bandwidth and latency a group's collectives see (see the module doc)."""
     gpn = cluster.gpus_per_node
-    span = size * stride
-    if span <= gpn or world <= gpn:
-        return GroupLink(name, size, intra.name, intra.busbw_gbs, intra.alpha_us, intra.base_us)
+    inside = GroupLink(name, size, intra.name, intra.busbw_gbs, intra.alpha_us, intra.base_us,
+                       hw=intra.nccl_hw, sm=intra.sm, nvls_busbw_gbs=intra.nvls_busbw_gbs)  # fmt: skip
+    if size * stride <= gpn or world <= gpn:
+        return inside
     members_per_node = max(1, gpn // stride) if stride < gpn else 1
     members_per_node = min(members_per_node, size)
-    if inter.scope == "per_gpu":
+    per_gpu = inter.scope == "per_gpu"
+    if per_gpu:
         bw = min(inter.busbw_gbs * members_per_node, intra.busbw_gbs)
     else:
         bw = inter.busbw_gbs
-    return GroupLink(name, size, f"{intra.name}+{inter.name}", bw, inter.alpha_us, inter.base_us)
+    return replace(inside, link=f"{intra.name}+{inter.name}", busbw_gbs=bw,
+                   alpha_us=inter.alpha_us, base_us=inter.base_us,
+                   nodes=-(-size // members_per_node), nic_per_gpu=per_gpu)  # fmt: skip
 
 
 def groups(layout: Layout, cluster: Cluster, intra: Link, inter: Link) -> dict[str, GroupLink]:
@@ -64,24 +80,39 @@ def _seconds_ms(nbytes: float, gbs: float) -> float:
     return nbytes / (gbs * 1e9) * 1e3
 
 
+def choice(op: str, nbytes: float, group: GroupLink) -> nccl.Estimate | None:
+    """NCCL's pick for one call (None when the group has one rank or nothing to move)."""
+    if group.size <= 1 or nbytes <= 0:
+        return None
+    return nccl.best(op, nbytes, group.comm())
+
+
+def algorithm_for(op: str, nbytes: float, group: GroupLink) -> str:
+    """ "ring/Simple", "tree/LL", "nvls/Simple"...: what NCCL runs; "p2p" for a send, "" for none."""
+    if op == "send_recv":
+        return "p2p" if group.size > 1 and nbytes > 0 else ""
+    best = choice(op, nbytes, group)
+    return best.name if best else ""
+
+
+def _ms(op: str, nbytes: float, group: GroupLink) -> float:
+    best = choice(op, nbytes, group)
+    return best.us * 1e-3 if best else 0.0
+
+
 def all_reduce_ms(nbytes: float, group: GroupLink) -> float:
-    n = group.size
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    lat = (group.base_us + 2 * (n - 1) * group.alpha_us) * 1e-3
-    return lat + _seconds_ms(2 * (n - 1) / n * nbytes, group.busbw_gbs)
+    return _ms("all_reduce", nbytes, group)
 
 
 def all_gather_ms(nbytes: float, group: GroupLink) -> float:
-    """All-gather (or reduce-scatter) whose gathered (unscattered) size is ``nbytes``."""
-    n = group.size
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    lat = (group.base_us + (n - 1) * group.alpha_us) * 1e-3
-    return lat + _seconds_ms((n - 1) / n * nbytes, group.busbw_gbs)
+    """All-gather whose gathered size is ``nbytes``."""
+    return _ms("all_gather", nbytes, group)
 
 
-reduce_scatter_ms = all_gather_ms
+def reduce_scatter_ms(nbytes: float, group: GroupLink) -> float:
+    """Reduce-scatter whose unscattered size is ``nbytes``."""
+    return _ms("reduce_scatter", nbytes, group)
+
 
 MIB = 2**20
 DDP_BUCKET_BYTES = 25 * MIB  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25
@@ -128,6 +159,7 @@ class Collective:
     calls: int  # per optimizer step, on the worst rank
     ms: float  # all calls
     exposed_ms: float  # not hidden behind compute
+    algorithm: str = ""  # NCCL's algorithm/protocol for one call (algorithm_for)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

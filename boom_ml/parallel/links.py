@@ -8,7 +8,9 @@
 * any other card -> PCIe of its host-interface generation (pascal/volta/turing gen3,
   ampere/ada gen4, hopper/blackwell gen5).
 
-``cluster.intra=nvlink`` on a card without NVLink is an error (one line).
+``cluster.intra=nvlink`` on a card without NVLink is an error (one line). NVLink SHARP (NVLS)
+comes with the link (``links.csv`` ``nvls_busbw_gbs``) unless ``gpu_links.csv`` says ``nvls=no``
+(NVLink bridges between pairs of cards: no NVSwitch).
 ``cluster.inter=auto`` means InfiniBand NDR400 for Hopper and later, HDR200 before (the NICs of
 the DGX generation that shipped with each GPU).
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,9 @@ class Link:
     alpha_us: float  # per ring step
     base_us: float  # per collective
     source: str
+    nccl_hw: str = "net"  # nvlink | pci | net: NCCL's latency class (tuning.cc NCCL_HW_*)
+    sm: int = 0  # compute capability x 10 of the GPUs on this link (NCCL's constant rows)
+    nvls_busbw_gbs: float = 0.0  # NVLink SHARP all-reduce busbw on 8 GPUs; 0: no NVLS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +86,9 @@ def links() -> dict[str, Link]:
             alpha_us=float(row["alpha_us"]),
             base_us=float(row["base_us"]),
             source=row["source"],
+            nccl_hw=row["nccl_hw"],
+            sm=int(row["sm"] or 0),
+            nvls_busbw_gbs=float(row["nvls_busbw_gbs"]),
         )
     return out
 
@@ -104,14 +112,19 @@ def own_links(gpu_id: str, name: str, architecture: str) -> tuple[str, str | Non
 def intra_link(cluster: Cluster, gpu_id: str, name: str, architecture: str) -> Link:
     own, nvlink = own_links(gpu_id, name, architecture)
     if cluster.intra == "auto":
-        return links()[own]
-    if cluster.intra == "nvlink":
+        link = links()[own]
+    elif cluster.intra == "nvlink":
         if nvlink is None:
             raise InvalidInputError(
                 f"cluster.intra=nvlink but {gpu_id} has no NVLink; use cluster.intra=auto or pcie"
             )
-        return links()[nvlink]
-    return links()[PCIE_BY_ARCH.get(architecture.lower(), "pcie3")]
+        link = links()[nvlink]
+    else:
+        link = links()[PCIE_BY_ARCH.get(architecture.lower(), "pcie3")]
+    row = _exceptions().get(gpu_id)
+    if row is not None and row["nvls"] == "no":  # NVLink without an NVSwitch: no NVLS
+        link = replace(link, nvls_busbw_gbs=0.0)
+    return link
 
 
 def inter_link(cluster: Cluster, architecture: str) -> Link:
