@@ -22,16 +22,23 @@ Layouts (the keys of ``boom_ml.predict``'s ``parallel.*``; dp * tp * pp = world 
   ``torch.distributed.tensor.parallel`` (column/row-parallel decoder linears), on a
   (dp, tp) device mesh, tp innermost; with dp > 1 only under FSDP2 (DDP cannot synchronise
   DTensors);
-* pp > 1: not supported by the harness yet (one-line error before any launch).
+* pp > 1: ``torch.distributed.pipelining`` stages of an HF decoder (Llama-like), scheduled
+  by ``schedule`` (1f1b | gpipe | interleaved, ``virtual_stages`` per rank), ``microbatches``
+  pipeline micro-batches; alone or with dp (DDP, ZeRO-1 or FSDP2 per stage), not with tp
+  (:mod:`data_collection.pipeline_steps`). Rows carry the rank's pipeline ``stage``, and the
+  last stage's notes its last micro-batch loss.
 
 The backend is NCCL on CUDA and gloo on the CPU (a ``device=cpu dry_run=true`` run tests the
 whole path in CI; every sharding mode runs on gloo with torch 2.14). Rows: ``num_gpus``
-= world size, ``rank``, the layout columns, ``global_batch_size`` = batch_size x microbatches
-x dp, the rank's own step time and peak memory. Each rank's row has its own shard key, so a
-resumed sweep skips a configuration only when every rank's row is on disk. An out-of-memory
+= world size, ``rank``, ``stage``, the layout columns, ``global_batch_size`` = batch_size x
+microbatches x dp, the rank's own step time and peak memory. Each rank's row has its own
+shard key, so a resumed sweep skips a configuration only when every rank's row is on disk. An out-of-memory
 is a row like in the single-GPU harness; ranks of one data-parallel layout run the same
 shapes and normally fail together, and a process-group timeout ends a sweep whose ranks
-disagree instead of leaving it hanging.
+disagree instead of leaving it hanging. Pipeline stages hold different layers, so one stage
+can run out of memory alone: the others then wait in their sends and receives until that
+timeout (10 minutes) ends the sweep, and a resumed sweep meets that configuration again (no
+row was written): leave out pipeline batch sizes that do not fit.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fnmatch
+import functools
 import inspect
 import logging
 import os
@@ -52,6 +60,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from boom_ml.trace.optimizers import make_optimizer
 from data_collection import environment as env
+from data_collection import pipeline_steps as pipeline
 from data_collection.shards import ShardWriter, config_key, my_share
 from data_collection.steps import StepRunner, expand, measure_step, step_key, sweep_settings
 
@@ -59,7 +68,8 @@ log = logging.getLogger(__name__)
 
 SHARDING = ("none", "zero1", "zero2", "zero3", "fsdp")
 LAYOUT_DEFAULTS: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "sharding": "none",
-                                   "microbatches": 1}  # fmt: skip
+                                   "microbatches": 1, "schedule": "1f1b",
+                                   "virtual_stages": 1}  # fmt: skip
 TIMEOUT = datetime.timedelta(minutes=10)  # a rank stuck in a collective fails the sweep
 
 
@@ -77,18 +87,17 @@ def layouts(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     world = int(cfg.get("nproc", 1)) * int(cfg.get("nnodes", 1))
     out = []
     for mode in modes:
-        lay = {**par, "sharding": str(mode)}
-        for k in ("dp", "tp", "pp", "microbatches"):
+        lay = {**par, "sharding": str(mode), "schedule": str(par["schedule"])}
+        for k in ("dp", "tp", "pp", "microbatches", "virtual_stages"):
             lay[k] = int(lay[k])
             if lay[k] < 1:
                 raise LayoutError(f"parallel.{k} must be >= 1, got {lay[k]}")
         if lay["sharding"] not in SHARDING:
             raise LayoutError(f"parallel.sharding={mode!r}: choose one of {', '.join(SHARDING)}")
-        if lay["pp"] > 1:
-            raise LayoutError(
-                "parallel.pp>1 is not supported by the harness yet (dp with DDP, ZeRO-1 or "
-                "FSDP2, and tp through torch.distributed.tensor.parallel are)"
-            )
+        try:
+            pipeline.check_layout(lay)
+        except ValueError as err:
+            raise LayoutError(str(err)) from None
         if lay["tp"] > 1 and lay["dp"] == 1 and lay["sharding"] != "none":
             raise LayoutError(
                 f"parallel.sharding={mode!r} shards over data-parallel ranks; with "
@@ -110,7 +119,16 @@ def layouts(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def run_distributed_sweep(cfg: Mapping[str, Any]) -> str:
     """Spawn ``nproc`` ranks (or be one, under ``torchrun``); returns the shard root."""
-    layouts(cfg)  # fail in one line before anything starts
+    lays = layouts(cfg)  # fail in one line before anything starts
+    piped = [lay for lay in lays if lay["pp"] > 1]
+    if piped:  # meta builds: a model the pipeline cannot cut fails here, not in every rank
+        models = [(c["model"], c["options"]) for _, c in expand(cfg, "check", on_cuda=False)]
+        lay = piped[0]  # the sweep's layouts differ in sharding only
+        try:
+            pipeline.check_models(models, lay["pp"] * lay["virtual_stages"],
+                                  equal=lay["schedule"] == "interleaved")  # fmt: skip
+        except ValueError as err:
+            raise LayoutError(str(err)) from None
     if "LOCAL_RANK" in os.environ:  # started by the torchrun command: this is one rank
         return rank_main(dict(cfg))
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -159,7 +177,10 @@ def _sweep(cfg: dict[str, Any], dev: torch.device) -> str:
     for lay in layouts(cfg):
         for _, config in expand(cfg, info.gpu_id, info.is_cuda):
             config = {**config, "parallel": lay, "profile": False}  # no op profiles per rank
-            key = step_key(config)
+            # without a pipeline the schedule keys stay out: keys of older sweeps still match
+            keyed = lay if lay["pp"] > 1 else {
+                k: v for k, v in lay.items() if k not in pipeline.PIPELINE_KEYS}  # fmt: skip
+            key = step_key({**config, "parallel": keyed})
             if my_share(key, shards, index):
                 configs.append((key, config))
     root = str(cfg["out"])
@@ -175,9 +196,12 @@ def _sweep(cfg: dict[str, Any], dev: torch.device) -> str:
     nvml = env.NvmlMemory(dev)
     flush_every, measured = int(cfg.get("flush_every", 10)), 0
     for key, config in todo:
+        report: dict[str, Any] = {}  # a pipeline rank's stage, and the last stage's last loss
+        runner = (functools.partial(pipeline.PipelineStepRunner, report=report)
+                  if config["parallel"]["pp"] > 1 else DistributedStepRunner)  # fmt: skip
         rows = measure_step(config, key, dev, base, nvml, warmup, iterations,
-                            runner=DistributedStepRunner).get("steps", [])  # fmt: skip
-        row = _rank_row(rows[0], config["parallel"], rank, world) if rows else None
+                            runner=runner).get("steps", [])  # fmt: skip
+        row = _rank_row(rows[0], config["parallel"], rank, world, report) if rows else None
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(row, gathered if rank == 0 else None, dst=0)
         if writer is not None and all(r is not None for r in gathered):
@@ -195,13 +219,21 @@ def _sweep(cfg: dict[str, Any], dev: torch.device) -> str:
     return root
 
 
-def _rank_row(row: dict[str, Any], lay: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+def _rank_row(
+    row: dict[str, Any], lay: dict[str, Any], rank: int, world: int, report: dict[str, Any]
+) -> dict[str, Any]:
+    notes = row["notes"]
+    if "loss" in report:  # the pipeline's last stage: the loss it trained to, as a sanity check
+        loss = f"last-stage loss {float(report['loss']):.6g}"
+        notes = f"{notes}; {loss}" if notes else loss
     return {
         **row,
         **{k: lay[k] for k in LAYOUT_DEFAULTS},
         "rank": rank,
+        "stage": report.get("stage", 0),  # the pipeline rank; 0 without a pipeline
         "num_gpus": world,
         "global_batch_size": row["batch_size"] * lay["microbatches"] * lay["dp"],
+        "notes": notes,
     }
 
 

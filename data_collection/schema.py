@@ -140,10 +140,16 @@ STEP_COLUMNS: tuple[Col, ...] = (
     _i("pp", minimum=1),
     _s("sharding", allowed=("none", "zero1", "zero2", "zero3", "fsdp")),
     _i("microbatches", minimum=1),
+    # Pipeline runs (data_collection/pipeline_steps.py): the rank's pipeline stage (with
+    # interleaving its first; 0 without a pipeline), the schedule and chunks per rank.
+    _i("stage", minimum=0),
+    _s("schedule", allowed=("1f1b", "gpipe", "interleaved")),
+    _i("virtual_stages", minimum=1),
 )
 # Nullable columns added after datasets were written: absent in an older file, they read as
 # null instead of failing validation (every other missing column is an error).
-LATE_COLUMNS = {"steps": ("rank", "dp", "tp", "pp", "sharding", "microbatches")}
+LATE_COLUMNS = {"steps": ("rank", "dp", "tp", "pp", "sharding", "microbatches", "stage",
+                          "schedule", "virtual_stages")}  # fmt: skip
 
 _ESTIMATORS = ("xmem", "dnnmem", "schedtune", "llmem")
 MEMORY_COLUMNS: tuple[Col, ...] = (
