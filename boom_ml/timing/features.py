@@ -253,7 +253,9 @@ def kernel_features(rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec) -
         part.index = idx
         parts.append(part)
     if not parts:
-        return pd.DataFrame(columns=["head", "family", "direction", "flops", "bytes", "roof_ms"])
+        return pd.DataFrame(
+            columns=["head", "family", "direction", "flops", "bytes", "roof_ms", "mem_ms"]
+        )
     return pd.concat(parts).sort_index()
 
 
@@ -314,7 +316,10 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
                  op_flops=per)  # fmt: skip
     else:  # elementwise, optimizer, copy: memory-bound streams over numel elements
         numel = _num(df, "numel")
-        known = [ELEMENTWISE.get(o, (np.nan, np.nan)) for o in op]
+        # Stream rows (optimizer, copy: timing/bandwidth.py) bring their own arity; an op
+        # named like an elementwise one (copy, fill) must not take the table's.
+        table = ELEMENTWISE if head == "elementwise" else {}
+        known = [table.get(o, (np.nan, np.nan)) for o in op]
         arity = np.array([a for a, _ in known], dtype=float)
         trans = np.array([t for _, t in known], dtype=float)
         arity = np.nan_to_num(np.where(np.isnan(arity), _num(df, "arity", 1.0), arity), nan=1.0)
@@ -351,6 +356,7 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
     # The normaliser is the plain roofline; the tiled-traffic time is only a feature, since
     # as the normaliser it raised the mean leave-one-GPU-out GEMM error (33 % vs 24 %).
     out["roof_ms"] = np.maximum(t_c, t_m) * 1e3 + LAUNCH_MS
+    out["mem_ms"] = t_m * 1e3  # the bandwidth bound: no DRAM stream is faster
     return out
 
 

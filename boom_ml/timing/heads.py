@@ -1,8 +1,10 @@
 """Per-op time heads: one LightGBM model per op family (+ p10/p90 quantile heads).
 
-A head predicts ``log(latency / roofline)`` from :mod:`boom_ml.timing.features`. Families
-with no measurements fall back to a *calibrated roofline*: the roofline times the median
-achieved/roofline ratio of a measured proxy family, and predictions say so in ``method``.
+A head predicts ``log(latency / roofline)`` from :mod:`boom_ml.timing.features`. Optimizer
+and copy kernels, never measured, are timed by the elementwise head as the streams they are
+(:mod:`boom_ml.timing.bandwidth`). Other families with no measurements (attention) fall back
+to a *calibrated roofline*: the roofline times the median achieved/roofline ratio of a
+measured proxy family. ``method`` says which of the three each prediction is.
 
 Stored as a directory: ``model.json`` (metadata, feature lists, fallbacks) plus one gzipped
 LightGBM text model per head and quantile. Text (not pickle) so that an artifact loads with
@@ -27,6 +29,8 @@ import pandas as pd
 
 from boom_ml.errors import ArtifactError
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing.bandwidth import CURVE_HEADS
+from boom_ml.timing.bandwidth import METHOD as CURVE_METHOD
 from boom_ml.timing.features import (
     FEATURE_VERSION,
     GPU_FEATURES,
@@ -108,6 +112,7 @@ class PerOpModel:
         n = len(feats)
         log = {q: np.zeros(n) for q in ("p50", "p10", "p90")}
         method = np.full(n, METHOD_FALLBACK, dtype=object)
+        curve = np.zeros(n, dtype=bool)  # rows the elementwise head times as streams
         heads = feats["head"].to_numpy() if n else np.array([])
         for h in pd.unique(heads):
             idx = np.flatnonzero(heads == h)
@@ -115,25 +120,26 @@ class PerOpModel:
             fb = self.fallback.get(str(h), {"p50": 0.0, "p10": 0.0, "p90": 0.0})
             for q in log:
                 log[q][idx] = float(fb[q])
+            method[idx] = f"{METHOD_FALLBACK} (proxy: {fb.get('proxy', 'none')})"
             head = self.heads.get(str(h))
-            if head is None:
-                continue
-            ok = head.covers(sub)
-            if not ok.any():
-                continue
-            idx, sub = idx[ok], sub[ok]
-            pred = head.predict(sub, median_only)
-            method[idx] = METHOD_HEAD
-            log["p50"][idx] = pred["p50"]
-            # A quantile head can cross the median on a row; keep the interval ordered.
-            log["p10"][idx] = np.minimum(pred.get("p10", pred["p50"]), pred["p50"])
-            log["p90"][idx] = np.maximum(pred.get("p90", pred["p50"]), pred["p50"])
+            ok = np.zeros(len(idx), dtype=bool)
+            if head is not None and (ok := head.covers(sub)).any():
+                _put(log, method, idx[ok], head.predict(sub[ok], median_only), METHOD_HEAD)
+            stream = self.heads.get("elementwise") if h in CURVE_HEADS else None
+            if stream is not None and not ok.all():
+                # No measured rows cover these: the elementwise head, on the elementwise row
+                # that moves the same bytes (bandwidth.py), is a bandwidth curve for them.
+                _put(log, method, idx[~ok], stream.predict(sub[~ok], median_only), CURVE_METHOD)
+                curve[idx[~ok]] = True
         roof = feats["roof_ms"].to_numpy(dtype=float) if n else np.zeros(0)
+        # A stream is never faster than bytes / bandwidth (mem_ms; elementwise rows that fit
+        # in L2 can be, so the head may say so for a stream of that size).
+        floor = np.where(curve, feats["mem_ms"].to_numpy(dtype=float), 0.0) if n else roof
         return pd.DataFrame(
             {
-                "pred_ms": roof * np.exp(log["p50"]),
-                "p10_ms": roof * np.exp(log["p10"]),
-                "p90_ms": roof * np.exp(log["p90"]),
+                "pred_ms": np.maximum(roof * np.exp(log["p50"]), floor),
+                "p10_ms": np.maximum(roof * np.exp(log["p10"]), floor),
+                "p90_ms": np.maximum(roof * np.exp(log["p90"]), floor),
                 "method": method,
                 "head": heads,
             },
@@ -194,6 +200,21 @@ class PerOpModel:
                                spec.get("gpus", []), spec.get("families", [name]),
                                spec.get("directions", ["forward"]))  # fmt: skip
         return cls(heads, doc["fallback"], doc.get("meta", {}))
+
+
+def _put(
+    log: dict[str, np.ndarray],
+    method: np.ndarray,
+    idx: np.ndarray,
+    pred: dict[str, np.ndarray],
+    name: str,
+) -> None:
+    """Write a head's log-ratio quantiles and its method name into rows ``idx``."""
+    method[idx] = name
+    log["p50"][idx] = pred["p50"]
+    # A quantile head can cross the median on a row; keep the interval ordered.
+    log["p10"][idx] = np.minimum(pred.get("p10", pred["p50"]), pred["p50"])
+    log["p90"][idx] = np.maximum(pred.get("p90", pred["p50"]), pred["p50"])
 
 
 def corrupt(src: Path, exc: Exception) -> ArtifactError:

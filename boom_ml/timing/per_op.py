@@ -4,6 +4,8 @@ A node becomes zero or more rows in the canonical kernel convention (the columns
 ``data_collection/schema.py``), so that :func:`boom_ml.timing.features.kernel_features`
 computes the same features it computes for a measured kernel of that shape. A
 ``convolution_backward`` node becomes two rows (input and weight gradients) whose times add.
+An optimizer, copy or fill node becomes the elementwise row that moves its bytes
+(:mod:`boom_ml.timing.bandwidth`), which the elementwise head times.
 
 Shape conventions: ``mm(a[M,K], b[K,N])`` is a single GEMM with b=1, m=M, n=K (reduction),
 k=N (output width); ``bmm(a[B,M,K], b[B,K,N])`` is b=B, m=M, n=K, k=N (NeuSight's).
@@ -21,6 +23,7 @@ import pandas as pd
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
+from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
@@ -174,7 +177,9 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
                  **counted}]  # fmt: skip
     if family == "elementwise":
         return [_elementwise_row(op, shapes, outs)]
-    return generic  # reduction, loss, optimizer, copy, fill, pooling, other
+    if family in CURVE_FAMILIES:  # optimizer, copy, fill: streams (bandwidth.py)
+        return [stream_row(op, family, shapes, outs, node)]
+    return generic  # reduction, loss, pooling, other
 
 
 def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
