@@ -74,7 +74,12 @@ def test_predict_ops_with_a_trained_model(small_model_dir, tmp_path):  # noqa: F
     out = predict_ops(table, "a100-80gb-pcie", model=str(small_model_dir))
     assert (out["pred_ms"] > 0).all()
     assert (out["p10_ms"] <= out["pred_ms"]).all() and (out["pred_ms"] <= out["p90_ms"]).all()
-    assert list(out["method"]) == ["per-op", "per-op", "per-op", "roofline-calibrated"]
+    assert list(out["method"]) == [
+        "per-op",
+        "per-op",
+        "per-op",
+        "roofline-calibrated (proxy: gemm)",
+    ]
     src = tmp_path / "in.csv"
     table.to_csv(src, index=False)
     run(
@@ -114,6 +119,11 @@ def test_estimate_per_op_sums_per_op_predictions(small_model):  # noqa: F811
     assert est.step_ms == pytest.approx(per_node["ms"].sum())
     assert est.p10_ms <= est.step_ms <= est.p90_ms
     methods = set(per_node["method"])
-    assert {"per-op", "roofline-calibrated"} <= methods  # gemm heads; attention/optimizer fall back
+    # gemm heads; attention falls back on the GEMM ratio; the optimizer on the elementwise head
+    assert {
+        "per-op",
+        "roofline-calibrated (proxy: gemm)",
+        "elementwise-head (bandwidth curve)",
+    } <= methods
     host = (graph.nodes["family"] == "host").to_numpy()
     assert (per_node.loc[host, "ms"] == 0).all()

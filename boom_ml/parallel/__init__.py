@@ -2,7 +2,8 @@
 
 Modelled analytically on traced single-rank graphs: ``layout`` (torch-free validation),
 ``links`` (sourced bandwidths), ``profile`` (1- and 2-layer traces of the per-rank model),
-``memory`` and ``time`` (per-rank terms, alpha-beta collectives, 1F1B), ``predict``.
+``memory`` and ``time`` (per-rank terms), ``collectives`` + ``nccl`` (NCCL's algorithm choice),
+``schedule`` (1F1B / GPipe / interleaved pipelines), ``predict``.
 """
 
 from boom_ml.parallel.layout import Cluster, Layout, validate

@@ -1,5 +1,5 @@
 """Step time of a parallel layout: per-stage compute from the traced rank, collectives from
-the alpha-beta model, and the pipeline schedule simulated from per-stage times.
+NCCL's tuning model (ring / tree / NVLS, nccl.py), and the pipeline schedule simulated from per-stage times.
 
 Per micro-batch, stage s takes ``T_s = C_s + X_s``: compute ``C_s`` (its layers, plus the
 embedding on the first stage and head + loss on the last, from ``profile.py``) and the
@@ -38,6 +38,7 @@ from typing import Any
 from boom_ml.parallel.collectives import (
     Collective,
     GroupLink,
+    algorithm_for,
     all_gather_ms,
     all_reduce_ms,
     reduce_scatter_ms,
@@ -51,8 +52,8 @@ from boom_ml.parallel.shard import chunk_layers
 
 METHOD = (
     "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
-    " layers, at least {dispatch_us:g} us of host dispatch per op + alpha-beta ring collectives"
-    " (links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
+    " layers, at least {dispatch_us:g} us of host dispatch per op + NCCL-tuned collectives"
+    " (ring/tree/NVLS x LL/LL128/Simple as NCCL's tuning model picks, links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
     " a fake process group, tests/test_parallel_traced.py) + {schedule} pipeline schedule"
     " (event simulation of per-stage forward/backward times and blocking point-to-point sends)"
 )
@@ -305,6 +306,10 @@ def step_time(
         last_ready_bytes=shape.params_first * shape.grad_bytes if worst["first"] else 0,
     )  # fmt: skip
     colls = worst["collectives"] + dp
+    for c in colls:  # what NCCL's tuner runs for one call (nccl.py); the tied embedding: pp's link
+        c.algorithm = algorithm_for(
+            c.op, c.bytes, groups["pp" if c.group == "embedding" else c.group]
+        )
     exposed_dp = sum(c.exposed_ms for c in dp)
     step = pipe_ms + worst["optimizer_ms"] + exposed_dp
     comm = sum(c.ms for c in colls)

@@ -128,7 +128,8 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
     m, t = result.memory, result.time
     lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
     lines += [
-        f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']}"
+        f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']:<5} "
+        f"{o.get('method', '')}".rstrip()
         for o in t.top_ops[:top_n]
     ]
     lines.append("  by module:")

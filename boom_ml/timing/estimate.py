@@ -66,7 +66,8 @@ def estimate_times(
     )  # fmt: skip
     out = []
     for k, pred in enumerate(preds):
-        est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n)
+        methods = per_op["method"][k] if per_op is not None else None
+        est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n, methods=methods)
         est.step_ms = pred.step_ms
         est.overhead_ms = round(pred.overhead_ms, 4)
         if calibrated:
@@ -109,7 +110,7 @@ def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list
     pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32)
     return [
         summarise(graph.nodes, pred["ms"][k], method="per-op", top_n=top_n,
-                  p10=pred["p10"][k], p90=pred["p90"][k])
+                  p10=pred["p10"][k], p90=pred["p90"][k], methods=pred["method"][k])
         for k in range(len(gpus))
     ]  # fmt: skip
 

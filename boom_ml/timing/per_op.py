@@ -288,4 +288,5 @@ def estimate_per_op(
         top_n=top_n,
         p10=pred["p10"].to_numpy(),
         p90=pred["p90"].to_numpy(),
+        methods=pred["method"].to_numpy(),
     )

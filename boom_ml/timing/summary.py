@@ -15,9 +15,16 @@ def summarise(
     top_n: int = 10,
     p10: np.ndarray | None = None,
     p90: np.ndarray | None = None,
+    methods: np.ndarray | None = None,
 ) -> TimeEstimate:
-    """Fold per-node times into a TimeEstimate (sums, and the top ops and modules)."""
+    """Fold per-node times into a TimeEstimate (sums, and the top ops and modules).
+
+    ``methods``: each node's per-op method (``per_op.predict_nodes``); a top op then says
+    which model timed it (the one most of its nodes used).
+    """
     frame = nodes.assign(ms=per_node_ms)
+    if methods is not None:
+        frame = frame.assign(method=methods)
     by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
     by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
     by_module = frame.groupby("module")["ms"].sum().nlargest(top_n)
@@ -30,10 +37,23 @@ def summarise(
         by_family={k: round(float(v), 4) for k, v in by_family.items()},
         by_phase={k: round(float(v), 4) for k, v in by_phase.items()},
         top_ops=[
-            {"op": op, "phase": phase, "ms": round(float(r["sum"]), 4), "calls": int(r["count"])}
+            {
+                "op": op,
+                "phase": phase,
+                "ms": round(float(r["sum"]), 4),
+                "calls": int(r["count"]),
+                **_method_of(frame, op, phase),
+            }
             for (op, phase), r in by_op.iterrows()
         ],
         top_modules=[
             {"module": m or "(top level)", "ms": round(float(v), 4)} for m, v in by_module.items()
         ],
     )
+
+
+def _method_of(frame: pd.DataFrame, op: str, phase: str) -> dict[str, str]:
+    if "method" not in frame.columns:
+        return {}
+    sel = frame[(frame["op"] == op) & (frame["phase"] == phase)]["method"]
+    return {"method": str(sel.mode().iloc[0])} if len(sel) else {}
