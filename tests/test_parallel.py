@@ -325,3 +325,17 @@ def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
         run({**base, "parallel": {"tp": 7}})
     with pytest.raises(_Invalid, match="gpus_per_node"):
         run({**base, "parallel": {"dp": 12}})
+
+
+def test_time_profiles_are_keyed_by_the_timing_model(monkeypatch) -> None:
+    """A retrained or swapped per-op model must not be served profiles timed by the last one."""
+    from boom_ml.parallel import profile
+
+    profile.timing_identity.cache_clear()
+    packaged = profile.timing_identity()
+    monkeypatch.setenv("BOOM_PER_OP_MODEL", "/another/model")
+    profile.timing_identity.cache_clear()
+    try:
+        assert profile.timing_identity() != packaged
+    finally:
+        profile.timing_identity.cache_clear()

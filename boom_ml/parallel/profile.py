@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from boom_ml.gpus.spec import GpuSpec
@@ -22,6 +23,22 @@ from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_sp
 from boom_ml.specs import ModelSpec, StepSpec
 
 CACHE_VERSION = 3
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=1)
+def timing_identity() -> str:
+    """Hash of what a time profile is computed with: the timing code and the packaged (or
+    ``$BOOM_PER_OP_MODEL``) models' manifests. In the disk key, so a retrained model or a
+    changed timing rule never serves profiles timed by the previous one."""
+    digest = hashlib.sha1(os.environ.get("BOOM_PER_OP_MODEL", "").encode())
+    files = sorted((_ROOT / "timing").glob("*.py"))
+    files += sorted((_ROOT / "artifacts").glob("*/manifest.json"))
+    for path in files:
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 PHASES_BACKWARD = ("backward", "recompute")
 MATRIX_FAMILIES = ("gemm", "attention")
 # Optimizer state per fp32 parameter element (bytes): what ZeRO divides. Exact for these
@@ -144,7 +161,7 @@ def time_profiles(
     raw: dict[str, Any], tp: int, step: StepSpec, gpus: list[GpuSpec]
 ) -> list[TimeProfile]:
     """The time profile on each GPU; the GPUs not cached yet share one timing call per trace."""
-    keys = [_key("time", raw, tp, step.to_dict(), asdict(gpu)) for gpu in gpus]
+    keys = [_key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu)) for gpu in gpus]
     missing = []
     for key, gpu in zip(keys, gpus, strict=True):
         if key not in _MEMO:
