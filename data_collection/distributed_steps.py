@@ -350,10 +350,4 @@ class DistributedStepRunner(StepRunner):
                 del outputs
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             del loss, batch
-        if self.optimizer is None:
-            return
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        pipeline.optimizer_step(self.optimizer, self.scaler)

@@ -311,10 +311,15 @@ class PipelineStepRunner(StepRunner):
         with self._autocast():
             self.schedule.step(return_outputs=False, **inputs)
         del inputs
-        if self.optimizer is None:
-            return
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        optimizer_step(self.optimizer, self.scaler)
+
+
+def optimizer_step(optimizer: Any, scaler: Any) -> None:
+    """One optimizer step, through the gradient scaler when there is one (fp16)."""
+    if optimizer is None:
+        return
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
