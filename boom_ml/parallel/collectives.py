@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from boom_ml.parallel import nccl
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.links import Link
+from boom_ml.parallel.nccl import Comm, Estimate, best
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class GroupLink:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def comm(self) -> nccl.Comm:
-        return nccl.Comm(self.size, self.nodes, self.busbw_gbs, self.hw, self.sm,
+    def comm(self) -> Comm:
+        return Comm(self.size, self.nodes, self.busbw_gbs, self.hw, self.sm,
                          self.nvls_busbw_gbs, self.nic_per_gpu)  # fmt: skip
 
 
@@ -80,11 +80,11 @@ def _seconds_ms(nbytes: float, gbs: float) -> float:
     return nbytes / (gbs * 1e9) * 1e3
 
 
-def choice(op: str, nbytes: float, group: GroupLink) -> nccl.Estimate | None:
+def choice(op: str, nbytes: float, group: GroupLink) -> Estimate | None:
     """NCCL's pick for one call (None when the group has one rank or nothing to move)."""
     if group.size <= 1 or nbytes <= 0:
         return None
-    return nccl.best(op, nbytes, group.comm())
+    return best(op, nbytes, group.comm())
 
 
 def algorithm_for(op: str, nbytes: float, group: GroupLink) -> str:
