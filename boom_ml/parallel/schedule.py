@@ -50,7 +50,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+from boom_ml.parallel.layout import SCHEDULES
+
 Op = tuple[str, int, int]  # ("F" | "B", virtual stage, micro-batch)
 
 
