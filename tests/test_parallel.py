@@ -16,7 +16,8 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.parallel.collectives import GroupLink
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.links import intra_link, links, own_links
-from boom_ml.parallel.time import Shape, schedule_1f1b, step_time
+from boom_ml.parallel.time import Shape, step_time
+from tests.test_parallel_schedule import schedule_1f1b
 
 H, HEADS, INTER, VOCAB, LAYERS = 64, 4, 128, 256, 2
 SYNTHETIC_TINY_LLAMA = {

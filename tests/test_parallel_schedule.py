@@ -31,7 +31,7 @@ from boom_ml.parallel.schedule import (
     schedule_table,
     simulate,
 )
-from boom_ml.parallel.time import Shape, schedule_1f1b, step_time
+from boom_ml.parallel.time import Shape, step_time
 
 REPO = Path(__file__).resolve().parent.parent
 F, B = 1.0, 2.0  # forward and backward of one micro-batch on one (virtual) stage, ms
@@ -66,6 +66,14 @@ def test_simulated_1f1b_equals_the_closed_form_for_equal_stages(pp, m):
     total, bubble = schedule_1f1b([F + B] * pp, m)
     run = simulate([F] * pp, [B] * pp, m, "1f1b")
     assert (run.total_ms, run.bubble_ms) == (total, bubble)
+
+
+def schedule_1f1b(stage_ms: list[float], microbatches: int) -> tuple[float, float]:
+    """1F1B's closed form (fill and drain once, the slowest stage m - 1 more times): the
+    reference the simulated 1F1B must equal. (pipeline ms, bubble ms)."""
+    slowest = max(stage_ms)
+    total = sum(stage_ms) + (microbatches - 1) * slowest
+    return total, total - microbatches * slowest
 
 
 def test_simulated_1f1b_equals_the_closed_form_when_the_last_stage_is_slowest():

@@ -91,13 +91,13 @@ def algorithm_for(op: str, nbytes: float, group: GroupLink) -> str:
     """ "ring/Simple", "tree/LL", "nvls/Simple"...: what NCCL runs; "p2p" for a send, "" for none."""
     if op == "send_recv":
         return "p2p" if group.size > 1 and nbytes > 0 else ""
-    best = choice(op, nbytes, group)
-    return best.name if best else ""
+    pick = choice(op, nbytes, group)
+    return pick.name if pick else ""
 
 
 def _ms(op: str, nbytes: float, group: GroupLink) -> float:
-    best = choice(op, nbytes, group)
-    return best.us * 1e-3 if best else 0.0
+    pick = choice(op, nbytes, group)
+    return pick.us * 1e-3 if pick else 0.0
 
 
 def all_reduce_ms(nbytes: float, group: GroupLink) -> float:

@@ -19,6 +19,7 @@ SHARDING_MODES = ("none", "zero1", "zero2", "zero3", "fsdp")
 # Pipeline schedules: 1F1B (PipeDream-Flush, Megatron's default), GPipe (all forwards, then all
 # backwards) and interleaved 1F1B (each rank holds ``virtual_stages`` chunks of layers).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
 INTRA_LINKS = ("auto", "nvlink", "pcie")
 INTER_LINKS = ("auto", "ib-ndr400", "ib-hdr200", "roce-100g", "eth-25g")
 

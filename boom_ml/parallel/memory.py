@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
-from boom_ml.parallel.layout import Layout
+from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.profile import MemoryProfile
 from boom_ml.parallel.schedule import peak_in_flight
 
@@ -48,12 +48,6 @@ METHOD = (
 def _extrapolate(values: list[float], layers: int) -> float:
     """v(L) = v(1) + (v(2) - v(1)) * (L - 1)."""
     return values[0] + (values[1] - values[0]) * (layers - 1)
-
-
-def _schedule_name(layout: Layout) -> str:
-    if layout.pp == 1:
-        return "no pipeline"
-    return {"1f1b": "1F1B", "gpipe": "GPipe"}.get(layout.schedule, "interleaved 1F1B")
 
 
 def communicators(layout: Layout) -> int:
@@ -166,7 +160,10 @@ def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]
     worst = max(stages, key=lambda st: st["total_bytes"])
     out = {k: v for k, v in worst.items() if k not in ("stage", "layers")}
     out["worst_stage"] = worst["stage"]
-    out["method"] = METHOD.format(method=prof.method, schedule=_schedule_name(layout))
+    out["method"] = METHOD.format(
+        method=prof.method,
+        schedule=SCHEDULE_NAMES[layout.schedule] if layout.pp > 1 else "no pipeline",
+    )
     out["terms"] = prof.terms + [
         {"name": "nccl_buffers", "bytes": worst["parallel_terms"]["nccl_buffers"],
          "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "

@@ -44,7 +44,7 @@ from boom_ml.parallel.collectives import (
     reduce_scatter_ms,
     send_ms,
 )
-from boom_ml.parallel.layout import Layout
+from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.memory import DDP_BUCKET_BYTES
 from boom_ml.parallel.profile import TimeProfile
 from boom_ml.parallel.schedule import simulate
@@ -57,7 +57,6 @@ METHOD = (
     " a fake process group, tests/test_parallel_traced.py) + {schedule} pipeline schedule"
     " (event simulation of per-stage forward/backward times and blocking point-to-point sends)"
 )
-SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
 # Host time to dispatch one op in eager PyTorch: ~5 us without autograd, ~7 us with
 # (pytorch/pytorch#41383; ~4 us per CUDA op in pytorch/pytorch#82793). When a stage's kernels
 # are shorter than that, the GPU waits for the host: a micro-batch takes at least
@@ -83,13 +82,6 @@ class Shape:
     param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
     overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
     full_recompute: bool = False  # Megatron's checkpoint recomputes the whole layer (2 more AR)
-
-
-def schedule_1f1b(stage_ms: list[float], microbatches: int) -> tuple[float, float]:
-    """(pipeline ms, bubble ms) of 1F1B over stages with per-micro-batch times ``stage_ms``."""
-    slowest = max(stage_ms)
-    total = sum(stage_ms) + (microbatches - 1) * slowest
-    return total, total - microbatches * slowest
 
 
 def tp_collectives(

@@ -28,6 +28,7 @@ def summarise(
     by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
     by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
     by_module = frame.groupby("module")["ms"].sum().nlargest(top_n)
+    methods_of = _top_methods(frame, set(by_op.index))
     by_phase = frame.groupby("phase")["ms"].sum()
     return TimeEstimate(
         step_ms=float(per_node_ms.sum()),
@@ -42,7 +43,7 @@ def summarise(
                 "phase": phase,
                 "ms": round(float(r["sum"]), 4),
                 "calls": int(r["count"]),
-                **_method_of(frame, op, phase),
+                **({"method": methods_of[op, phase]} if (op, phase) in methods_of else {}),
             }
             for (op, phase), r in by_op.iterrows()
         ],
@@ -52,8 +53,13 @@ def summarise(
     )
 
 
-def _method_of(frame: pd.DataFrame, op: str, phase: str) -> dict[str, str]:
+def _top_methods(frame: pd.DataFrame, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Per (op, phase) of ``keys``, the method most of its nodes used (one count over all)."""
     if "method" not in frame.columns:
         return {}
-    sel = frame[(frame["op"] == op) & (frame["phase"] == phase)]["method"]
-    return {"method": str(sel.mode().iloc[0])} if len(sel) else {}
+    out: dict[tuple[str, str], str] = {}
+    counts = frame.value_counts(["op", "phase", "method"])  # most frequent first
+    for op, phase, method in counts.index:
+        if (op, phase) in keys and (op, phase) not in out:
+            out[op, phase] = str(method)
+    return out
