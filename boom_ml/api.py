@@ -230,6 +230,7 @@ def predict(
     stack: dict[str, Any] | None = None,
     optimizer_impl: str = "auto",
     grad_accum: int = 1,
+    zero_grad: str = "set_to_none",
     attention: str = "sdpa",
     moe: dict[str, Any] | None = None,
     parallel: dict[str, Any] | None = None,
@@ -247,7 +248,9 @@ def predict(
     ``stack`` names the software stack (keys of :class:`boom_ml.stack.Stack`; default:
     the installed torch with PyTorch's defaults); ``optimizer_impl`` the optimizer's
     implementation (auto = what that stack's PyTorch picks); ``grad_accum`` the
-    micro-batches per optimizer step. ``attention`` is the HF attention implementation
+    micro-batches per optimizer step; ``zero_grad`` how gradients are cleared before it
+    (set_to_none, PyTorch 2's default, or zero: kept and zeroed in place, PyTorch 1.x's
+    default). ``attention`` is the HF attention implementation
     (sdpa or eager); ``moe`` holds ``imbalance`` (>= 1: the busiest expert's share of
     tokens relative to even routing). ``params_dtype`` (fp32 | bf16 | fp16) is the dtype of
     the parameters, gradients and optimizer state; ``finetune`` holds ``method`` (full |
@@ -274,6 +277,7 @@ def predict(
         tf32_cudnn=tf32_cudnn,
         optimizer_impl=_impl(optimizer, optimizer_impl, software),
         grad_accum=grad_accum,
+        zero_grad=zero_grad,
         params_dtype=params_dtype,
         checkpointing_every=checkpointing_every,
         **finetune_fields(finetune),

@@ -32,6 +32,7 @@ OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
 # selective: PyTorch's selective activation checkpointing (matmul outputs saved)
 CHECKPOINTING_MODES = ("none", "full", "selective")
 PARAMS_DTYPES = ("fp32", "bf16", "fp16")
+ZERO_GRAD_MODES = ("set_to_none", "zero")
 FINETUNE_METHODS = ("full", "lora", "qlora")
 
 
@@ -79,6 +80,10 @@ class StepSpec:
     # attention architecture group the trace follows (boom_ml/trace/sdpa_select.py: GPUs that
     # pick the same SDPA kernels); None: the caller's choice, the A100's group when traced
     sdpa_group: str | None = None
+    # set_to_none: gradients freed before the step and created by backward (PyTorch >= 2.0's
+    # default); zero: kept and zeroed in place, one fill kernel per gradient, and backward
+    # accumulates into them (the default of Module/Optimizer.zero_grad in PyTorch 1.x)
+    zero_grad: str = "set_to_none"
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -91,6 +96,7 @@ class StepSpec:
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING_MODES)
         check_choice("optimizer.impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_positive("grad_accum", self.grad_accum)
+        check_choice("zero_grad", self.zero_grad, ZERO_GRAD_MODES)
         check_choice("params_dtype", self.params_dtype, PARAMS_DTYPES)
         check_positive("checkpointing.every", self.checkpointing_every)
         check_choice("finetune.method", self.finetune_method, FINETUNE_METHODS)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
+import timm
 import torch
+import transformers
 from hydra import compose, initialize_config_dir
 
 from boom_ml.gpus import get_gpu
@@ -123,6 +127,25 @@ def test_neusight_rows_trace_eager_attention(tmp_path) -> None:
     attention = {op for op in ops["sdpa"] if "scaled_dot_product" in op}
     assert attention and not any("scaled_dot_product" in op for op in ops["eager"])
     assert "_softmax" in ops["eager"] and "bmm" in ops["eager"]
+
+
+def test_cnn_2020_script_rows_zero_gradients_in_place() -> None:
+    """cnn_step_times' 2020 script calls model.zero_grad() on PyTorch 1.7 (set_to_none=False
+    by default): its rows trace zero_grad="zero"; the 2018 script's rows and other sources
+    keep the default, whose cache key did not change when the field was added."""
+    row = {"model": "torchvision:squeezenet1_1", "batch_size": 12, "seq_len": None,
+           "image_size": 64, "optimizer": "none", "amp": None, "checkpointing": None,
+           "precision": "float32", "phase_scope": "fwd+bwd", "source": "cnn_step_times"}  # fmt: skip
+    new = row_trace_config(pd.Series({**row, "run_id": "script2020"}))
+    old = row_trace_config(pd.Series({**row, "run_id": "script2018-card1"}))
+    assert (new.zero_grad, old.zero_grad) == ("zero", "set_to_none")
+    assert new.key() != old.key()
+    fields = {k: v for k, v in dataclasses.asdict(old).items() if k != "zero_grad"}
+    blob = json.dumps([fields, torch.__version__, timm.__version__, transformers.__version__],
+                      sort_keys=True)  # fmt: skip
+    assert old.key() == hashlib.sha1(blob.encode()).hexdigest()[:16]
+    zeroed = trace_config(new).nodes
+    assert (zeroed["op"][zeroed["phase"] == "zero_grad"] == "zero_").sum() == 52  # parameters
 
 
 def test_graph_round_trips_through_cache(tmp_path) -> None:

@@ -211,3 +211,32 @@ def test_every_gpu_has_a_sourced_usable_capacity():
         # what the driver hands out never exceeds the memory on the card (+1 %: the
         # datasheet's GB may be decimal on some cards)
         assert gpu.capacity_bytes <= gpu.memory_gb * 2**30 * 1.01, gpu.id
+
+
+def test_kept_gradients_are_alive_when_the_forward_starts():
+    """zero_grad=zero: every gradient is allocated before the first forward of step 2, and
+    counted once (set_to_none frees them at the loop head)."""
+    spec = StepSpec(batch_size=2, optimizer="none")
+    graphs = {z: trace_step(tiny_transformer(), dataclasses.replace(spec, zero_grad=z))
+              for z in ("set_to_none", "zero")}  # fmt: skip
+    param_bytes = sum(p.numel() * 4 for p in tiny_transformer().module.parameters())
+
+    def live_at_second_forward(graph: OpGraph) -> int:
+        ev = graph.mem_events
+        replay = build_replay(graph, steps=2, hold_outputs=False)
+        phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
+        first = int(np.flatnonzero((phase == "forward") & (replay.step == 2))[0])
+        live: dict[int, int] = {}
+        for a, b, n in zip(replay.is_alloc[:first], replay.block[:first],
+                           replay.nbytes[:first], strict=True):  # fmt: skip
+            if a:
+                live[int(b)] = int(n)
+            else:
+                live.pop(int(b), None)
+        return sum(live.values())
+
+    kept, freed = (live_at_second_forward(graphs[z]) for z in ("zero", "set_to_none"))
+    assert kept - freed == param_bytes
+    gpu = get_gpu("a100-80gb-sxm")
+    assert (estimate_memory(graphs["zero"], gpu).peak_allocated_bytes
+            >= estimate_memory(graphs["set_to_none"], gpu).peak_allocated_bytes)  # fmt: skip

@@ -179,3 +179,24 @@ def test_engine_sums_gradients_in_place():
     allocs = set(ev.loc[ev["action"] == "alloc", "block"])
     assert set(ev.loc[ev["action"] == "free", "block"]) <= allocs
     assert ev["block"][ev["action"] == "free"].is_unique
+
+
+def test_zero_grad_in_place_zeroes_each_gradient_and_accumulates_into_it():
+    """PyTorch 1.x's zero_grad(set_to_none=False): one zero_ per parameter before the step,
+    and backward adds every incoming gradient into the kept one (one add_ per parameter)."""
+    n_params = sum(1 for _ in tiny_cnn().module.parameters())
+    none = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="none"))
+    zero = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="none", zero_grad="zero"))
+    assert not (none.nodes["phase"] == "zero_grad").any()
+    zeroed = zero.nodes[zero.nodes["phase"] == "zero_grad"]
+    assert zeroed["op"].tolist() == ["zero_"] * n_params
+
+    def backward_adds(g: OpGraph) -> int:
+        return int(((g.nodes["phase"] == "backward") & g.nodes["op"].isin(["add", "add_"])).sum())
+
+    assert backward_adds(zero) - backward_adds(none) == n_params
+    # no gradient is freed in the step: they stay allocated from one step to the next
+    ev = zero.mem_events
+    grads = set(ev.loc[(ev["category"] == "gradient") & (ev["action"] == "alloc"), "block"])
+    freed = set(ev.loc[ev["action"] == "free", "block"])
+    assert grads and not grads & freed

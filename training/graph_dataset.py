@@ -48,6 +48,11 @@ SOURCE_TORCH = {"cnn_step_times": "1.7", "neusight_labels": "2.1.0"}
 # "with eager attention" (neusight/SOURCE.md), so their graphs are traced with eager
 # attention (bmm, softmax, bmm), not with the SDPA kernel a default build would record.
 SOURCE_ATTENTION = {"neusight_labels": "eager"}
+# Rows whose measured step cleared gradients with zero_grad(set_to_none=False), PyTorch 1.x's
+# default: cnn_step_times' 2020 script calls model.zero_grad() on PyTorch 1.7 (its SOURCE.md),
+# so each step zeroes every gradient in place and backward adds into them. The 2018 script's
+# step is not described beyond its input, so its rows keep the default.
+ZERO_GRAD_RUNS = {"cnn_step_times": ("script2020",)}
 # timm's benchmark builds its "sgd" with create_optimizer_v2: SGD, nesterov momentum 0.9.
 OPTIMIZER_ALIASES = {("timm_train", "sgd"): "sgd-momentum"}
 
@@ -66,12 +71,16 @@ class TraceConfig:
     half: bool  # whole model and batch in fp16 (``model.half()``), not AMP
     forward_only: bool  # inference rows: keep the forward nodes only
     attention: str = "sdpa"  # HF attn_implementation the measured run used (hf: models only)
+    zero_grad: str = "set_to_none"  # StepSpec.zero_grad of the measured loop
 
     def key(self) -> str:
         import timm
         import transformers
 
-        blob = json.dumps([asdict(self), torch.__version__, timm.__version__,
+        fields = asdict(self)
+        if fields["zero_grad"] == "set_to_none":  # keys from before the field stay valid
+            del fields["zero_grad"]
+        blob = json.dumps([fields, torch.__version__, timm.__version__,
                            transformers.__version__], sort_keys=True)  # fmt: skip
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -109,7 +118,7 @@ def trace_config(cfg: TraceConfig) -> OpGraph:
 
         built.make_inputs = half_inputs
     step = StepSpec(cfg.batch_size, cfg.seq_len, cfg.image_size, cfg.optimizer, cfg.amp,
-                    cfg.checkpointing)  # fmt: skip
+                    cfg.checkpointing, zero_grad=cfg.zero_grad)  # fmt: skip
     graph = trace_step(built, step)
     if cfg.forward_only:
         graph = forward_subgraph(graph)
@@ -250,6 +259,8 @@ def _timm_subset(df: pd.DataFrame, n_models: int, seed: int) -> tuple[pd.DataFra
 
 def row_trace_config(row: pd.Series) -> TraceConfig:
     opt = str(row["optimizer"]) if pd.notna(row["optimizer"]) else "none"
+    src = str(row["source"])
+    zero = str(row.get("run_id")) in ZERO_GRAD_RUNS.get(src, ())
     return TraceConfig(
         model=str(row["model"]),
         batch_size=int(row["batch_size"]),
@@ -261,6 +272,7 @@ def row_trace_config(row: pd.Series) -> TraceConfig:
         half=row["precision"] == "float16",
         forward_only=row["phase_scope"] == "fwd",
         attention=SOURCE_ATTENTION.get(str(row["source"]), "sdpa"),
+        zero_grad="zero" if zero else "set_to_none",
     )
 
 

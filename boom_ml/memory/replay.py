@@ -91,7 +91,8 @@ def build_replay(
     no gradients to free and the optimizer state is created lazily, just before the
     first optimizer kernel. Steps >= 2 are the recorded steady-state step, where
     ``zero_grad(set_to_none=True)`` frees the previous step's gradients; with
-    ``accumulate`` they survive instead and each new gradient is a transient buffer.
+    ``accumulate`` they survive instead and each new gradient is a transient buffer. A step
+    traced with ``zero_grad="zero"`` keeps them from step 1 on (zeroed in place, never freed).
     """
     ev = graph.mem_events
     phase = ev["phase"].to_numpy().astype(str)
@@ -107,7 +108,9 @@ def build_replay(
     stride = int(blocks.max()) + 1
     pre = np.isin(phase, PRE_EXISTING)
     body = np.flatnonzero(~pre)
-    persistent_rows = np.flatnonzero(pre & (phase != "gradient") & is_alloc)
+    # zero_grad(set_to_none=False) keeps every gradient: allocated once, alive in every step
+    kept_grads = graph.meta.get("step", {}).get("zero_grad") == "zero"
+    persistent_rows = np.flatnonzero(pre & ((phase != "gradient") | kept_grads) & is_alloc)
     old_grads = set(blocks[pre & (phase == "gradient")].tolist())
     freed_in_body = set(blocks[~pre & ~is_alloc].tolist())
     # Blocks created in the body and still alive at its end: this step's gradients (and

@@ -114,10 +114,13 @@ class _StepRunner:
     def run(self) -> None:
         device = torch.device("cpu")
         with self.phase("zero_grad"):
+            # warm_up left every gradient allocated: set_to_none frees them, zero keeps them
+            # (one fill kernel each) and backward then adds into them in place
+            to_none = self.step.zero_grad == "set_to_none"
             if self.optimizer is not None:
-                self.optimizer.zero_grad(set_to_none=True)
+                self.optimizer.zero_grad(set_to_none=to_none)
             else:
-                self.module.zero_grad(set_to_none=True)
+                self.module.zero_grad(set_to_none=to_none)
         with self.phase("input"):
             inputs = self.built.make_inputs(self.step, device)
             if self.step.params_dtype != "fp32" and self.step.amp == "none":
