@@ -11,6 +11,7 @@ import pytest
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
 from boom_ml.timing import estimate, gnn_features
+from boom_ml.timing.gnn_artifact import interval_for
 from boom_ml.trace.step import trace_step
 from tests.test_gnn import _perturbed_model
 from tests.tiny_models import tiny_cnn
@@ -34,7 +35,8 @@ def _preds(log_ratio: dict[str, float], cell: str = "cnn/no-amp") -> pd.DataFram
     for gpu, r in log_ratio.items():
         for _ in range(10):
             rows.append({"kind": "gpu", "held_out": gpu, "cell": cell, "baseline_ms": 10.0,
-                         "gnn_ms": 20.0, "target_ms": 10.0 * math.exp(r), "source": "s"})  # fmt: skip
+                         "gnn_ms": 20.0, "target_ms": 10.0 * math.exp(r), "source": "s",
+                         "family": cell.split("/")[0]})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -60,6 +62,77 @@ def test_coverage_of_a_gpu_uses_the_interval_calibrated_without_it():
     assert table["gpu=c"] == 0.0 and table["all (pooled rows)"] == pytest.approx(66.7)
 
 
+def _synthetic_family_preds() -> pd.DataFrame:
+    """Synthetic CV rows, all predicted by the per-op sum (baseline 10 ms): "cnn" misses
+    widely, 1-3 rows per GPU (log ratio a: -0.5; b: -0.1, 0; c: 0.3, 0.4, 0.5; d: 0.7),
+    "transformer" narrowly, 12 rows per GPU within ±0.01, "other" only on GPUs a and b."""
+    rows = []
+
+    def add(family: str, gpu: str, logs: list[float]) -> None:
+        for r in logs:
+            rows.append({"kind": "gpu", "held_out": gpu, "cell": f"{family}/no-amp",
+                         "family": family, "baseline_ms": 10.0, "gnn_ms": 10.0,
+                         "target_ms": 10.0 * math.exp(r), "source": family})  # fmt: skip
+
+    for k, gpu in enumerate("abcd"):
+        add("cnn", gpu, [-0.5 + 0.4 * k + d for d in (0.0, 0.1, 0.2)][: 1 + k % 3])
+        add("transformer", gpu, [-0.01, 0.0, 0.01, 0.0] * 3)
+    add("other", "a", [0.02] * 4)
+    add("other", "b", [-0.02] * 4)
+    return pd.DataFrame(rows)
+
+
+def test_calibration_per_family_where_its_rows_span_enough_gpus():
+    p = _synthetic_family_preds()
+    cal = intervals.calibrate(p, {})
+    for family in ("cnn", "transformer"):
+        rows = p[p["family"] == family]
+        logs = np.log(rows["target_ms"] / rows["baseline_ms"]).to_numpy()
+        w = 1.0 / rows["held_out"].map(rows["held_out"].value_counts()).to_numpy(dtype=float)
+        lo, hi = intervals.weighted_quantiles(logs, w, intervals.LEVELS)
+        got = cal["by_family"][family]["per-op"]
+        assert (got["log_p10"], got["log_p90"]) == (lo, hi)
+        assert (got["rows"], got["gpus"]) == (len(rows), rows["held_out"].nunique())
+    assert cal["by_family"]["cnn"]["per-op"]["log_p90"] > 0.5  # wide
+    assert cal["by_family"]["transformer"]["per-op"]["log_p90"] < 0.01  # narrow
+    # "other" spans 2 GPUs < MIN_GPUS: no entry of its own, but its rows count in the pooled one
+    assert intervals.MIN_GPUS == 3 and set(cal["by_family"]) == {"cnn", "transformer"}
+    assert cal["per-op"]["rows"] == len(p) and "gnn" not in cal["by_family"]["cnn"]
+
+
+def test_interval_for_falls_back_to_the_method_interval():
+    pooled = {"gnn": {"log_p10": -0.2, "log_p90": 0.3}, "per-op": {"log_p10": -0.5, "log_p90": 0.1}}
+    fam = {"cnn": {"per-op": {"log_p10": -0.9, "log_p90": 0.7}}}
+    new = {"interval": {**pooled, "by_family": fam}}
+    assert interval_for(new, "per-op", "cnn") == (-0.9, 0.7)
+    assert interval_for(new, "gnn", "cnn") == (-0.2, 0.3)  # no cnn/gnn entry
+    assert interval_for(new, "per-op", "transformer") == (-0.5, 0.1)  # no family entry
+    assert interval_for(new, "per-op") == (-0.5, 0.1)
+    old = {"interval": pooled}  # manifests packaged before by_family
+    assert interval_for(old, "per-op", "cnn") == (-0.5, 0.1)
+    assert interval_for({}, "gnn", "cnn") is None
+
+
+def test_held_out_coverage_scores_with_the_family_interval():
+    p = _synthetic_family_preds()
+    cov = intervals.held_out_coverage(p, {})
+    # GPU c's cnn rows (log ratios 0.3, 0.4, 0.5): the pooled interval of the other GPUs
+    # stops below them, cnn's own (GPUs a, b, d: -0.5 ... 0.8) holds them
+    cal = intervals.calibrate(p[p["held_out"] != "c"], {})
+    assert cal["per-op"]["log_p90"] < 0.3
+    own = cal["by_family"]["cnn"]["per-op"]
+    assert own["log_p10"] < 0.3 and own["log_p90"] > 0.5
+    mine = cov[(cov["held_out"] == "c") & (cov["family"] == "cnn")]
+    assert len(mine) == 3 and mine["inside"].all()
+    # "other" has no family entry without GPU a (only b): the pooled bounds score its rows
+    cal = intervals.calibrate(p[p["held_out"] != "a"], {})
+    assert "other" not in cal["by_family"]
+    lo, hi = math.exp(cal["per-op"]["log_p10"]), math.exp(cal["per-op"]["log_p90"])
+    mine = cov[(cov["held_out"] == "a") & (cov["family"] == "other")]
+    want = (10.0 * lo <= mine["target_ms"]) & (mine["target_ms"] <= 10.0 * hi)
+    assert len(mine) == 4 and (mine["inside"] == want).all()
+
+
 @pytest.mark.parametrize("use_gnn", [True, False])
 def test_estimate_time_applies_the_packaged_interval(monkeypatch, use_gnn):
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
@@ -73,3 +146,16 @@ def test_estimate_time_applies_the_packaged_interval(monkeypatch, use_gnn):
     assert (est.method == "gnn") == use_gnn
     assert est.p10_ms == pytest.approx(est.step_ms * math.exp(lo), rel=1e-12)
     assert est.p90_ms == pytest.approx(est.step_ms * math.exp(hi), rel=1e-12)
+
+
+def test_estimate_time_applies_the_family_interval(monkeypatch):
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
+    pooled = {"log_p10": -0.5, "log_p90": 0.1}
+    manifest = {"per_op": gnn_features.per_op_function(None)[0], "use_gnn": {"cnn/no-amp": False},
+                "interval": {"per-op": pooled, "by_family": {
+                    "cnn": {"per-op": {"log_p10": -0.7, "log_p90": 0.6}},
+                    "transformer": {"per-op": {"log_p10": -0.1, "log_p90": 0.05}}}}}  # fmt: skip
+    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    est = estimate.estimate_time(graph, get_gpu("l4"))  # tiny_cnn's graph: model_family "cnn"
+    assert est.p10_ms == pytest.approx(est.step_ms * math.exp(-0.7), rel=1e-12)
+    assert est.p90_ms == pytest.approx(est.step_ms * math.exp(0.6), rel=1e-12)

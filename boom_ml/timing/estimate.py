@@ -51,7 +51,9 @@ def estimate_times(
     if method == "uncalibrated":
         return _per_op(graph, gpus, tf32, top_n)
     if method == "per-op":
-        return [_calibrated(e, manifest, "per-op") for e in _per_op(graph, gpus, tf32, top_n)]
+        return [
+            _calibrated(e, manifest, "per-op", graph) for e in _per_op(graph, gpus, tf32, top_n)
+        ]
     # The GNN: per-op medians only (its interval is calibrated, or scaled from the per-op one).
     calibrated = interval_for(manifest, "gnn") is not None
     on_heads = manifest["per_op"] == "per-op"  # else the roofline: predict_graph_many's own
@@ -71,7 +73,7 @@ def estimate_times(
         est.step_ms = pred.step_ms
         est.overhead_ms = round(pred.overhead_ms, 4)
         if calibrated:
-            out.append(_calibrated(est, manifest, "gnn"))
+            out.append(_calibrated(est, manifest, "gnn", graph))
             continue
         # No calibration packaged: carry the per-op interval over, scaled to the GNN's estimate.
         assert per_op is not None  # computed whenever there is no calibration
@@ -115,9 +117,13 @@ def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list
     ]  # fmt: skip
 
 
-def _calibrated(est: TimeEstimate, manifest: dict[str, Any], method: str) -> TimeEstimate:
-    """p10/p90 = step x exp(calibrated log-ratio quantiles), when the manifest has them."""
-    bounds = interval_for(manifest, method)
+def _calibrated(
+    est: TimeEstimate, manifest: dict[str, Any], method: str, graph: OpGraph
+) -> TimeEstimate:
+    """p10/p90 = step x exp(calibrated log-ratio quantiles of the graph's model family, else
+    of the method), when the manifest has them."""
+    family = str(graph.meta.get("model_family", "other"))  # as _method reads it
+    bounds = interval_for(manifest, method, family)
     if bounds is not None:
         est.p10_ms = est.step_ms * math.exp(bounds[0])
         est.p90_ms = est.step_ms * math.exp(bounds[1])

@@ -3,6 +3,11 @@
 Training (``training/train_gnn.py``) saves the model with a manifest that says which per-op
 function it was trained on and, per cell (model family x AMP), whether cross-validation found
 it better than the per-op sum; ``boom_ml/timing/estimate.py`` asks :func:`use_gnn_for`.
+
+It also holds the calibrated p10/p90 of the step time per method (``training/intervals.py``),
+and per model family and method where that family's CV rows span enough held-out GPUs: the
+error scale differs by family (CNNs miss by more than transformers), so a family's own interval
+is used when packaged (:func:`interval_for`), the method's pooled one otherwise.
 """
 
 from __future__ import annotations
@@ -48,10 +53,15 @@ def use_gnn_for(manifest: dict[str, Any], family: str, amp: str | None) -> bool:
     return bool(rule.get(regime(family, amp), rule.get(regime("other", amp), False)))
 
 
-def interval_for(manifest: dict[str, Any], method: str) -> tuple[float, float] | None:
+def interval_for(
+    manifest: dict[str, Any], method: str, family: str | None = None
+) -> tuple[float, float] | None:
     """Calibrated (log p10, log p90) multipliers of the step estimate by ``method`` ("gnn" or
-    "per-op"), fitted on held-out-GPU CV predictions (training/intervals.py); None if absent."""
-    cal = (manifest.get("interval") or {}).get(method)
+    "per-op"), fitted on held-out-GPU CV predictions (training/intervals.py): the family's own
+    when the manifest has one for ``family`` (manifests before by_family have none), else the
+    method's pooled one; None if absent."""
+    interval = manifest.get("interval") or {}
+    cal = (interval.get("by_family") or {}).get(family, {}).get(method) or interval.get(method)
     if not cal:
         return None
     return float(cal["log_p10"]), float(cal["log_p90"])
