@@ -129,26 +129,30 @@ def test_total_reserved_allocated_order_and_eager_never_below_lazy(cnn, gpu, loa
     assert sm.total >= lazy.total
 
 
+def live_at_second_forward(graph: OpGraph, accumulate: bool = False) -> int:
+    """Bytes the replay holds when the second step's forward starts."""
+    ev = graph.mem_events
+    replay = build_replay(graph, steps=2, hold_outputs=False, accumulate=accumulate)
+    phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
+    first = int(np.flatnonzero((phase == "forward") & (replay.step == 2))[0])
+    live: dict[int, int] = {}
+    for a, b, n in zip(replay.is_alloc[:first], replay.block[:first],
+                       replay.nbytes[:first], strict=True):  # fmt: skip
+        if a:
+            live[int(b)] = int(n)
+        else:
+            live.pop(int(b), None)
+    return sum(live.values())
+
+
 def test_gradients_stay_alive_between_micro_batches(transformer):
     ev = transformer.mem_events
     grads = int(ev[(ev["category"] == "gradient") & (ev["action"] == "alloc")
                    & (ev["phase"] == "backward")]["bytes"].sum())  # fmt: skip
     assert grads > 0
 
-    def live_at_second_forward(accumulate: bool) -> int:
-        replay = build_replay(transformer, steps=2, hold_outputs=False, accumulate=accumulate)
-        phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
-        first = int(np.flatnonzero((phase == "forward") & (replay.step == 2))[0])
-        live: dict[int, int] = {}
-        for a, b, n in zip(replay.is_alloc[:first], replay.block[:first],
-                           replay.nbytes[:first], strict=True):  # fmt: skip
-            if a:
-                live[int(b)] = int(n)
-            else:
-                live.pop(int(b), None)
-        return sum(live.values())
-
-    assert live_at_second_forward(True) - live_at_second_forward(False) == grads
+    assert (live_at_second_forward(transformer, accumulate=True)
+            - live_at_second_forward(transformer) == grads)  # fmt: skip
     gpu = get_gpu("a100-80gb-sxm")
     one = estimate_memory(transformer, gpu)
     accum = estimate_memory(transformer, gpu, grad_accum=4)
@@ -220,20 +224,6 @@ def test_kept_gradients_are_alive_when_the_forward_starts():
     graphs = {z: trace_step(tiny_transformer(), dataclasses.replace(spec, zero_grad=z))
               for z in ("set_to_none", "zero")}  # fmt: skip
     param_bytes = sum(p.numel() * 4 for p in tiny_transformer().module.parameters())
-
-    def live_at_second_forward(graph: OpGraph) -> int:
-        ev = graph.mem_events
-        replay = build_replay(graph, steps=2, hold_outputs=False)
-        phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
-        first = int(np.flatnonzero((phase == "forward") & (replay.step == 2))[0])
-        live: dict[int, int] = {}
-        for a, b, n in zip(replay.is_alloc[:first], replay.block[:first],
-                           replay.nbytes[:first], strict=True):  # fmt: skip
-            if a:
-                live[int(b)] = int(n)
-            else:
-                live.pop(int(b), None)
-        return sum(live.values())
 
     kept, freed = (live_at_second_forward(graphs[z]) for z in ("zero", "set_to_none"))
     assert kept - freed == param_bytes
