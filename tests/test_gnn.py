@@ -20,7 +20,7 @@ from boom_ml.timing import estimate, gnn_artifact, gnn_features, gnn_model
 from boom_ml.trace.step import trace_step
 from data_collection.paths import shared_data_dir
 from tests.tiny_models import tiny_cnn, tiny_llama_config
-from training.graph_dataset import GraphCache, TraceConfig, row_trace_config, trace_config
+from training.step_traces import GraphCache, TraceConfig, row_trace_config, trace_config
 from training.train_gnn import CONFIG_DIR
 
 SHARED = shared_data_dir()

@@ -12,7 +12,7 @@ from boom_ml.timing.per_op import node_rows
 from boom_ml.timing.roofline import roofline_ms
 from boom_ml.timing.tf32 import Tf32, from_torch_version
 from tests.test_timing_features import synthetic_node
-from training.graph_dataset import row_tf32
+from training.step_traces import row_tf32
 
 CONV = synthetic_node("cudnn_convolution", "conv", [[8, 64, 56, 56], [128, 64, 3, 3]],
                       [[8, 128, 28, 28]])  # fmt: skip

@@ -129,7 +129,7 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     from data_collection.schema import load_steps
     from training.cv import evaluate_steps
     from training.fold_heads import FoldHeads, fold_settings
-    from training.graph_dataset import SOURCE_ATTENTION
+    from training.step_traces import SOURCE_ATTENTION
 
     s = o["steps"]
     steps = load_steps(o["data"].get("dir"), [s["source"]])

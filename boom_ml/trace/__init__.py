@@ -1,7 +1,7 @@
 """Trace one training step on fake tensors into an OpGraph."""
 
 # Bump when a change to the tracer changes the graphs it produces: the memory validation's
-# trace cache (training/validate_memory.py) keys on it; training/graph_dataset.py instead
+# trace cache (training/validate_memory.py) keys on it; training/step_traces.py instead
 # counts cached graphs made by other tracer code as stale.
 # 7: the optimizer implementation follows the stack (Adafactor: for-loop)
 # 8: recipes of issue #15 (params_dtype, LoRA/QLoRA, 8-bit optimizers, selective checkpointing)
