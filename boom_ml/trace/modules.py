@@ -1,10 +1,7 @@
 """Which module an op belongs to, in forward and in backward.
 
-Forward: the deepest module whose forward is running (``torch.utils.module_tracker``'s
-ModuleTracker: the same fqn bookkeeping as torch.distributed's ModTracker, without the
-second or two that importing ``torch.distributed._tools`` costs, since that package's
-``__init__`` loads the FSDP memory tracker and inductor's runtime estimator). Backward: the
-module whose forward created the autograd node being executed. The tracker alone cannot say that
+Forward: the deepest module whose forward is running (ModTracker). Backward: the module
+whose forward created the autograd node being executed. ModTracker alone cannot say that
 in backward: a module leaves its "active" set only once the gradients of all its inputs
 are complete, so a residual block's shortcut stays active while the whole main branch
 runs backward. Autograd nodes are matched to modules by sequence number, recorded by a
@@ -17,7 +14,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from torch.utils.module_tracker import ModuleTracker
+from torch.distributed._tools.mod_tracker import ModTracker
 
 _ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateGrad node
 
@@ -31,7 +28,7 @@ class ModuleOf:
     """Callable returning the module path of the op being dispatched now."""
 
     def __init__(self) -> None:
-        self.tracker = ModuleTracker()
+        self.tracker = ModTracker()
         self.node_module: dict[int, str] = {}
 
     def _on_node(self, node: torch.autograd.graph.Node) -> None:
