@@ -340,3 +340,40 @@ def test_time_profiles_are_keyed_by_the_timing_model(monkeypatch) -> None:
         assert profile.timing_identity() != packaged
     finally:
         profile.timing_identity.cache_clear()
+
+
+def test_fragmentation_stays_within_the_traced_values(tiny_memory):
+    """Linear in layers everything else, the allocator's waste is kept between the 1- and
+    2-layer traces' (a line through the two went negative for Llama-3-8B)."""
+    import dataclasses
+
+    from boom_ml.parallel.memory import stage_memory
+
+    gib = 2**30
+    bds = [{**b, "fragmentation": f} for b, f in zip(tiny_memory.breakdowns, (gib, gib // 2),
+                                                      strict=True)]  # fmt: skip
+    shrinking = dataclasses.replace(tiny_memory, breakdowns=bds)
+    out = stage_memory(shrinking, Layout(), 0, 12, 1)
+    assert out["breakdown"]["fragmentation"] == gib // 2  # the line gives 1 - 11/2 GiB
+    linear = tiny_memory.totals[0] + (tiny_memory.totals[1] - tiny_memory.totals[0]) * 11
+    lin_frag = gib - (gib // 2) * 11
+    nccl = out["parallel_terms"]["nccl_buffers"]
+    assert out["total_bytes"] == int(linear + gib // 2 - lin_frag + nccl)
+
+
+def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> None:
+    """A changed tracer, zoo or memory model must not be served profiles replayed by the last."""
+    from boom_ml.parallel import profile
+
+    for d in ("trace", "zoo", "memory"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(profile, "_ROOT", tmp_path)
+    profile.memory_identity.cache_clear()
+    try:
+        before = profile.memory_identity()
+        (tmp_path / "trace" / "a.py").write_text("x = 2\n")
+        profile.memory_identity.cache_clear()
+        assert profile.memory_identity() != before
+    finally:
+        profile.memory_identity.cache_clear()

@@ -26,17 +26,30 @@ CACHE_VERSION = 3
 _ROOT = Path(__file__).resolve().parent.parent
 
 
+def _files_digest(seed: str, files: list[Path]) -> str:
+    digest = hashlib.sha1(seed.encode())
+    for path in files:
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=1)
 def timing_identity() -> str:
     """Hash of what a time profile is computed with: the timing code and the packaged (or
     ``$BOOM_PER_OP_MODEL``) models' manifests. In the disk key, so a retrained model or a
     changed timing rule never serves profiles timed by the previous one."""
-    digest = hashlib.sha1(os.environ.get("BOOM_PER_OP_MODEL", "").encode())
     files = sorted((_ROOT / "timing").glob("*.py"))
     files += sorted((_ROOT / "artifacts").glob("*/manifest.json"))
-    for path in files:
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _files_digest(os.environ.get("BOOM_PER_OP_MODEL", ""), files)
+
+
+@functools.lru_cache(maxsize=1)
+def memory_identity() -> str:
+    """Hash of what a memory profile is computed with: the tracer, the model zoo and the
+    memory model (code and overhead table). In the disk key, for the same reason as
+    :func:`timing_identity`: a profile replayed by older code is never served."""
+    files = [p for d in ("trace", "zoo", "memory") for p in sorted((_ROOT / d).glob("*.py"))]
+    return _files_digest("", files + sorted((_ROOT / "memory").glob("*.csv")))
 
 
 PHASES_BACKWARD = ("backward", "recompute")
@@ -211,7 +224,7 @@ def memory_profile(
 ) -> MemoryProfile:
     from boom_ml.memory.estimate import estimate_memory
 
-    key = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack))
+    key = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack), memory_identity())
     if key in _MEMO:  # a layout search asks once per layout
         return _MEMO[key]
     hit = _disk_get("memory", key)
