@@ -194,14 +194,15 @@ def _largest_batch(
 
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
     """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
-    micro-batch, the optimizer once (``micro_step_ms`` keeps one micro-batch's time)."""
-    optimizer_ms = time.by_phase.get("optimizer", 0.0)
-    micro = time.step_ms - optimizer_ms
+    micro-batch, zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
+    time without them)."""
+    once_ms = time.by_phase.get("optimizer", 0.0) + time.by_phase.get("zero_grad", 0.0)
+    micro = time.step_ms - once_ms
     if grad_accum == 1:
         return replace(time, micro_step_ms=micro)
 
     def scale(v: float | None) -> float | None:
-        return None if v is None else grad_accum * (v - optimizer_ms) + optimizer_ms
+        return None if v is None else grad_accum * (v - once_ms) + once_ms
 
     return replace(
         time,
