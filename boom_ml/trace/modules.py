@@ -8,7 +8,7 @@ runs backward. Autograd nodes are matched to modules by sequence number, recorde
 node-creation hook during forward.
 
 torch.utils.module_tracker.ModuleTracker would import faster (torch.distributed._tools'
-``__init__`` loads the FSDP memory tracker, ~0.3 s of every CLI call) but changes what the
+``__init__`` loads the FSDP memory tracker: ~0.3 s of every call that traces) but changes what the
 trace records: with it, Llama-3-8B under full checkpointing (dp8 FSDP) came out at 86.8 GiB
 per rank instead of 48.4. Tried and reverted (2026-12-04).
 """
