@@ -363,17 +363,27 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
 
 def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> None:
     """A changed tracer, zoo or memory model must not be served profiles replayed by the last."""
+    from boom_ml import trace_cache
     from boom_ml.parallel import profile
 
     for d in ("trace", "zoo", "memory"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "a.py").write_text("x = 1\n")
     monkeypatch.setattr(profile, "_ROOT", tmp_path)
-    profile.memory_identity.cache_clear()
-    try:
-        before = profile.memory_identity()
-        (tmp_path / "trace" / "a.py").write_text("x = 2\n")
+    monkeypatch.setattr(trace_cache, "_PACKAGE", tmp_path)
+    monkeypatch.setattr(trace_cache, "_CODE_DIRS", (tmp_path / "trace", tmp_path / "zoo"))
+
+    def identity() -> str:
+        trace_cache.code_digest.cache_clear()
         profile.memory_identity.cache_clear()
-        assert profile.memory_identity() != before
+        return profile.memory_identity()
+
+    try:
+        before = identity()
+        (tmp_path / "trace" / "a.py").write_text("x = 2\n")
+        assert identity() != before
+        (tmp_path / "memory" / "a.py").write_text("x = 2\n")
+        assert identity() != before
     finally:
+        trace_cache.code_digest.cache_clear()
         profile.memory_identity.cache_clear()

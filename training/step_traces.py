@@ -22,7 +22,7 @@ import torch
 
 from boom_ml.timing.tf32 import Tf32, from_torch_version
 from boom_ml.trace.graph import OpGraph
-from data_collection.paths import repo_root, shared_data_dir
+from data_collection.paths import shared_data_dir
 
 # PyTorch of sources whose rows leave torch_version empty (their SOURCE.md): the 2020
 # cnn_step_times A100 run used the NGC 20.10 container; NeuSight used 2.1.0.
@@ -157,14 +157,13 @@ class GraphCache:
 
 
 def tracer_source_hash() -> str:
-    """Hash of the tracer and zoo code. Not part of the cache key, on purpose: a retrace of
-    everything takes ~10 min here, and most tracer edits do not change the ops; stale
-    entries are counted and reported instead (delete the cache folder to retrace)."""
-    root = repo_root() / "boom_ml"
-    h = hashlib.sha256()
-    for p in sorted([*root.glob("trace/*.py"), *root.glob("zoo/*.py")]):
-        h.update(p.read_bytes())
-    return h.hexdigest()[:12]
+    """Hash of the tracer and zoo code (the trace cache's ``code_digest``). Not part of the
+    cache key, on purpose: a retrace of everything takes ~10 min here, and most tracer edits
+    do not change the ops; stale entries are counted and reported instead (delete the cache
+    folder to retrace)."""
+    from boom_ml.trace_cache import code_digest
+
+    return code_digest()[:12]
 
 
 def row_trace_config(row: pd.Series) -> TraceConfig:

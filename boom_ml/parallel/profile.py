@@ -45,11 +45,14 @@ def timing_identity() -> str:
 
 @functools.lru_cache(maxsize=1)
 def memory_identity() -> str:
-    """Hash of what a memory profile is computed with: the tracer, the model zoo and the
-    memory model (code and overhead table). In the disk key, for the same reason as
-    :func:`timing_identity`: a profile replayed by older code is never served."""
-    files = [p for d in ("trace", "zoo", "memory") for p in sorted((_ROOT / d).glob("*.py"))]
-    return _files_digest("", files + sorted((_ROOT / "memory").glob("*.csv")))
+    """Hash of what a memory profile is computed with: the tracer and the model zoo (the trace
+    cache's ``code_digest``) and the memory model (code and overhead table). In the disk key,
+    for the same reason as :func:`timing_identity`: a profile replayed by older code is never
+    served."""
+    from boom_ml.trace_cache import code_digest
+
+    memory = _ROOT / "memory"
+    return _files_digest(code_digest(), sorted([*memory.glob("*.py"), *memory.glob("*.csv")]))
 
 
 PHASES_BACKWARD = ("backward", "recompute")
