@@ -177,7 +177,8 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
         cfg = compose("train_gnn", overrides=[
             "data.models=[torchvision:squeezenet1_1,torchvision:resnet18]",
             f"data.cache_dir={tmp_path / 'cache'}", "per_op=roofline", "train.epochs=1",
-            "model.hidden=16", "model.layers=2", "cv.families=false", "mlflow.enabled=false",
+            "model.hidden=16", "model.layers=2", "train.members=2", "cv.families=false",
+            "mlflow.enabled=false",
             f"artifact_dir={tmp_path / 'artifact'}", "threads=1",
         ])  # fmt: skip
     manifest = run(cfg)
@@ -187,7 +188,31 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
     assert {"gpu=titan-xp", "gpu=all (pooled)"} <= held
     assert all(np.isfinite(line["GNN MAPE %"]) for line in manifest["cv"])
     model, saved = gnn_artifact.load_model(tmp_path / "artifact")
-    assert saved["use_gnn"] == manifest["use_gnn"] and isinstance(model, gnn_model.StepGNN)
+    assert saved["use_gnn"] == manifest["use_gnn"]
+    assert isinstance(model, gnn_model.GnnEnsemble) and len(model.members) == 2
+    assert model.members[0].config == {"hidden": 16, "layers": 2, "max_log_correction": 4.0}
+
+
+def test_ensemble_is_the_members_mean_and_round_trips(tmp_path) -> None:
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    gpus = [get_gpu("a100-80gb-sxm"), get_gpu("t4")]
+    members = [_perturbed_model(seed) for seed in (1, 2, 3)]
+    ensemble = gnn_model.GnnEnsemble(members).eval()
+    assert ensemble.config == {"hidden": 16, "layers": 2, "max_log_correction": 4.0, "members": 3}
+    per_op = gnn_features.per_op_function(None)[0]
+    alone = [gnn_model.predict_graph_many(m, graph, gpus, None, per_op) for m in members]
+    preds = gnn_model.predict_graph_many(ensemble, graph, gpus, None, per_op)
+    for k, pred in enumerate(preds):
+        steps = [a[k].step_ms for a in alone]
+        assert pred.step_ms == pytest.approx(np.mean(steps), rel=1e-6)
+        assert min(steps) < pred.step_ms < max(steps)  # the members differ: a real mean
+        assert pred.step_ms == pytest.approx(pred.overhead_ms + pred.node_ms.sum(), rel=1e-9)
+        nodes = np.mean([a[k].node_ms for a in alone], axis=0)
+        np.testing.assert_allclose(pred.node_ms, nodes, rtol=1e-5)
+    gnn_artifact.save_model(ensemble, {"per_op": per_op}, tmp_path)
+    loaded, _ = gnn_artifact.load_model(tmp_path)
+    again = gnn_model.predict_graph_many(loaded, graph, gpus, None, per_op)
+    assert [p.step_ms for p in again] == [p.step_ms for p in preds]
 
 
 def test_gnn_not_used_when_trained_on_another_per_op_function(monkeypatch) -> None:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
-from boom_ml.timing.gnn_model import StepGNN
+from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN
 from training import intervals
 from training.graph_dataset import StepGraphDataset, build_dataset
 
@@ -71,9 +71,17 @@ def row_weights(rows: pd.DataFrame) -> np.ndarray:
     return w / w.mean()
 
 
-def train_model(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig) -> StepGNN:
-    """Fit a fresh model on rows ``idx``: weighted MSE of log step time."""
+def train_model(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig) -> StepGNN | GnnEnsemble:
+    """Fit a fresh model on rows ``idx``: ``train.members`` GNNs from seeds ``train.seed``,
+    ``train.seed + 1``, ... averaged (one member: that GNN alone)."""
+    members = int(cfg.train.get("members", 1))
     seed = int(cfg.train.seed)
+    models = [_train_one(ds, idx, cfg, seed + k) for k in range(members)]
+    return models[0] if members == 1 else GnnEnsemble(models)
+
+
+def _train_one(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig, seed: int) -> StepGNN:
+    """One GNN fit on rows ``idx`` from ``seed``: weighted MSE of log step time."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = StepGNN(**OmegaConf.to_container(cfg.model))
@@ -106,7 +114,7 @@ def train_model(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig) -> StepG
 
 
 def predict_rows(
-    model: StepGNN, ds: StepGraphDataset, idx: np.ndarray, size: int = 64
+    model: StepGNN | GnnEnsemble, ds: StepGraphDataset, idx: np.ndarray, size: int = 64
 ) -> np.ndarray:
     out = []
     with torch.no_grad():
@@ -256,7 +264,7 @@ def log_to_mlflow(
     table: pd.DataFrame,
     preds: pd.DataFrame,
     manifest: dict[str, Any],
-    model: StepGNN,
+    model: StepGNN | GnnEnsemble,
     artifact_dir: Path,
 ) -> str | None:
     """One run with params, CV metrics and the packaged model, registered by name."""

@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
-from boom_ml.timing.gnn_model import StepGNN
+from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN, build_model
 
 ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
 
 
-def save_model(model: StepGNN, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR) -> None:
+def save_model(
+    model: StepGNN | GnnEnsemble, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"config": model.config, "state": model.state_dict()}, directory / "model.pt")
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
@@ -32,12 +34,14 @@ def save_model(model: StepGNN, manifest: dict[str, Any], directory: Path = ARTIF
 
 
 @functools.cache
-def load_model(directory: Path = ARTIFACT_DIR) -> tuple[StepGNN, dict[str, Any]] | None:
+def load_model(
+    directory: Path = ARTIFACT_DIR,
+) -> tuple[StepGNN | GnnEnsemble, dict[str, Any]] | None:
     """The packaged model and its manifest, or None when none is packaged."""
     if not (directory / "model.pt").exists():
         return None
     blob = torch.load(directory / "model.pt", weights_only=True)
-    model = StepGNN(**blob["config"])
+    model = build_model(blob["config"])
     model.load_state_dict(blob["state"])
     return model.eval(), json.loads((directory / "manifest.json").read_text())
 
