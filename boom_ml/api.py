@@ -232,6 +232,7 @@ def predict(
     optimizer_impl: str = "auto",
     grad_accum: int = 1,
     zero_grad: str = "set_to_none",
+    channels_last: bool = False,
     attention: str = "sdpa",
     moe: dict[str, Any] | None = None,
     parallel: dict[str, Any] | None = None,
@@ -251,7 +252,8 @@ def predict(
     implementation (auto = what that stack's PyTorch picks); ``grad_accum`` the
     micro-batches per optimizer step; ``zero_grad`` how gradients are cleared before it
     (set_to_none, PyTorch 2's default, or zero: kept and zeroed in place, PyTorch 1.x's
-    default). ``attention`` is the HF attention implementation
+    default). ``channels_last``: convolutions on NHWC tensors (no cuDNN layout transforms
+    around tensor-core convolutions). ``attention`` is the HF attention implementation
     (sdpa or eager); ``moe`` holds ``imbalance`` (>= 1: the busiest expert's share of
     tokens relative to even routing). ``params_dtype`` (fp32 | bf16 | fp16) is the dtype of
     the parameters, gradients and optimizer state; ``finetune`` holds ``method`` (full |
@@ -279,6 +281,7 @@ def predict(
         optimizer_impl=_impl(optimizer, optimizer_impl, software),
         grad_accum=grad_accum,
         zero_grad=zero_grad,
+        channels_last=channels_last,
         params_dtype=params_dtype,
         checkpointing_every=checkpointing_every,
         **finetune_fields(finetune),

@@ -84,6 +84,10 @@ class StepSpec:
     # default); zero: kept and zeroed in place, one fill kernel per gradient, and backward
     # accumulates into them (the default of Module/Optimizer.zero_grad in PyTorch 1.x)
     zero_grad: str = "set_to_none"
+    # convolutions on NHWC tensors (model and input in torch.channels_last); NCHW (False) pays
+    # cuDNN's layout transforms around tensor-core convolutions (timing/conv_layout.py). The
+    # trace stays NCHW: the layout changes no shape, FLOP or byte count of the ops traced.
+    channels_last: bool = False
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -110,6 +114,10 @@ class StepSpec:
         if not isinstance(self.double_quant, bool):
             raise InvalidInputError(
                 f"finetune.double_quant must be true or false, got {self.double_quant!r}"
+            )
+        if not isinstance(self.channels_last, bool):
+            raise InvalidInputError(
+                f"channels_last must be true or false, got {self.channels_last!r}"
             )
         targets = self.lora_targets
         if targets is not None:

@@ -198,15 +198,17 @@ def featurise(
     can (``many``: a graph's kernel rows featurised once for all its GPUs)."""
     inputs: list[RowInputs | None] = [None] * len(rows)
     base = np.zeros(len(rows))
-    keys = ["graph", "tf32_matmul", "tf32_cudnn"]
-    for (g, matmul, cudnn), group in rows.reset_index(drop=True).groupby(keys, sort=False):
+    keys = ["graph", "tf32_matmul", "tf32_cudnn", "channels_last"]
+    rows = rows.reset_index(drop=True)
+    rows = rows.assign(channels_last=rows["channels_last"].fillna(False).astype(bool))
+    for (g, matmul, cudnn, cl), group in rows.groupby(keys, sort=False):
         graph, tf32 = graphs[int(g)], Tf32(bool(matmul), bool(cudnn))
         gpus = [get_gpu(str(x)) for x in group["gpu_id"]]
-        if hasattr(per_op_fn, "many"):
-            all_ms = per_op_fn.many(graph.nodes, gpus, tf32)
+        if hasattr(per_op_fn, "many"):  # the layout changes convolutions' transforms only
+            all_ms = per_op_fn.many(graph.nodes, gpus, tf32, bool(cl))
         else:
             all_ms = [per_op_fn(graph.nodes, gpu, tf32) for gpu in gpus]
-        for i, gpu, ms, cl in zip(group.index, gpus, all_ms, group["channels_last"], strict=True):
+        for i, gpu, ms in zip(group.index, gpus, all_ms, strict=True):
             ms = np.asarray(ms, dtype=float)
             inputs[i] = row_inputs(graph, gpu, tf32, ms, bool(cl))
             base[i] = float(ms.sum())

@@ -48,6 +48,7 @@ def estimate_times(
         return _per_op(graph, gpus, tf32, top_n)
     model, manifest = packaged
     method = _method(graph, manifest)
+    channels_last = bool(graph.meta.get("step", {}).get("channels_last", False))
     if method == "uncalibrated":
         return _per_op(graph, gpus, tf32, top_n)
     if method == "per-op":
@@ -58,12 +59,14 @@ def estimate_times(
     calibrated = interval_for(manifest, "gnn") is not None
     on_heads = manifest["per_op"] == "per-op"  # else the roofline: predict_graph_many's own
     per_op = (
-        predict_nodes_many(graph.nodes, gpus, tf32=tf32, median_only=calibrated)
+        predict_nodes_many(
+            graph.nodes, gpus, tf32=tf32, median_only=calibrated, channels_last=channels_last
+        )
         if on_heads or not calibrated
         else None
     )
     preds = predict_graph_many(
-        model, graph, gpus, tf32, manifest["per_op"],
+        model, graph, gpus, tf32, manifest["per_op"], channels_last=channels_last,
         per_op_ms=per_op["ms"] if on_heads and per_op is not None else None,
     )  # fmt: skip
     out = []
@@ -109,7 +112,8 @@ def _method(graph: OpGraph, manifest: dict[str, Any]) -> str:
 
 def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list[TimeEstimate]:
     """The per-op sum on each GPU (``estimate_per_op``), predicted in one call."""
-    pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32)
+    channels_last = bool(graph.meta.get("step", {}).get("channels_last", False))
+    pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32, channels_last=channels_last)
     return [
         summarise(graph.nodes, pred["ms"][k], method="per-op", top_n=top_n,
                   p10=pred["p10"][k], p90=pred["p90"][k], methods=pred["method"][k])

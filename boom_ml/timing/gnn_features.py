@@ -81,10 +81,12 @@ class HeadsTimes:
     def __call__(self, nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32) -> np.ndarray:
         return self.many(nodes, [gpu], tf32)[0]
 
-    def many(self, nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32) -> np.ndarray:
+    def many(
+        self, nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32, channels_last: bool = False
+    ) -> np.ndarray:
         from boom_ml.timing.per_op import node_ms_many
 
-        return node_ms_many(nodes, gpus, tf32=tf32, model=self.heads)
+        return node_ms_many(nodes, gpus, tf32=tf32, model=self.heads, channels_last=channels_last)
 
 
 def _dtype_of(row_dtypes: str) -> str:

@@ -159,7 +159,7 @@ def predict_graph_many(
         _, fn = per_op_function(per_op)
         many = getattr(fn, "many", None)
         per_op_ms = (
-            many(graph.nodes, gpus, tf32)
+            many(graph.nodes, gpus, tf32, channels_last)
             if many is not None
             else np.stack([np.asarray(fn(graph.nodes, g, tf32), dtype=float) for g in gpus])
         )

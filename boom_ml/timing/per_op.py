@@ -5,7 +5,9 @@ A node becomes zero or more rows in the canonical kernel convention (the columns
 computes the same features it computes for a measured kernel of that shape. A
 ``convolution_backward`` node becomes two rows (input and weight gradients) whose times add.
 An optimizer, copy or fill node becomes the elementwise row that moves its bytes
-(:mod:`boom_ml.timing.bandwidth`), which the elementwise head times.
+(:mod:`boom_ml.timing.bandwidth`), which the elementwise head times. A tensor-core
+convolution on NCHW tensors also gets the copy rows of its layout transforms
+(:mod:`boom_ml.timing.conv_layout`), zeroed on GPUs whose tensor cores do not take its dtype.
 
 Shape conventions: ``mm(a[M,K], b[K,N])`` is a single GEMM with b=1, m=M, n=K (reduction),
 k=N (output width); ``bmm(a[B,M,K], b[B,K,N])`` is b=B, m=M, n=K, k=N (NeuSight's).
@@ -23,6 +25,7 @@ import pandas as pd
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
+from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
@@ -88,7 +91,10 @@ def _conv_geometry(x: list[int], w: list[int], out_hw: list[int]) -> dict[str, A
     return fields
 
 
-def _conv_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[dict[str, Any]]:
+def _conv_rows(
+    op: str, shapes: list[list[int]], outs: list[list[int]]
+) -> list[tuple[dict[str, Any], list[list[int]]]]:
+    """(kernel row, the shapes that kernel reads and writes) per convolution kernel."""
     if op == "convolution_backward":
         if len(shapes) < 3 or len(shapes[1]) not in (3, 4):
             return []
@@ -96,13 +102,13 @@ def _conv_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[
         geo = _conv_geometry(x, w, grad[2:])
         rows = []
         if any(o == x for o in outs):
-            rows.append({**geo, "grad_wrt": "input"})
+            rows.append(({**geo, "grad_wrt": "input"}, [grad, w, x]))
         if any(o == w for o in outs) or not rows:
-            rows.append({**geo, "grad_wrt": "weight"})
+            rows.append(({**geo, "grad_wrt": "weight"}, [x, grad, w]))
         return rows
     if len(shapes) < 2 or len(shapes[0]) not in (3, 4) or not outs:
         return []
-    return [_conv_geometry(shapes[0], shapes[1], outs[0][2:])]
+    return [(_conv_geometry(shapes[0], shapes[1], outs[0][2:]), [shapes[0], shapes[1], outs[0]])]
 
 
 def _rowwise(numel: int, cols: int) -> dict[str, Any]:
@@ -110,11 +116,15 @@ def _rowwise(numel: int, cols: int) -> dict[str, Any]:
     return {"numel": numel, "rows": max(numel // cols, 1), "cols": cols}
 
 
-def node_rows(nodes: pd.DataFrame, tf32: Tf32 | bool | None = None) -> pd.DataFrame:
+def node_rows(
+    nodes: pd.DataFrame, tf32: Tf32 | bool | None = None, channels_last: bool = False
+) -> pd.DataFrame:
     """Canonical kernel rows for ``nodes`` (an OpGraph node table), with ``node_pos``.
 
     ``tf32``: PyTorch's two switches (None: its defaults, cuDNN on, matmuls off); a
-    convolution follows the cuDNN one, GEMMs and attention the matmul one.
+    convolution follows the cuDNN one, GEMMs and attention the matmul one. Without
+    ``channels_last`` (tensors in NCHW, PyTorch's default) a convolution that may run on
+    tensor cores adds its layout-transform rows (``conv_layout.MARK`` names their dtype).
     """
     flags = Tf32.of(tf32)
     out: list[dict[str, Any]] = []
@@ -133,6 +143,13 @@ def node_rows(nodes: pd.DataFrame, tf32: Tf32 | bool | None = None) -> pd.DataFr
             "dtype": _dtype(in_dt + out_dt, matrix and flags.for_family(family)),
             "direction": "backward" if node.phase == "backward" else "forward",
         }
+        if family == "conv" and _conv_rows(op, shapes, outs):
+            for row, operands in _conv_rows(op, shapes, outs):
+                out.append({**base, "op": "conv2d", **row})
+                if not channels_last:
+                    layout = conv_layout.transform_rows(row, operands, base["dtype"])
+                    out += [{**base, **r} for r in layout]
+            continue
         for row in _shape_rows(family, op, shapes, outs, node):
             out.append({**base, **row})
     return pd.DataFrame(out)
@@ -145,8 +162,8 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
     if family == "gemm":
         row = _gemm_row(op, shapes)
         return [row] if row else generic
-    if family == "conv":
-        return [{"op": "conv2d", **r} for r in _conv_rows(op, shapes, outs)] or generic
+    if family == "conv":  # kernel rows come from _conv_rows (node_rows); none here
+        return generic
     if family == "attention":
         q = next((s for s in shapes if len(s) == 4), None)
         ks = [s for s in shapes if len(s) == 4]
@@ -199,23 +216,35 @@ _ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # a dataset holds
 _FEATS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # one per (graph, GPUs)
 
 
-def _cached_node_rows(nodes: pd.DataFrame, tf32: Tf32) -> pd.DataFrame:
-    return _ROWS_CACHE.get(nodes, (tf32,), lambda: node_rows(nodes, tf32=tf32))
+def _cached_node_rows(nodes: pd.DataFrame, tf32: Tf32, channels_last: bool) -> pd.DataFrame:
+    return _ROWS_CACHE.get(
+        nodes, (tf32, channels_last), lambda: node_rows(nodes, tf32, channels_last)
+    )
 
 
 def predict_nodes(
-    nodes: pd.DataFrame, gpu: GpuSpec, tf32: Tf32 | bool | None = None, model: Any = None
+    nodes: pd.DataFrame,
+    gpu: GpuSpec,
+    tf32: Tf32 | bool | None = None,
+    model: Any = None,
+    channels_last: bool = False,
 ) -> pd.DataFrame:
     """Per-node ``ms``, ``p10``, ``p90`` and ``method`` on ``gpu`` (host nodes: 0 ms, 'none')."""
-    pred = predict_nodes_many(nodes, [gpu], tf32=tf32, model=model)
+    pred = predict_nodes_many(nodes, [gpu], tf32=tf32, model=model, channels_last=channels_last)
     return pd.DataFrame({k: v[0] for k, v in pred.items()})
 
 
 def node_ms_many(
-    nodes: pd.DataFrame, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, model: Any = None
+    nodes: pd.DataFrame,
+    gpus: list[GpuSpec],
+    tf32: Tf32 | bool | None = None,
+    model: Any = None,
+    channels_last: bool = False,
 ) -> np.ndarray:
     """Median per-node ms of ``nodes`` on each of ``gpus`` ((len(gpus), len(nodes)))."""
-    return predict_nodes_many(nodes, gpus, tf32=tf32, model=model, median_only=True)["ms"]
+    return predict_nodes_many(
+        nodes, gpus, tf32=tf32, model=model, median_only=True, channels_last=channels_last
+    )["ms"]
 
 
 def predict_nodes_many(
@@ -224,10 +253,12 @@ def predict_nodes_many(
     tf32: Tf32 | bool | None = None,
     model: Any = None,
     median_only: bool = False,
+    channels_last: bool = False,
 ) -> dict[str, np.ndarray]:
     """``ms``, ``p10``, ``p90`` and ``method`` per GPU and node ((len(gpus), len(nodes)) each):
     :func:`predict_nodes` on each GPU, featurised and predicted in one call (features are
-    per row, so batching does not change them). ``median_only``: p10/p90 repeat the median."""
+    per row, so batching does not change them). ``median_only``: p10/p90 repeat the median.
+    ``channels_last``: the step's convolutions run on NHWC tensors (no layout transforms)."""
     from boom_ml.timing import gemm as gemm_tiles
     from boom_ml.timing.features import kernel_features
     from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
@@ -240,10 +271,10 @@ def predict_nodes_many(
     shape = (len(gpus), len(nodes))
     out = {"ms": np.zeros(shape), "p10": np.zeros(shape), "p90": np.zeros(shape)}
     method = np.full(shape, "none", dtype=object)
-    rows = _cached_node_rows(nodes, Tf32.of(tf32))
+    rows = _cached_node_rows(nodes, Tf32.of(tf32), channels_last)
     if rows.empty or not gpus:
         return {**out, "method": method}
-    base = rows.drop(columns=["node_pos"])
+    base = rows.drop(columns=["node_pos", conv_layout.MARK], errors="ignore")
     keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
 
     def features() -> pd.DataFrame:
@@ -251,18 +282,33 @@ def predict_nodes_many(
         return kernel_features(frame, dict(zip(keys, gpus, strict=True)))
 
     # Features do not depend on the heads: CV folds that swap heads reuse them.
-    feats = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), *gpus), features)
+    feats = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), channels_last, *gpus), features)
     pred = model.predict_features(feats, median_only)
     pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
     pos = rows["node_pos"].to_numpy()
+    keep = _layout_gate(rows, gpus)
     for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
-        values = pred[src].to_numpy().reshape(len(gpus), len(base))
+        values = pred[src].to_numpy().reshape(len(gpus), len(base)) * keep
         for k in range(len(gpus)):
             np.add.at(out[col][k], pos, values[k])  # sums multi-row nodes
     methods = pred["method"].to_numpy().reshape(len(gpus), len(base))
-    for k in range(len(gpus)):
-        method[k, pos] = methods[k]
+    own = ~rows[conv_layout.MARK].notna().to_numpy() if conv_layout.MARK in rows else slice(None)
+    for k in range(len(gpus)):  # a conv node is named by its kernel, not its transforms
+        method[k, pos[own]] = methods[k][own]
     return {**out, "method": method}
+
+
+def _layout_gate(rows: pd.DataFrame, gpus: list[GpuSpec]) -> np.ndarray | float:
+    """1 for every row on every GPU, 0 for layout-transform rows on a GPU whose tensor cores do
+    not take that convolution's dtype ((len(gpus), len(rows)), or 1.0 without such rows)."""
+    if conv_layout.MARK not in rows.columns:
+        return 1.0
+    marks = rows[conv_layout.MARK].to_numpy()
+    is_layout = pd.notna(marks)
+    gate = np.ones((len(gpus), len(rows)))
+    for k, gpu in enumerate(gpus):
+        gate[k, is_layout] = [conv_layout.on_tensor_cores(d, gpu) for d in marks[is_layout]]
+    return gate
 
 
 def estimate_per_op(
