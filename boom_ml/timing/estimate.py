@@ -48,7 +48,7 @@ def estimate_times(
         return _per_op(graph, gpus, tf32, top_n)
     model, manifest = packaged
     method = _method(graph, manifest)
-    channels_last = bool(graph.meta.get("step", {}).get("channels_last", False))
+    channels_last = _channels_last(graph)
     if method == "uncalibrated":
         return _per_op(graph, gpus, tf32, top_n)
     if method == "per-op":
@@ -110,10 +110,14 @@ def _method(graph: OpGraph, manifest: dict[str, Any]) -> str:
     return "gnn" if use_gnn_for(manifest, family, amp) else "per-op"
 
 
+def _channels_last(graph: OpGraph) -> bool:
+    """Whether the traced step ran its convolutions on NHWC tensors (StepSpec.channels_last)."""
+    return bool(graph.meta.get("step", {}).get("channels_last", False))
+
+
 def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list[TimeEstimate]:
     """The per-op sum on each GPU (``estimate_per_op``), predicted in one call."""
-    channels_last = bool(graph.meta.get("step", {}).get("channels_last", False))
-    pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32, channels_last=channels_last)
+    pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32, channels_last=_channels_last(graph))
     return [
         summarise(graph.nodes, pred["ms"][k], method="per-op", top_n=top_n,
                   p10=pred["p10"][k], p90=pred["p90"][k], methods=pred["method"][k])

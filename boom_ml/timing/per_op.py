@@ -143,12 +143,14 @@ def node_rows(
             "dtype": _dtype(in_dt + out_dt, matrix and flags.for_family(family)),
             "direction": "backward" if node.phase == "backward" else "forward",
         }
-        if family == "conv" and _conv_rows(op, shapes, outs):
-            for row, operands in _conv_rows(op, shapes, outs):
-                out.append({**base, "op": "conv2d", **row})
-                if not channels_last:
-                    layout = conv_layout.transform_rows(row, operands, base["dtype"])
-                    out += [{**base, **r} for r in layout]
+        convs = _conv_rows(op, shapes, outs) if family == "conv" else []
+        for row, operands in convs:
+            out.append({**base, "op": "conv2d", **row})
+            if not channels_last:  # NCHW: cuDNN's layout transforms around tensor cores
+                out += [
+                    {**base, **r} for r in conv_layout.transform_rows(row, operands, base["dtype"])
+                ]
+        if convs:
             continue
         for row in _shape_rows(family, op, shapes, outs, node):
             out.append({**base, **row})
