@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.timing.gnn_features import HeadsTimes
+from boom_ml.timing.heads import load_model as load_heads  # what per_op="per-op" featurises with
 from training.graph_dataset import build_dataset
 
 
@@ -73,7 +74,7 @@ def main(cfg: dict[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]
     ratios = summary(paired_ratios(timm))
     print("timm AMP training on an RTX 3090: NHWC / NCHW step time, median per family")
     print(ratios.to_string())
-    plain = ds.with_per_op("per-op", WithoutTransforms(ds_heads()))
+    plain = ds.with_per_op("per-op", WithoutTransforms(load_heads()))
     both = errors(ds.rows, "baseline_ms").merge(
         errors(plain.rows, "baseline_ms"), left_index=True, right_index=True,
         suffixes=("", " without transforms"),
@@ -81,13 +82,6 @@ def main(cfg: dict[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]
     print("\nSum of per-op times on every step row, with the transforms and without them")
     print(both.to_string())
     return ratios, both
-
-
-def ds_heads() -> Any:
-    """The packaged per-op heads (what ``per_op="per-op"`` featurised the rows with)."""
-    from boom_ml.timing.heads import load_model
-
-    return load_model()
 
 
 if __name__ == "__main__":

@@ -247,7 +247,6 @@ def decide(p: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
     Families outside the data ("other/amp", "other/no-amp") follow the leave-one-family-out
     rows, since a new kind of model is what that split simulates.
     """
-    from scipy.stats import wilcoxon
 
     cells = [(c, sub) for c, sub in p[p["kind"] == "gpu"].groupby("cell")]
     lofo = p[p["kind"] == "family"]
@@ -258,7 +257,7 @@ def decide(p: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
         gnn = _mape(sub["gnn_ms"], sub["target_ms"])
         err_gnn = (sub["gnn_ms"] / sub["target_ms"] - 1).abs().to_numpy()
         err_base = (sub["baseline_ms"] / sub["target_ms"] - 1).abs().to_numpy()
-        pvalue = _paired_pvalue(err_gnn, err_base, wilcoxon)
+        pvalue = _paired_pvalue(err_gnn, err_base)
         lines.append({"cell": cell, "rows": len(sub), "sum-of-per-op MAPE %": round(base, 1),
                       "GNN MAPE %": round(gnn, 1), "p (GNN better)": float(f"{pvalue:.2g}"),
                       "use GNN": bool(gnn < base and pvalue < SIGNIFICANCE)})  # fmt: skip
@@ -266,9 +265,11 @@ def decide(p: pd.DataFrame) -> tuple[dict[str, bool], pd.DataFrame]:
     return dict(zip(table["cell"], table["use GNN"], strict=True)), table
 
 
-def _paired_pvalue(err_gnn: np.ndarray, err_base: np.ndarray, wilcoxon: Any) -> float:
+def _paired_pvalue(err_gnn: np.ndarray, err_base: np.ndarray) -> float:
     """One-sided p that the GNN's errors are smaller; 1 where no test is possible (fewer than
     two rows, or no row on which the two differ)."""
+    from scipy.stats import wilcoxon
+
     if len(err_gnn) < 2 or np.all(err_gnn == err_base):
         return 1.0
     pvalue = float(wilcoxon(err_gnn, err_base, alternative="less").pvalue)

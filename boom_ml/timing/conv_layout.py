@@ -41,7 +41,7 @@ MARK = "layout_dtype"  # column of a transform row: the conv dtype that needs te
 def transform_rows(conv: dict[str, Any], operands: list[list[int]], dtype: str) -> list[dict]:
     """Copy rows for the NCHW<->NHWC transforms of one convolution kernel row ``conv``.
 
-    ``operands``: the shapes it reads and writes. None when the dtype never runs on tensor
+    ``operands``: the shapes it reads and writes. No rows when the dtype never runs on tensor
     cores or the convolution is depthwise."""
     depthwise = conv.get("groups", 1) > 1 and conv["groups"] == conv.get("in_channels")
     if dtype not in TENSOR_CORE_SM or depthwise:
