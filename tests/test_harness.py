@@ -19,10 +19,12 @@ import pytest
 import torch
 
 from data_collection import kernels, schema, steps
+from data_collection.paths import shared_data_dir
 from data_collection.shards import KEY, SimulatedCrash, read_shards, shard_files
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEPS = REPO / "data_collection" / "sweeps"
+SHARED = shared_data_dir()
 
 
 def _runner() -> Any:
@@ -139,13 +141,15 @@ def test_oom_is_a_data_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert read_shards(tmp_path, "op_profiles").empty
 
 
-def test_gpu_sweep_files_load_and_runner_dry_run(tmp_path: Path) -> None:
+def test_gpu_sweep_files_load_and_runner_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     kcfg = RUNNER.load_config(SWEEPS / "h200_kernels.yaml")
     scfg = RUNNER.load_config(SWEEPS / "h200_steps.yaml")
     assert kcfg["time_budget_min"] and scfg["time_budget_min"]  # the < 8 min guard
     assert len(kernels.expand(kcfg, "h200", on_cuda=True)) > 100
     plan = [c for _, c in steps.expand(scfg, "h200")]
-    assert {c["amp"] for c in plan} >= {"fp16", "bf16"} and any(c["profile"] for c in plan)
+    assert {c["amp"] for c in plan} >= {"fp16", "bf16"} and not any(c["profile"] for c in plan)
     assert {c["checkpointing"] for c in plan} == {"none", "full"}
     # The runner end to end on tiny sweeps of the same shape (its own YAMLs, on the CPU).
     (tmp_path / "k.yaml").write_text(
@@ -158,11 +162,31 @@ def test_gpu_sweep_files_load_and_runner_dry_run(tmp_path: Path) -> None:
         " batch_sizes: [2], seq_len: 16}]\n"
     )
     out = tmp_path / "out"
-    argv = [str(out), "--device", "cpu", "--dry-run", "--kernels", str(tmp_path / "k.yaml"),
-            "--steps", str(tmp_path / "s.yaml"), "--budget-min", "5", "--margin-min", "0"]  # fmt: skip
+    # Steps first, then kernels: the plan's order is the order they run in.
+    argv = [str(out), "--device", "cpu", "--dry-run", "--sweep", f"steps={tmp_path / 's.yaml'}",
+            "--sweep", f"kernels={tmp_path / 'k.yaml'}", "--budget-min", "5", "--margin-min", "0"]  # fmt: skip
     assert RUNNER.main(argv) == 0
     assert sorted(read_shards(out, "kernels")["dtype"]) == ["bfloat16", "float16", "float32"]
     assert read_shards(out, "steps")["amp"].tolist() == ["fp16"]
+    printed = capsys.readouterr().out
+    assert printed.index("steps sweep s.yaml") < printed.index("kernels sweep k.yaml")
+    with pytest.raises(SystemExit, match="expected kernels=FILE"):
+        RUNNER.parse_plan(["optimizer=x.yaml"])
+
+
+def test_neusight_sweeps_match_the_labels_they_stand_for() -> None:
+    """The H200 NeuSight sweeps: the ten A100-80GB train labels' configs, fp32 eager, no optimizer."""
+    scfg = RUNNER.load_config(SWEEPS / "h200_neusight_steps.yaml")
+    plan = [c for _, c in steps.expand(scfg, "h200")]
+    got = sorted((Path(c["model"][3:]).stem, c["seq_len"], c["batch_size"]) for c in plan)
+    index = pd.read_csv(SHARED / "neusight" / "labels_index.csv")
+    a100 = index[(index.gpu_folder == "NVIDIA_A100_80GB_PCIe") & (index["mode"] == "train")]
+    assert got == sorted(zip(a100.model, a100.seq_len, a100.batch_size, strict=True))
+    assert {(c["amp"], c["optimizer"], c["tf32"], c["options"]["attn_implementation"])
+            for c in plan} == {("none", "none", False, "eager")}  # fmt: skip
+    kcfg = RUNNER.load_config(SWEEPS / "h200_neusight_kernels.yaml")
+    rows = kernels.expand(kcfg, "h200", on_cuda=True)
+    assert len(rows) == 400 and {c["dtype"] for _, c in rows} == {"float32"}
 
 
 def test_two_job_multirun_through_submitit_local(tmp_path: Path) -> None:

@@ -1,14 +1,16 @@
 """Run the prepared GPU sweep (kernels, then steps) end to end, without Hydra.
 
     python data_collection/sweeps/run_gpu_sweep.py OUTDIR [--budget-min 7.5] [--device cuda]
+        [--sweep steps=h200_neusight_steps.yaml --sweep kernels=h200_kernels.yaml ...]
 
 The GPU machine's image has torch, pyarrow, pandas, tqdm, fsspec, PyYAML and nvidia-ml-py
 but no hydra-core, so the sweep YAMLs are read with PyYAML: a ``defaults`` list names base
 configs under ``configs/`` (merged first, this file's keys on top; lists replace), and
 ``${...}`` interpolations are not needed because ``out`` comes from the command line.
-Both sweeps run in one process (one torch import, one CUDA context) under one overall
-time budget: the kernel sweep keeps its own budget, the step sweep gets what is left
-minus a margin for the configuration that is running when the budget ends.
+The sweeps (``--sweep KIND=FILE``, in priority order; by default the kernel sweep, then
+the step sweep) run in one process (one torch import, one CUDA context) under one overall
+time budget: each keeps its own ``time_budget_min``, capped by what is left minus a margin
+for the configuration that is running when the budget ends.
 """
 
 from __future__ import annotations
@@ -53,17 +55,36 @@ def load_config(path: Path) -> dict[str, Any]:
     return result
 
 
+DEFAULT_PLAN = ("kernels=h200_kernels.yaml", "steps=h200_steps.yaml")
+
+
+def parse_plan(items: list[str]) -> list[tuple[str, Path]]:
+    """``KIND=FILE`` entries (KIND kernels or steps; FILE relative to this folder or not)."""
+    plan = []
+    for item in items:
+        kind, sep, name = item.partition("=")
+        if not sep or kind not in ("kernels", "steps"):
+            raise SystemExit(f"--sweep {item!r}: expected kernels=FILE or steps=FILE")
+        path = Path(name) if Path(name).is_file() else HERE / name
+        if not path.is_file():
+            raise SystemExit(f"--sweep {item!r}: no file {name} (here or in {HERE})")
+        plan.append((kind, path))
+    return plan
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", help="folder (or fsspec URL) for the shards")
     parser.add_argument("--budget-min", type=float, default=7.5, help="whole run, minutes")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes (with --device cpu)")
-    parser.add_argument("--kernels", default=str(HERE / "h200_kernels.yaml"))
-    parser.add_argument("--steps", default=str(HERE / "h200_steps.yaml"))
+    parser.add_argument("--sweep", action="append", metavar="KIND=FILE",
+                        help="a sweep to run, in priority order (repeatable); default: "
+                        + " ".join(DEFAULT_PLAN))  # fmt: skip
     parser.add_argument("--margin-min", type=float, default=1.0,
-                        help="left for the step config running when the budget ends")  # fmt: skip
+                        help="left for the config running when the budget ends")  # fmt: skip
     args = parser.parse_args(argv)
+    plan = parse_plan(args.sweep or list(DEFAULT_PLAN))
 
     import torch
 
@@ -71,27 +92,30 @@ def main(argv: list[str] | None = None) -> int:
     from data_collection.shards import read_shards
     from data_collection.steps import run_step_sweep
 
+    runners = {"kernels": run_kernel_sweep, "steps": run_step_sweep}
     started = time.monotonic()
     common = {"out": args.outdir, "device": args.device, "dry_run": args.dry_run}
     print(f"torch {torch.__version__}, cuda {torch.version.cuda}, "
           f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
-    kernels = merge(load_config(Path(args.kernels)), common)
-    run_kernel_sweep(kernels)
+    for kind, path in plan:
+        cfg = merge(load_config(path), common)
+        # Each sweep keeps its own budget, capped by what the whole run has left.
+        left = args.budget_min - (time.monotonic() - started) / 60 - args.margin_min
+        own = cfg.get("time_budget_min")
+        cfg["time_budget_min"] = max(0.0, min(left, float(own)) if own is not None else left)
+        print(f"{kind} sweep {path.name}: budget {cfg['time_budget_min']:.1f} min", flush=True)
+        try:
+            runners[kind](cfg)
+        except Exception as err:  # noqa: BLE001 - one broken sweep must not cost the others
+            print(f"{kind} sweep {path.name} failed: {type(err).__name__}: {err}", flush=True)
 
-    steps = merge(load_config(Path(args.steps)), common)
-    left = args.budget_min - (time.monotonic() - started) / 60 - args.margin_min
-    own = steps.get("time_budget_min")
-    steps["time_budget_min"] = max(0.0, min(left, float(own)) if own is not None else left)
-    print(f"step sweep budget: {steps['time_budget_min']:.1f} min")
-    run_step_sweep(steps)
-
-    summary = {
+    summary: dict[str, Any] = {
         kind: len(read_shards(args.outdir, kind)) for kind in ("kernels", "steps", "op_profiles")
     }
     steps_df = read_shards(args.outdir, "steps")
     if len(steps_df):
-        cols = ["model", "batch_size", "amp", "checkpointing", "tf32", "oom", "step_time_ms",
-                "peak_allocated_bytes", "peak_reserved_bytes"]  # fmt: skip
+        cols = ["source", "model", "batch_size", "amp", "checkpointing", "tf32", "oom",
+                "step_time_ms", "peak_allocated_bytes", "peak_reserved_bytes"]  # fmt: skip
         print(steps_df[cols].to_string(index=False))
     summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     print("SUMMARY " + json.dumps(summary))
