@@ -33,3 +33,12 @@ def canonical_data_dir() -> Path:
     if env:
         return Path(env).expanduser().resolve()
     return repo_root() / "data" / "canonical"
+
+
+def measurements_dir() -> Path:
+    """Our own GPU measurements, committed: ``<repo>/data_collection/measurements/<name>/``.
+
+    Each ``<name>`` folder holds ``<kind>/<source>.parquet`` and a SOURCE.md. Hopper rows
+    there are held out of training (``training/held_out.py``).
+    """
+    return repo_root() / "data_collection" / "measurements"

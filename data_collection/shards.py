@@ -114,6 +114,28 @@ def merge_shards(root: str | Path, kind: str, out_path: str | Path) -> int:
     return schema.write_dataset(df[schema.columns(kind)], kind, out_path)
 
 
+def merge_by_source(root: str | Path, out_dir: str | Path) -> dict[str, int]:
+    """Every kind's shards under ``root`` as ``out_dir/<kind>/<source>.parquet``; rows per file.
+
+    A sweep plan writes several sources into one shard folder (the H200 plan: NeuSight steps,
+    AMP steps, two kernel sweeps); this is how its archive becomes committed datasets.
+    """
+    written: dict[str, int] = {}
+    for kind in schema.KINDS:
+        df = read_shards(root, kind, keep_extra=True)
+        if df.empty:
+            continue
+        subset = [KEY, "node_index"] if kind == "op_profiles" else [KEY]
+        df = df.drop_duplicates(subset=subset, keep="first")
+        for source, rows in df.groupby("source", sort=True):
+            path = Path(out_dir) / kind / f"{source}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written[f"{kind}/{source}"] = schema.write_dataset(
+                rows[schema.columns(kind)], kind, path
+            )
+    return written
+
+
 class ShardWriter:
     """Buffers rows of one dataset ``kind`` and writes them as atomic Parquet shards.
 

@@ -322,11 +322,12 @@ def log_to_mlflow(
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Dataset → CV → final fit → package → MLflow; returns the manifest."""
     from data_collection.schema import load_steps
+    from training.held_out import drop_held_out
 
     torch.set_num_threads(int(cfg.threads))
     started = time.perf_counter()
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    ds = build_dataset(load_steps(), data_cfg, per_op=cfg.per_op)
+    ds = build_dataset(drop_held_out(load_steps(), "step"), data_cfg, per_op=cfg.per_op)
     t_data = time.perf_counter() - started
     preds = cross_validate(ds, cfg)
     table, cells, coverage, use, interval = pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), {}, {}

@@ -32,10 +32,12 @@ def _opts(cfg: Any) -> dict[str, Any]:
 
 
 def load_training_data(data: dict[str, Any], log: Any = print) -> pd.DataFrame:
-    """Canonical kernel rows minus excluded GPUs (each exclusion printed with its reason)."""
+    """Canonical kernel rows minus excluded GPUs (each exclusion printed with its reason)
+    and minus every Hopper row (``training/held_out.py``)."""
     from data_collection.schema import load_kernels
+    from training.held_out import drop_held_out
 
-    kernels = load_kernels(data.get("dir"), data.get("sources"))
+    kernels = drop_held_out(load_kernels(data.get("dir"), data.get("sources")), "kernel", log)
     for gpu, reason in (data.get("exclude_gpus") or {}).items():
         drop = kernels["gpu_id"] == gpu
         if drop.any():
