@@ -80,7 +80,9 @@ def test_step_errors_and_summary_on_synthetic_predictions(tmp_path: Path) -> Non
         return {"pred_ms": pred, "p10_ms": pred * 0.8, "p90_ms": pred * 1.2, "method": "fake",
                 "pred_alloc": float(row["peak_allocated_bytes"]) * 1.5}  # fmt: skip
 
-    errors = hopper_check.step_errors(rows, predict=fake)
+    said: list[str] = []
+    errors = hopper_check.step_errors(rows, predict=fake, log=said.append)
+    assert said[0].startswith("[1/2] torchvision:resnet18 batch 4 none: measured 1")
     assert sorted(errors["time_err"].round(6)) == [-20.0, 10.0]
     summary = hopper_check.step_summary(errors)
     assert summary.loc["boom-h200-steps"].to_dict() == {

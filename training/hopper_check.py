@@ -86,13 +86,22 @@ def _int(value: Any) -> int | None:
 
 
 def step_errors(
-    rows: pd.DataFrame, predict: Callable[[pd.Series], dict[str, float]] = predict_step
+    rows: pd.DataFrame,
+    predict: Callable[[pd.Series], dict[str, float]] = predict_step,
+    log: Callable[[str], Any] = print,
 ) -> pd.DataFrame:
-    """One line per measured (non-OOM) step: measured, predicted, errors in %."""
+    """One line per measured (non-OOM) step: measured, predicted, errors in %.
+
+    Each step is traced once (seconds; a minute for the largest NeuSight model), so every
+    prediction is logged as it lands.
+    """
     out = []
-    for _, row in rows[~rows["oom"].astype(bool)].iterrows():
+    measured_rows = rows[~rows["oom"].astype(bool)]
+    for i, (_, row) in enumerate(measured_rows.iterrows(), start=1):
         pred = predict(row)
         measured, alloc = float(row["step_time_ms"]), row["peak_allocated_bytes"]
+        log(f"[{i}/{len(measured_rows)}] {row['model']} batch {row['batch_size']} {row['amp']}: "
+            f"measured {measured:.1f} ms, predicted {pred['pred_ms']:.1f} ms")  # fmt: skip
         out.append({
             "source": row["source"], "gpu": row["gpu_id"], "model": row["model"],
             "batch": int(row["batch_size"]), "amp": row["amp"], "ckpt": row["checkpointing"],
