@@ -64,7 +64,15 @@ def main(data_dir: str | Path | None = None) -> pd.DataFrame:
     index = pd.read_csv(shared_data_dir() / "neusight" / "labels_index.csv")
     table = label_table(profiles, index)
     print(table.round(2).to_string(index=False))
+    print("\nThe ops' sum as a prediction of each whole-step label, per GPU (MAPE %):")
+    print(ops_sum_mape(table).round(1).to_string())
     return table
+
+
+def ops_sum_mape(table: pd.DataFrame) -> pd.Series:
+    """Per GPU: the mean |ops' sum / label - 1| over its labels, in % (1 - 1 / step_ratio)."""
+    ape = 100 * (1 / table["step_ratio"] - 1).abs()
+    return ape.groupby(table["gpu"]).mean().rename("ops_sum_mape")
 
 
 if __name__ == "__main__":
