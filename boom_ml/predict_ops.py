@@ -151,20 +151,24 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     return out
 
 
-def predict_ops(
-    table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
-) -> pd.DataFrame:
-    """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms and method appended."""
+def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) -> pd.DataFrame:
+    """pred_ms, p10_ms, p90_ms and method for canonical kernel rows on ``gpu``."""
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.gemm import gemm_model_for, override_gemm
     from boom_ml.timing.heads import load_model
 
     spec = get_gpu(gpu)
-    rows = canonical_rows(table, where)
     per_op = load_model(model)
     pred = per_op.predict_rows(rows, spec)
     # GEMM rows: the tile/wave model (packaged one with the packaged heads; boom_ml/timing/gemm.py)
-    pred = override_gemm(rows, spec, pred, gemm_model_for(per_op))
+    return override_gemm(rows, spec, pred, gemm_model_for(per_op))
+
+
+def predict_ops(
+    table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
+) -> pd.DataFrame:
+    """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms and method appended."""
+    pred = predict_canonical(canonical_rows(table, where), gpu, model)
     out = table.copy()
     for col in OUTPUT_COLUMNS:
         out[col] = pred[col].to_numpy()

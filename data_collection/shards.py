@@ -108,10 +108,15 @@ def merge_shards(root: str | Path, kind: str, out_path: str | Path) -> int:
     Rows are de-duplicated by ``config_key`` (plus node index for op profiles) as a last
     guard, although the writer already never writes a key twice.
     """
+    df = _deduplicated(root, kind)
+    return schema.write_dataset(df[schema.columns(kind)], kind, out_path)
+
+
+def _deduplicated(root: str | Path, kind: str) -> pd.DataFrame:
+    """Every shard row of ``kind`` once (by config key, plus node index for op profiles)."""
     df = read_shards(root, kind, keep_extra=True)
     subset = [KEY, "node_index"] if kind == "op_profiles" else [KEY]
-    df = df.drop_duplicates(subset=subset, keep="first")
-    return schema.write_dataset(df[schema.columns(kind)], kind, out_path)
+    return df.drop_duplicates(subset=subset, keep="first")
 
 
 def merge_by_source(root: str | Path, out_dir: str | Path) -> dict[str, int]:
@@ -122,11 +127,7 @@ def merge_by_source(root: str | Path, out_dir: str | Path) -> dict[str, int]:
     """
     written: dict[str, int] = {}
     for kind in schema.KINDS:
-        df = read_shards(root, kind, keep_extra=True)
-        if df.empty:
-            continue
-        subset = [KEY, "node_index"] if kind == "op_profiles" else [KEY]
-        df = df.drop_duplicates(subset=subset, keep="first")
+        df = _deduplicated(root, kind)
         for source, rows in df.groupby("source", sort=True):
             path = Path(out_dir) / kind / f"{source}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -125,18 +125,15 @@ def step_summary(errors: pd.DataFrame) -> pd.DataFrame:
 
 def kernel_errors(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (op, dtype, direction): rows and MAPE of the packaged heads + GEMM model."""
-    from boom_ml.gpus import get_gpu
-    from boom_ml.timing.gemm import gemm_model_for, override_gemm
-    from boom_ml.timing.heads import load_model
+    from boom_ml.predict_ops import predict_canonical
 
     if rows.empty:
         return pd.DataFrame()
-    per_op, parts = load_model(), []
+    parts = []
     for gpu_id, group in rows.groupby("gpu_id"):
-        spec = get_gpu(str(gpu_id))
-        pred = override_gemm(group, spec, per_op.predict_rows(group, spec), gemm_model_for(per_op))
-        ape = 100 * (pred["pred_ms"].to_numpy() / group["latency_ms"].to_numpy() - 1)
-        parts.append(group[["gpu_id", "op", "dtype", "direction"]].assign(ape=np.abs(ape)))
+        pred = predict_canonical(group, str(gpu_id))["pred_ms"].to_numpy()
+        ape = np.abs(100 * (pred / group["latency_ms"].to_numpy() - 1))
+        parts.append(group[["gpu_id", "op", "dtype", "direction"]].assign(ape=ape))
     frame = pd.concat(parts, ignore_index=True)
     keys = ["gpu_id", "op", "dtype", "direction"]
     return frame.groupby(keys).agg(rows=("ape", "size"), mape=("ape", "mean")).round(2)
