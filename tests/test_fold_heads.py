@@ -48,6 +48,39 @@ def test_fold_heads_exclude_the_held_out_gpu_and_are_cached(kernels, tmp_path, m
     assert (tmp_path / folds.data_version / "t4" / "model.json").is_file()
 
 
+def test_fold_heads_hold_out_several_gpus(kernels, tmp_path):
+    """A generation fold (``train_ops steps.fold=newer``): no kernel row of any held-out GPU
+    reaches the heads; GPUs without kernel rows drop out of the key."""
+    held = ["t4", "v100-pcie-32gb", "rtx-3090"]
+    assert {"t4", "v100-pcie-32gb"} <= set(kernels["gpu_id"])
+    folds = FoldHeads(kernels, SETTINGS, tmp_path, log=lambda _m: None)
+    assert folds.key(held) == "t4+v100-pcie-32gb"
+    model = folds.without(held)
+    others = kernels[~kernels["gpu_id"].isin(held)]
+    assert model.meta["held_out_gpus"] == ["t4", "v100-pcie-32gb"]
+    assert model.meta["train_rows"] == len(others)
+    assert model.meta["train_gpus"] == sorted(others["gpu_id"].unique())
+    for head in model.heads.values():
+        assert not set(head.gpus) & set(held)
+    assert (tmp_path / folds.data_version / "t4+v100-pcie-32gb" / "model.json").is_file()
+
+
+def test_newer_fold_holds_out_every_gpu_of_the_same_or_a_later_compute_capability():
+    from boom_ml.gpus import get_gpu
+    from training.train_ops import held_out_for
+
+    ids = ["p100-pcie-16gb", "v100-pcie-32gb", "t4", "a100-80gb-pcie", "a40", "l4", "h100-sxm"]
+    specs = {g: get_gpu(g) for g in ids}
+    assert held_out_for("a100-80gb-pcie", "gpu", specs) == ["a100-80gb-pcie"]
+    assert held_out_for("a100-80gb-pcie", "newer", specs) == [
+        "a100-80gb-pcie", "a40", "h100-sxm", "l4"]  # fmt: skip
+    assert held_out_for("v100-pcie-32gb", "newer", specs) == [
+        "a100-80gb-pcie", "a40", "h100-sxm", "l4", "t4", "v100-pcie-32gb"]  # fmt: skip
+    assert held_out_for("l4", "newer", specs) == ["h100-sxm", "l4"]
+    with pytest.raises(ValueError, match="steps.fold"):
+        held_out_for("l4", "arch", specs)
+
+
 class _FakeDataset:
     """Stands in for StepGraphDataset: records the per-op function a fold asks for."""
 

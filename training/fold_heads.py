@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +75,24 @@ class FoldHeads:
             self._version = h.hexdigest()[:16]
         return self._version
 
-    def key(self, gpu: str | None) -> str:
-        """What a fold's heads hold out: the GPU where it has kernel rows, else nothing."""
-        return gpu if gpu is not None and gpu in self.gpus else NONE
+    def held(self, gpu: str | Collection[str] | None) -> list[str]:
+        """The GPUs of ``gpu`` (one id or several) that have kernel rows, sorted."""
+        wanted = {gpu} if isinstance(gpu, str) else set(gpu or ())
+        return sorted(wanted & self.gpus)
 
-    def without(self, gpu: str | None) -> PerOpModel:
-        """Heads trained on every kernel row except ``gpu``'s (all rows when it has none)."""
-        key = self.key(gpu)
+    def key(self, gpu: str | Collection[str] | None) -> str:
+        """What a fold's heads hold out: the GPUs among ``gpu`` with kernel rows, else nothing
+        (one GPU's key is its id, several join with '+')."""
+        return "+".join(self.held(gpu)) or NONE
+
+    def without(self, gpu: str | Collection[str] | None) -> PerOpModel:
+        """Heads trained on every kernel row except those of ``gpu`` (one GPU id or several;
+        all rows when none of them has kernel rows)."""
+        key, held = self.key(gpu), self.held(gpu)
         folder = self.cache_dir / self.data_version / key
         if (folder / "model.json").exists():
-            return _with_gemm(PerOpModel.load(folder), self.kernels, key, folder)
-        train = self.kernels[self.kernels["gpu_id"].astype(str) != key]
+            return _with_gemm(PerOpModel.load(folder), self.kernels, held, folder)
+        train = self.kernels[~self.kernels["gpu_id"].astype(str).isin(held)]
         cap = self.settings.get("max_train_rows")
         if cap and len(train) > cap:
             train = train.sample(int(cap), random_state=int(self.settings.get("seed", 0)))
@@ -101,6 +108,7 @@ class FoldHeads:
         )  # fmt: skip
         model.meta.update({
             "held_out_gpu": None if key == NONE else key,
+            "held_out_gpus": held,
             "train_gpus": sorted(specs),
             "train_rows": len(train),
             "data_version": self.data_version,
@@ -108,10 +116,10 @@ class FoldHeads:
         model.save(folder)
         self.log(f"fold heads without {key}: {len(train)} kernel rows, "
                  f"{time.perf_counter() - started:.0f} s (cached in {folder})")  # fmt: skip
-        return _with_gemm(model, self.kernels, key, folder)
+        return _with_gemm(model, self.kernels, held, folder)
 
 
-def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, key: str, folder: Path) -> PerOpModel:
+def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, held: list[str], folder: Path) -> PerOpModel:
     """The fold's tile/wave GEMM model (training/train_gemm.py), fit without the same GPU and
     cached beside the heads, attached as ``model.gemm`` for per_op's GEMM hook; not fit while
     step times leave GEMMs to the heads (``boom_ml.timing.gemm.STEP_TIMES``): nothing reads it."""
@@ -120,7 +128,7 @@ def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, key: str, folder: Path)
 
     if not gemm_tiles.STEP_TIMES:
         return model
-    model.gemm = fold_gemm(kernels, None if key == NONE else key, folder / "gemm")  # type: ignore[attr-defined]
+    model.gemm = fold_gemm(kernels, held, folder / "gemm")  # type: ignore[attr-defined]
     return model
 
 

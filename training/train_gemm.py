@@ -16,6 +16,7 @@ import datetime as dt
 import json
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -266,11 +267,11 @@ def load_config(**override: Any) -> dict:
 
 
 def fold_gemm(
-    kernels: pd.DataFrame, gpu: str | None, cache: Path | None = None
+    kernels: pd.DataFrame, gpu: str | Collection[str] | None, cache: Path | None = None
 ) -> GemmModel | None:
-    """The packaged variant fit on the GEMM rows of every GPU but ``gpu`` (a CV fold's GEMM
-    model; ``cache``: a folder to reuse it from; None without GEMM rows: the heads time them).
-    No interval: p10/p90 repeat the median."""
+    """The packaged variant fit on the GEMM rows of every GPU but ``gpu`` (one id or several:
+    a CV fold's GEMM model; ``cache``: a folder to reuse it from; None without GEMM rows: the
+    heads time them). No interval: p10/p90 repeat the median."""
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.gemm import GEMM_MODEL_VERSION, is_gemm_row
 
@@ -281,14 +282,15 @@ def fold_gemm(
         if model.meta.get("tag") == tag:
             return model
     rows = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
-    rows = rows[rows["gpu_id"].astype(str) != gpu].reset_index(drop=True)
+    held = sorted({gpu} if isinstance(gpu, str) else set(gpu or ()))
+    rows = rows[~rows["gpu_id"].astype(str).isin(held)].reset_index(drop=True)
     if len(rows) < MIN_TRAIN_ROWS:
         return None
     specs = {g: get_gpu(g) for g in sorted(rows["gpu_id"].astype(str).unique())}
     feats = gemm_features(rows, specs)
     y = np.log(rows["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
     model = fit_variant(feats, y, o["variants"][o["use"]], o, rows["gpu_id"].astype(str).to_numpy())
-    model.meta = {"tag": tag, "held_out_gpu": gpu, "train_rows": len(rows)}
+    model.meta = {"tag": tag, "held_out_gpu": "+".join(held) or None, "train_rows": len(rows)}
     if cache is not None:
         model.save(cache)
     return model

@@ -115,7 +115,8 @@ def run(cfg: Any, log: Any = print) -> dict[str, Any]:
     s = o["steps"]
     if s["evaluate"]:
         result["steps"] = _evaluate_steps(kernels, specs, o, log)
-        log("whole-model step time, each GPU held out of training:")
+        held = {"gpu": "each GPU", "newer": "each GPU and every GPU as new or newer"}
+        log(f"whole-model step time, {held[s.get('fold', 'gpu')]} held out of training:")
         log(cvmod.step_summary(result["steps"]).to_string())
     model.meta.update(_meta(o, kernels, result))
     if o["mlflow"]["enabled"]:
@@ -139,14 +140,27 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
                    & (steps["precision"] == "float32") & (steps["optimizer"] == "none")]  # fmt: skip
     # The same cached leave-one-GPU-out heads as train_gnn's CV folds.
     folds = FoldHeads(kernels, fold_settings(o), log=log)
+    all_specs = {**specs, **{g: get_gpu(g) for g in labels["gpu_id"].unique()}}
 
     def model_for(gpu_id: str) -> Any:
-        log(f"steps: heads without {gpu_id} (fold {folds.key(gpu_id)})")
-        return folds.without(gpu_id)
+        held = held_out_for(gpu_id, s.get("fold", "gpu"), all_specs)
+        log(f"steps: heads without {gpu_id} (fold {folds.key(held)})")
+        return folds.without(held)
 
-    all_specs = {**specs, **{g: get_gpu(g) for g in labels["gpu_id"].unique()}}
     attention = SOURCE_ATTENTION.get(s["source"], "sdpa")  # NeuSight: eager (its SOURCE.md)
     return evaluate_steps(labels, model_for, all_specs, log, attention=attention)
+
+
+def held_out_for(gpu_id: str, fold: str, specs: dict) -> list[str]:
+    """The GPUs whose kernel rows a label GPU's fold leaves out: ``gpu``, the GPU itself;
+    ``newer``, every GPU of its compute capability or newer (A100 labels then come from
+    Pascal, Volta and Turing kernels only: what predicting a generation nobody measured is)."""
+    if fold == "gpu":
+        return [gpu_id]
+    if fold != "newer":
+        raise ValueError(f"steps.fold={fold!r}: expected 'gpu' or 'newer'")
+    floor = specs[gpu_id].sm_version
+    return sorted(g for g, spec in specs.items() if spec.sm_version >= floor)
 
 
 def _git_commit() -> str | None:
