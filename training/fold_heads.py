@@ -119,7 +119,9 @@ class FoldHeads:
         return _with_gemm(model, self.kernels, held, folder)
 
 
-def _with_gemm(model: PerOpModel, kernels: pd.DataFrame, held: list[str], folder: Path) -> PerOpModel:
+def _with_gemm(
+    model: PerOpModel, kernels: pd.DataFrame, held: list[str], folder: Path
+) -> PerOpModel:
     """The fold's tile/wave GEMM model (training/train_gemm.py), fit without the same GPU and
     cached beside the heads, attached as ``model.gemm`` for per_op's GEMM hook; not fit while
     step times leave GEMMs to the heads (``boom_ml.timing.gemm.STEP_TIMES``): nothing reads it."""
