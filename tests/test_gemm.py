@@ -173,6 +173,19 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
     assert model.gemm.meta["held_out_gpu"] == "t4"
     assert model.gemm.meta["train_rows"] == int((kernels["gpu_id"] != "t4").sum())
     assert gemm_model_for(model) is model.gemm
+    # score_fold: the fold's GEMM model on the held-out GPU's fp32 rows, as MAPE per op.
+    from boom_ml.gpus import get_gpu
+
+    rows = kernels[kernels["gpu_id"].eq("t4") & kernels["dtype"].eq("float32")]
+    rows = rows.reset_index(drop=True)
+    pred = model.gemm.predict_ms(train_gemm.gemm_features(rows, {"t4": get_gpu("t4")}))
+    ape = np.abs(pred / rows["latency_ms"].to_numpy() - 1)
+    scores = {(sc["op"], sc["rows"]): sc for sc in train_gemm.score_fold(kernels, "t4", model.gemm)}
+    for op in ("bmm", "linear"):
+        sel = rows["op"].eq(op).to_numpy()
+        assert scores[(op, "all")]["n"] == sel.sum() > 0
+        assert scores[(op, "all")]["mape"] == pytest.approx(100 * ape[sel].mean(), rel=1e-12)
+    assert train_gemm.score_fold(kernels, "rtx-3090", model.gemm) == []
 
 
 @pytest.mark.skipif(not (PACKAGED_DIR / "model.json").exists(), reason="no packaged GEMM model")

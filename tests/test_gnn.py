@@ -264,3 +264,32 @@ def test_gnn_replaces_the_per_op_sum_only_where_it_is_significantly_better() -> 
     assert swapped.mean() < miss.mean()  # the GNN's MAPE is the lower one
     assert use["transformer/no-amp"] is False  # no better beyond chance
     assert rows.loc["transformer/no-amp", "p (GNN better)"] > 0.3
+
+
+def test_spec_context_off_hides_the_spec_sheet_and_round_trips(tmp_path) -> None:
+    """``model.spec_context=false``: changing the GPU's spec columns of the context changes
+    nothing; the step columns still count; the saved config rebuilds the same model."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    gpu = get_gpu("t4")
+    per_op = np.full(len(graph.nodes), 0.05)
+    batch = gnn_features.one_graph_batch(graph, [gnn_features.row_inputs(graph, gpu, None, per_op)])
+    other = dataclasses.replace(batch, context=batch.context.clone())
+    other.context[:, : gnn_features.N_SPEC] += 1.0
+    step_changed = dataclasses.replace(batch, context=batch.context.clone())
+    step_changed.context[:, gnn_features.N_SPEC :] += 1.0
+    torch.manual_seed(0)
+    hidden = gnn_model.StepGNN(hidden=16, layers=2, spec_context=False)
+    seen = gnn_model.StepGNN(hidden=16, layers=2)
+    with torch.no_grad():
+        for p_hidden, p_seen in zip(hidden.parameters(), seen.parameters(), strict=True):
+            p_hidden.add_(torch.randn_like(p_hidden) * 0.3)
+            p_seen.copy_(p_hidden)
+        step = hidden(batch)[2]
+        assert torch.equal(hidden(other)[2], step)
+        assert not torch.equal(hidden(step_changed)[2], step)
+        assert not torch.equal(seen(other)[2], seen(batch)[2])
+    assert hidden.config["spec_context"] is False and "spec_context" not in seen.config
+    gnn_artifact.save_model(hidden, {"per_op": "roofline"}, tmp_path)
+    loaded, _ = gnn_artifact.load_model(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(other)[2], step)

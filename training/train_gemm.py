@@ -173,7 +173,8 @@ def _baseline(kernels: pd.DataFrame, specs: dict, train: np.ndarray, o: dict) ->
     return PerOpModel({"gemm": head}, {})
 
 
-def _scores(rows: pd.DataFrame, pred: np.ndarray) -> list[dict[str, Any]]:
+def gemm_scores(rows: pd.DataFrame, pred: np.ndarray) -> list[dict[str, Any]]:
+    """MAPE of fp32 bmm and linear, on all of ``rows`` and on NeuSight's test split alone."""
     true = rows["latency_ms"].to_numpy(dtype=float)
     ape = np.abs(pred - true) / true
     out = []
@@ -212,21 +213,21 @@ def leave_one_gpu_out(
             model = fit_variant(feats.iloc[train], y[train], o["variants"][name], o, gpu[train])
             pred = preds[name] = model.predict_ms(feats.iloc[test])
             resid[name][g] = np.log(rows["latency_ms"].to_numpy() / pred)
-            for s in _scores(rows, pred):
+            for s in gemm_scores(rows, pred):
                 out.append({"variant": name, "gpu": g, **s})
             log(f"fold {g} {name}: {time.perf_counter() - start:.0f} s "
-                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in _scores(rows, pred)))  # fmt: skip
+                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in gemm_scores(rows, pred)))  # fmt: skip
         if o["cv"]["baseline"]:
             start = time.perf_counter()
             base = _baseline(kernels, specs, train, o)
             pred = base.predict_rows(rows, specs)["pred_ms"].to_numpy()
-            for s in _scores(rows, pred):
+            for s in gemm_scores(rows, pred):
                 out.append({"variant": "heads", "gpu": g, **s})
             for name in o["cv"].get("blend") or []:  # geometric mean with the old head
                 mix = np.sqrt(preds[name] * pred)
-                out += [{"variant": f"{name}+heads", "gpu": g, **s} for s in _scores(rows, mix)]
+                out += [{"variant": f"{name}+heads", "gpu": g, **s} for s in gemm_scores(rows, mix)]
             log(f"fold {g} heads: {time.perf_counter() - start:.0f} s "
-                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in _scores(rows, pred)))  # fmt: skip
+                + " ".join(f"{s['op']}/{s['rows']} {s['mape']:.1f}" for s in gemm_scores(rows, pred)))  # fmt: skip
     return pd.DataFrame(out), resid
 
 
@@ -294,6 +295,19 @@ def fold_gemm(
     if cache is not None:
         model.save(cache)
     return model
+
+
+def score_fold(kernels: pd.DataFrame, gpu: str, model: GemmModel | None) -> list[dict[str, Any]]:
+    """A fold's GEMM model on one GPU's fp32 bmm/linear kernel rows (the GPU must be out of
+    the fold's training rows; ``train_ops``' step check passes the model it used)."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.gemm import is_gemm_row
+
+    rows = kernels[kernels["gpu_id"].astype(str).eq(gpu).to_numpy() & is_gemm_row(kernels)]
+    if model is None or rows.empty:
+        return []
+    rows = rows.reset_index(drop=True)
+    return gemm_scores(rows, model.predict_ms(gemm_features(rows, {gpu: get_gpu(gpu)})))
 
 
 def run(o: dict, log: Any = print) -> dict[str, Any]:

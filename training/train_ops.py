@@ -133,6 +133,7 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     from training.cv import evaluate_steps
     from training.fold_heads import FoldHeads, fold_settings
     from training.step_traces import SOURCE_ATTENTION
+    from training.train_gemm import score_fold
 
     s = o["steps"]
     steps = load_steps(o["data"].get("dir"), [s["source"]])
@@ -142,13 +143,32 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     folds = FoldHeads(kernels, fold_settings(o), log=log)
     all_specs = {**specs, **{g: get_gpu(g) for g in labels["gpu_id"].unique()}}
 
+    used: dict[str, Any] = {}
+
     def model_for(gpu_id: str) -> Any:
         held = held_out_for(gpu_id, s.get("fold", "gpu"), all_specs)
         log(f"steps: heads without {gpu_id} (fold {folds.key(held)})")
-        return folds.without(held)
+        used[gpu_id] = folds.without(held)
+        return used[gpu_id]
 
     attention = SOURCE_ATTENTION.get(s["source"], "sdpa")  # NeuSight: eager (its SOURCE.md)
-    return evaluate_steps(labels, model_for, all_specs, log, attention=attention)
+    steps = evaluate_steps(labels, model_for, all_specs, log, attention=attention)
+    # The same folds' GEMM models on the label GPU's own fp32 bmm/linear kernels (per-op
+    # MAPE %, the issue's per-op target), where it has such rows.
+    for gpu_id, model in used.items():
+        sc = {
+            (x["op"], x["rows"]): x
+            for x in score_fold(kernels, gpu_id, getattr(model, "gemm", None))
+        }
+        parts = [f"{op} {sc[op, 'all']['mape']:.1f} ({sc[op, 'all']['n']} rows; NeuSight test "
+                 f"split {sc[op, 'test']['mape']:.1f})" for op in ("bmm", "linear") if (op, "all") in sc
+                 and (op, "test") in sc]  # fmt: skip
+        if parts:
+            log(
+                f"steps fold {gpu_id}: its fp32 kernels by the fold's GEMM model, MAPE %: "
+                + ", ".join(parts)
+            )
+    return steps
 
 
 def held_out_for(gpu_id: str, fold: str, specs: dict) -> list[str]:

@@ -40,6 +40,8 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 N_STATIC = len(FAMILIES) + len(PHASES) + len(DTYPES) + 1 + 7
 N_DYNAMIC = 5
 N_CONTEXT = 17
+# The first N_SPEC context columns are the GPU's spec sheet (gpu_context); the rest describe the step.
+N_SPEC = 9
 # Edge types: data dependency (producer -> consumer), its reverse, and program order.
 EDGE_TYPES = 3
 # Floor of a node time in log space: host nodes (no GPU work) never reach it, they are masked.

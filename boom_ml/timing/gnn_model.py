@@ -21,6 +21,7 @@ from boom_ml.timing.gnn_features import (
     EDGE_TYPES,
     N_CONTEXT,
     N_DYNAMIC,
+    N_SPEC,
     N_STATIC,
     RowBatch,
     one_graph_batch,
@@ -52,10 +53,24 @@ class RelationalLayer(nn.Module):
 class StepGNN(nn.Module):
     """Message passing per graph, then a GPU-conditioned positive time per node + overhead."""
 
-    def __init__(self, hidden: int = 64, layers: int = 3, max_log_correction: float = 4.0):
+    def __init__(
+        self,
+        hidden: int = 64,
+        layers: int = 3,
+        max_log_correction: float = 4.0,
+        spec_context: bool = True,
+    ):
         super().__init__()
         self.config = {"hidden": hidden, "layers": layers, "max_log_correction": max_log_correction}
+        if not spec_context:  # older artifacts lack the key: they saw the spec columns
+            self.config["spec_context"] = False
         self.max_corr = max_log_correction
+        # spec_context=False hides the spec-sheet columns of the context: the GNN then sees a
+        # GPU only through its per-op times and their roofline parts, so it cannot learn an
+        # offset per training GPU from a handful of spec values.
+        mask = torch.ones(N_CONTEXT)
+        mask[:N_SPEC] = float(spec_context)
+        self.register_buffer("context_mask", mask, persistent=False)
         self.embed = nn.Sequential(nn.Linear(N_STATIC, hidden), nn.GELU())
         self.layers = nn.ModuleList(RelationalLayer(hidden) for _ in range(layers))
         # Per-node head, one hidden layer over [embedding, GPU node features, context]. It runs
@@ -84,11 +99,8 @@ class StepGNN(nn.Module):
     def forward(self, b: RowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(node_ms (M,), overhead_ms (R,), step_ms (R,))."""
         h = self.node_embeddings(b)
-        z = (
-            self.head_h(h)[b.node_of]
-            + self.head_dyn(b.dynamic)
-            + self.head_ctx(b.context)[b.row_of]
-        )
+        context = b.context * self.context_mask
+        z = self.head_h(h)[b.node_of] + self.head_dyn(b.dynamic) + self.head_ctx(context)[b.row_of]
         raw = self.head_out(nn.functional.gelu(z)).squeeze(1)
         corr = self.max_corr * torch.tanh(raw / self.max_corr)
         mask = b.graphs.gpu_mask[b.node_of]
@@ -98,7 +110,7 @@ class StepGNN(nn.Module):
         pooled = torch.zeros(b.graphs.num_graphs, h.shape[1]).index_add_(0, graph_of, h)
         pooled = pooled / torch.bincount(graph_of, minlength=b.graphs.num_graphs)[:, None]
         pooled = pooled[graph_of[b.node_of[b.row_start]]]
-        overhead = nn.functional.softplus(self.overhead(torch.cat([pooled, b.context], 1)))[:, 0]
+        overhead = nn.functional.softplus(self.overhead(torch.cat([pooled, context], 1)))[:, 0]
         step = overhead + torch.zeros(b.num_rows).index_add_(0, b.row_of, node_ms)
         return node_ms, overhead, step
 
