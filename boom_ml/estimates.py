@@ -46,6 +46,9 @@ class TimeEstimate:
     micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
+    # How near the kernel measurements behind it come to this GPU (boom_ml/timing/basis.py):
+    # measured | architecture measured | architecture not measured; None without heads.
+    basis: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -166,6 +166,24 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
     return lines
 
 
+def basis_line(gpus: list[GpuPrediction]) -> str:
+    """A note naming the GPUs whose architecture no measured GPU shares ("" if none)."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.basis import UNMEASURED
+
+    by_arch: dict[str, list[str]] = {}
+    for g in gpus:
+        if g.time is not None and g.time.basis == UNMEASURED:
+            by_arch.setdefault(get_gpu(g.gpu).architecture, []).append(g.gpu)
+    if not by_arch:
+        return ""
+    names = "; ".join(f"{arch}: {', '.join(ids)}" for arch, ids in sorted(by_arch.items()))
+    return (
+        f"Time extrapolates to an architecture with no kernel measurements in training ({names}): "
+        "every learned correction comes from other GPUs (README, 'A generation nobody measured')."
+    )
+
+
 def recipe_line(recipe: dict) -> str:
     """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
     nbytes = recipe.get("bytes") or {}
@@ -276,6 +294,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
+    basis = basis_line(prediction.gpus)
+    if basis:
+        console.print(basis, highlight=False, soft_wrap=True)
     recipe = recipe_line(graph.get("recipe") or {})
     if recipe:
         console.print(recipe, highlight=False, soft_wrap=True)

@@ -15,6 +15,7 @@ from typing import Any
 from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing.basis import basis, measured_gpus
 from boom_ml.timing.gnn_artifact import interval_for, load_model, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
 from boom_ml.timing.gnn_model import predict_graph_many
@@ -39,8 +40,18 @@ def estimate_times(
     graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, top_n: int = 10
 ) -> list[TimeEstimate]:
     """:func:`estimate_time` on each of ``gpus``: the per-op heads predict every GPU's rows
-    in one call and the GNN passes messages over the graph once."""
-    tf32 = Tf32.of(tf32)
+    in one call and the GNN passes messages over the graph once. Each estimate's ``basis``
+    says whether that GPU, or its architecture, was among the measured ones."""
+    estimates = _estimate_times(graph, gpus, Tf32.of(tf32), top_n)
+    measured = measured_gpus() if estimates else []
+    for gpu, est in zip(gpus, estimates, strict=True):
+        est.basis = basis(gpu, measured) if measured else None
+    return estimates
+
+
+def _estimate_times(
+    graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int
+) -> list[TimeEstimate]:
     packaged = load_model()
     if not gpus:
         return []

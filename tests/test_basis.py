@@ -1,0 +1,41 @@
+"""Each time estimate says whether its GPU, or the GPU's architecture, was measured."""
+
+from __future__ import annotations
+
+from boom_ml.estimates import GpuPrediction
+from boom_ml.gpus import get_gpu
+from boom_ml.report.table import basis_line
+from boom_ml.specs import StepSpec
+from boom_ml.timing.basis import ARCHITECTURE, MEASURED, UNMEASURED, basis, measured_gpus
+from boom_ml.timing.estimate import estimate_times
+from boom_ml.trace.step import trace_step
+from tests.tiny_models import tiny_cnn
+
+
+def test_basis_by_gpu_then_architecture() -> None:
+    measured = ["a100-80gb-pcie", "t4"]
+    assert basis(get_gpu("a100-80gb-pcie"), measured) == MEASURED
+    assert basis(get_gpu("a100-80gb-sxm"), measured) == ARCHITECTURE  # ampere, measured
+    assert basis(get_gpu("rtx-2080-ti"), measured) == ARCHITECTURE  # turing, as the T4
+    assert basis(get_gpu("h100-sxm"), measured) == UNMEASURED
+    assert basis(get_gpu("v100-pcie-32gb"), measured) == UNMEASURED
+
+
+def test_packaged_heads_measured_no_hopper_gpu() -> None:
+    measured = measured_gpus()
+    assert "a100-80gb-pcie" in measured and "l4" in measured
+    assert {get_gpu(g).architecture for g in measured}.isdisjoint({"hopper", "blackwell"})
+
+
+def test_estimates_carry_their_basis_and_the_table_names_new_architectures(monkeypatch) -> None:
+    monkeypatch.setattr("boom_ml.timing.estimate.measured_gpus", lambda: ["t4"])
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=32, optimizer="sgd"))
+    ids = ["t4", "rtx-2080-ti", "h100-sxm", "h200", "b200"]
+    ests = estimate_times(graph, [get_gpu(g) for g in ids])
+    assert [e.basis for e in ests] == [MEASURED, ARCHITECTURE, UNMEASURED, UNMEASURED, UNMEASURED]
+    preds = [GpuPrediction(g, g, None, e) for g, e in zip(ids, ests, strict=True)]  # type: ignore[arg-type]
+    line = basis_line(preds)
+    assert "(blackwell: b200; hopper: h100-sxm, h200)" in line
+    assert basis_line(preds[:2]) == ""
+    monkeypatch.setattr("boom_ml.timing.estimate.measured_gpus", lambda: [])
+    assert estimate_times(graph, [get_gpu("t4")])[0].basis is None  # no heads: no basis
