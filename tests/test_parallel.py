@@ -282,6 +282,7 @@ def test_predict_parallel_is_json(tmp_path):
     doc = json.loads(json.dumps(out))
     assert doc[0]["time"]["global_batch"] == 8
     assert len(doc[0]["memory"]["per_stage"]) == 2
+    assert doc[0]["time"]["basis"] == "architecture not measured"  # no Hopper kernels trained
 
 
 def test_host_dispatch_floor_bounds_tiny_stages():
@@ -322,6 +323,7 @@ def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
     (entry,) = out["parallel"]
     assert entry["parallel"]["world"] == 2 and entry["parallel"]["sharding"] == "zero1"
     assert entry["time"]["global_batch"] == 2 and entry["memory"]["fit"] in ("yes", "tight", "no")
+    assert entry["time"]["basis"] == "architecture measured"  # the A100-80GB PCIe was
     with pytest.raises(_Invalid, match="does not divide"):
         run({**base, "parallel": {"tp": 7}})
     with pytest.raises(_Invalid, match="gpus_per_node"):

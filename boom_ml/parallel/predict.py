@@ -18,6 +18,7 @@ from boom_ml.parallel.profile import memory_profile, param_counts, time_profiles
 from boom_ml.parallel.shard import check_model, chunk_layers, load_raw, stage_layers
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
+from boom_ml.timing.basis import basis, measured_gpus
 
 DECODER_SEQ_LEN = 2048  # the zoo's default for decoders (boom_ml/zoo/hf_models.py)
 
@@ -66,6 +67,7 @@ def predict_raw(
     )
     out = []
     profiles = time_profiles(raw, layout.tp, time_step, gpus)  # one timing call for all GPUs
+    measured = measured_gpus()
     for gpu, tprof in zip(gpus, profiles, strict=True):
         intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
         inter = inter_link(cluster, gpu.architecture)
@@ -84,6 +86,7 @@ def predict_raw(
         global_batch = step.batch_size * layout.microbatches * layout.dp
         time["global_batch"] = global_batch
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
+        time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
         entry: dict[str, Any] = {
             "gpu": gpu.id,
             "name": gpu.name,

@@ -166,15 +166,16 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
     return lines
 
 
-def basis_line(gpus: list[GpuPrediction]) -> str:
-    """A note naming the GPUs whose architecture no measured GPU shares ("" if none)."""
+def basis_line(bases: list[tuple[str, str | None]]) -> str:
+    """A note naming the GPUs (id, time basis) whose architecture no measured GPU shares
+    ("" if none)."""
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.basis import UNMEASURED
 
     by_arch: dict[str, list[str]] = {}
-    for g in gpus:
-        if g.time is not None and g.time.basis == UNMEASURED:
-            by_arch.setdefault(get_gpu(g.gpu).architecture, []).append(g.gpu)
+    for gpu, basis in bases:
+        if basis == UNMEASURED:
+            by_arch.setdefault(get_gpu(gpu).architecture, []).append(gpu)
     if not by_arch:
         return ""
     names = "; ".join(f"{arch}: {', '.join(ids)}" for arch, ids in sorted(by_arch.items()))
@@ -272,7 +273,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     console = Console(file=buf, width=130, force_terminal=False)
     if prediction.parallel:
         console.print(parallel_table(prediction))
-        for line in collective_lines(prediction):
+        lines = collective_lines(prediction)
+        lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
+        for line in filter(None, lines):
             console.print(line, highlight=False, soft_wrap=True)
         return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
@@ -294,7 +297,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
     )
-    basis = basis_line(prediction.gpus)
+    basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
         console.print(basis, highlight=False, soft_wrap=True)
     recipe = recipe_line(graph.get("recipe") or {})
