@@ -14,7 +14,8 @@ from rich.table import Table
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.heads import fit_model
-from training.train_ops import CONFIG_DIR, _train_kw, load_training_data
+from training.kernel_rows import CONFIG_DIR, load_training_data
+from training.train_ops import _train_kw
 
 TARGET_S = 600.0
 

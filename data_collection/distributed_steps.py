@@ -7,7 +7,7 @@ library API (:func:`torch.distributed.launcher.api.elastic_launch`, what the ``t
 command runs: rendezvous, environment, failure propagation); a script already started by
 ``torchrun`` (``LOCAL_RANK`` set) runs its rank directly. Each rank builds the model of every
 configuration, wraps it for the layout and measures it with the single-GPU harness's step
-(:func:`data_collection.steps.measure_step`); rank 0 gathers the rows and writes one per rank.
+(:func:`data_collection.step_runner.measure_step`); rank 0 gathers the rows and writes one per rank.
 
 Layouts (the keys of ``boom_ml.predict``'s ``parallel.*``; dp * tp * pp = world size):
 
@@ -62,7 +62,7 @@ from boom_ml.trace.optimizers import make_optimizer
 from data_collection import environment as env
 from data_collection import pipeline_steps as pipeline
 from data_collection.shards import ShardWriter, config_key, my_share
-from data_collection.steps import StepRunner, expand, measure_step, step_key, sweep_settings
+from data_collection.step_runner import StepRunner, expand, measure_step, step_key, sweep_settings
 
 log = logging.getLogger(__name__)
 

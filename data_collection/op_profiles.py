@@ -1,6 +1,6 @@
 """Per-op profiles of a real training step, mapped onto the traced OpGraph's nodes.
 
-``data_collection.steps`` runs one more step of a profiled configuration under
+``data_collection.step_runner`` runs one more step of a profiled configuration under
 ``torch.profiler`` with its phases marked (``record_function("boom::<phase>")``); this
 module flattens the profiler's op tree and aligns it with the tracer's nodes
 (``op_profiles`` rows: kernel names and device time per node; CPU time on a CPU).
@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -23,8 +23,15 @@ from boom_ml.trace.sdpa_select import sdpa_group
 from boom_ml.zoo import build_model
 from data_collection import schema
 
-if TYPE_CHECKING:
-    from data_collection.steps import StepRunner
+
+class ProfiledRunner(Protocol):
+    """What :func:`profile_rows` needs of a step runner (``step_runner.StepRunner`` is one):
+    its resolved step, phase markers it can swap, and one step when called."""
+
+    step: Any
+    marks: Callable[[str], contextlib.AbstractContextManager]
+
+    def __call__(self) -> Any: ...
 
 
 def no_mark(name: str) -> contextlib.AbstractContextManager:
@@ -107,7 +114,7 @@ def _cost(e: Any, cuda: bool) -> tuple[float, list[str]]:
 
 
 def profile_rows(
-    runner: StepRunner, config: Mapping[str, Any], key: str, dev: torch.device,
+    runner: ProfiledRunner, config: Mapping[str, Any], key: str, dev: torch.device,
     base: Mapping[str, Any], step_row: Mapping[str, Any],
 ) -> tuple[list[dict[str, Any]], str]:  # fmt: skip
     """op_profiles rows of one profiled step, and a note on how much time they cover."""

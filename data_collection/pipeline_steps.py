@@ -48,7 +48,7 @@ from boom_ml.parallel.shard import stage_layers
 from boom_ml.specs import ModelSpec
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.zoo import build_model
-from data_collection.steps import StepRunner
+from data_collection.step_runner import StepRunner
 
 PIPELINE_KEYS = ("schedule", "virtual_stages")
 # Decoders whose base model's forward runs on inputs_embeds unchanged (tests check each one

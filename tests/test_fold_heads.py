@@ -18,7 +18,7 @@ SETTINGS = {"n_estimators": 5, "learning_rate": 0.1, "max_train_rows": None, "mi
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> pd.DataFrame:
-    from training.train_ops import load_training_data
+    from training.kernel_rows import load_training_data
 
     data = canonical_dir(tmp_path_factory.mktemp("canonical"))
     k = load_training_data({"dir": str(data), "sources": ["neusight_train", "neusight_test"],

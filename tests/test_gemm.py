@@ -155,7 +155,7 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
     from boom_ml.timing.gemm import gemm_model_for
     from training import train_gemm
     from training.fold_heads import FoldHeads
-    from training.train_ops import load_training_data
+    from training.kernel_rows import load_training_data
 
     full = train_gemm.load_config()
     small = {**full, "lgb": {**full["lgb"], "n_estimators": 10}}  # the packaged variant, tiny

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from data_collection import kernels, schema, steps
+from data_collection import kernels, schema, step_runner, steps
 from data_collection.paths import shared_data_dir
 from data_collection.shards import KEY, SimulatedCrash, read_shards, shard_files
 
@@ -87,7 +87,7 @@ def test_kernel_sweep_killed_midway_resumes(tmp_path: Path) -> None:
 
 def test_step_harness_on_cpu_with_op_profiles_and_resume(tmp_path: Path) -> None:
     cfg = step_cfg(tmp_path, amp=["bf16"], checkpointing=["none", "full"], flush_every=1)
-    expected = {k for k, _ in steps.expand(cfg, "cpu", on_cuda=False)}
+    expected = {k for k, _ in step_runner.expand(cfg, "cpu", on_cuda=False)}
     assert len(expected) == 4
     with pytest.raises(SimulatedCrash):  # killed after the 2nd config, before its flush
         steps.run_step_sweep({**cfg, "fail_after": 2})
@@ -114,7 +114,7 @@ def test_step_harness_on_cpu_with_op_profiles_and_resume(tmp_path: Path) -> None
 def test_step_dry_run_is_a_handful_of_configs_covering_every_option() -> None:
     cfg = RUNNER.merge(RUNNER.load_config(REPO / "configs" / "collect" / "steps.yaml"),
                        {"device": "cpu", "dry_run": True})  # fmt: skip
-    plan = [c for _, c in steps.expand(cfg, "cpu", on_cuda=False)]
+    plan = [c for _, c in step_runner.expand(cfg, "cpu", on_cuda=False)]
     assert [c["model"] for c in plan] == [m["name"] for m in cfg["models"]]  # one per model
     assert [(c["amp"], c["checkpointing"]) for c in plan] == [
         ("none", "none"), ("none", "full"), ("fp16", "none"), ("fp16", "full"), ("bf16", "none")
@@ -124,15 +124,15 @@ def test_step_dry_run_is_a_handful_of_configs_covering_every_option() -> None:
     assert all(c["options"]["hidden_size"] == 64 for c in plan if c["model"].startswith("hf:"))
     vit = next(c for c in plan if c["model"] == "torchvision:vit_b_16")
     assert vit["image_size"] == vit["options"]["image_size"] == 32
-    full = steps.expand({**cfg, "dry_run_configs": "all"}, "cpu", on_cuda=False)
+    full = step_runner.expand({**cfg, "dry_run_configs": "all"}, "cpu", on_cuda=False)
     assert len(full) == 30  # 5 models x 3 amp x 2 checkpointing
 
 
 def test_oom_is_a_data_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def out_of_memory(self: steps.StepRunner) -> None:
+    def out_of_memory(self: step_runner.StepRunner) -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(steps.StepRunner, "__call__", out_of_memory)
+    monkeypatch.setattr(step_runner.StepRunner, "__call__", out_of_memory)
     steps.run_step_sweep(step_cfg(tmp_path, models=TINY_MODELS[:1], amp=["none"],
                                   checkpointing=["none"]))  # fmt: skip
     df = read_shards(tmp_path, "steps")
@@ -148,7 +148,7 @@ def test_gpu_sweep_files_load_and_runner_dry_run(
     scfg = RUNNER.load_config(SWEEPS / "h200_steps.yaml")
     assert kcfg["time_budget_min"] and scfg["time_budget_min"]  # the < 8 min guard
     assert len(kernels.expand(kcfg, "h200", on_cuda=True)) > 100
-    plan = [c for _, c in steps.expand(scfg, "h200")]
+    plan = [c for _, c in step_runner.expand(scfg, "h200")]
     assert {c["amp"] for c in plan} >= {"fp16", "bf16"} and not any(c["profile"] for c in plan)
     assert {c["checkpointing"] for c in plan} == {"none", "full"}
     # The runner end to end on tiny sweeps of the same shape (its own YAMLs, on the CPU).
@@ -177,7 +177,7 @@ def test_gpu_sweep_files_load_and_runner_dry_run(
 def test_neusight_sweeps_match_the_labels_they_stand_for() -> None:
     """The H200 NeuSight sweeps: the ten A100-80GB train labels' configs, fp32 eager, no optimizer."""
     scfg = RUNNER.load_config(SWEEPS / "h200_neusight_steps.yaml")
-    plan = [c for _, c in steps.expand(scfg, "h200")]
+    plan = [c for _, c in step_runner.expand(scfg, "h200")]
     got = sorted((Path(c["model"][3:]).stem, c["seq_len"], c["batch_size"]) for c in plan)
     index = pd.read_csv(SHARED / "neusight" / "labels_index.csv")
     a100 = index[(index.gpu_folder == "NVIDIA_A100_80GB_PCIe") & (index["mode"] == "train")]

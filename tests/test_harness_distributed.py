@@ -22,7 +22,7 @@ import torch
 
 from boom_ml.specs import ModelSpec
 from boom_ml.zoo import build_model
-from data_collection import schema, steps
+from data_collection import schema, step_runner, steps
 from data_collection.distributed_steps import LayoutError, layouts, rank_key
 from data_collection.pipeline_steps import DECODER_TYPES, rank_stages, split_decoder
 from data_collection.shards import KEY, read_shards
@@ -69,9 +69,9 @@ def test_gloo_dry_run_writes_one_row_per_rank_and_resumes(tmp_path: Path) -> Non
     assert took < 60, f"the 2-rank gloo dry run took {took:.0f} s"
     assert df["stage"].tolist() == [0, 0] and df["schedule"].tolist() == ["1f1b"] * 2
     # the pipeline keys stay out of a layout without a pipeline: shards of older sweeps resume
-    [(_, config)] = steps.expand(cfg, "cpu", on_cuda=False)
+    [(_, config)] = step_runner.expand(cfg, "cpu", on_cuda=False)
     old = {"dp": 2, "tp": 1, "pp": 1, "sharding": "none", "microbatches": 2}
-    key = steps.step_key({**config, "parallel": old})
+    key = step_runner.step_key({**config, "parallel": old})
     assert set(rows[KEY]) == {rank_key(key, r, 2) for r in (0, 1)}
     steps.run_step_sweep(cfg)  # resumed: every rank's row is on disk, nothing re-measured
     assert len(read_shards(tmp_path, "steps")) == 2
@@ -210,7 +210,7 @@ def test_pipeline_layouts_the_harness_cannot_run_fail_in_one_line(tmp_path: Path
 
 def _tiny_decoder(kind: str, layers: int, **options: Any) -> torch.nn.Module:
     torch.manual_seed(0)
-    opts = {**steps.DRY_RUN_HF_OPTIONS, "num_hidden_layers": layers, "pad_token_id": None}
+    opts = {**step_runner.DRY_RUN_HF_OPTIONS, "num_hidden_layers": layers, "pad_token_id": None}
     module = build_model(ModelSpec(f"hf:{DECODERS[kind]}", {**opts, **options}), "cpu").module
     assert module.config.model_type == kind
     return module.eval()

@@ -20,7 +20,7 @@ from data_collection.shards import ShardWriter, merge_by_source
 from tests.test_schema import synthetic_kernel_rows, synthetic_step_rows
 from training import hopper_check
 from training.held_out import drop_held_out, held_out_mask
-from training.train_ops import load_training_data
+from training.kernel_rows import load_training_data
 
 
 def _kernels_on(gpus: list[str]) -> pd.DataFrame:

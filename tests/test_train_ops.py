@@ -41,7 +41,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def small_kernels(data_dir) -> pd.DataFrame:
-    from training.train_ops import load_training_data
+    from training.kernel_rows import load_training_data
 
     return load_training_data({"dir": str(data_dir), "sources": ["neusight_train", "neusight_test"],
                                "exclude_gpus": {"p4": "throttled"}, "max_rows_per_head": 400},

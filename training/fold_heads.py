@@ -54,11 +54,9 @@ class FoldHeads:
         log: Callable[[str], Any] = print,
     ) -> FoldHeads:
         """The kernel rows and step-check settings of ``configs/train_ops.yaml``."""
-        from omegaconf import OmegaConf
+        from training.kernel_rows import load_training_data, train_ops_config
 
-        from training.train_ops import CONFIG_DIR, load_training_data
-
-        o = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "train_ops.yaml"))
+        o = train_ops_config()
         data = {**o["data"], "dir": data_dir or o["data"].get("dir")}
         kernels = load_training_data(data, log)
         return cls(kernels, fold_settings(o, n_jobs), cache_dir, log)

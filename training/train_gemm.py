@@ -313,7 +313,7 @@ def score_fold(kernels: pd.DataFrame, gpu: str, model: GemmModel | None) -> list
 def run(o: dict, log: Any = print) -> dict[str, Any]:
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.gemm import PACKAGED_DIR, is_gemm_row
-    from training.train_ops import load_training_data
+    from training.kernel_rows import load_training_data
 
     kernels = load_training_data(o["data"], log)
     kernels = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]

@@ -21,41 +21,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from training.kernel_rows import CONFIG_DIR, load_training_data
+
 REPO = Path(__file__).resolve().parent.parent
-CONFIG_DIR = str(REPO / "configs")
 
 
 def _opts(cfg: Any) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-
-
-def load_training_data(data: dict[str, Any], log: Any = print) -> pd.DataFrame:
-    """Canonical kernel rows minus excluded GPUs (each exclusion printed with its reason)
-    and minus every Hopper row (``training/held_out.py``)."""
-    from data_collection.schema import load_kernels
-    from training.held_out import drop_held_out
-
-    kernels = drop_held_out(load_kernels(data.get("dir"), data.get("sources")), "kernel", log)
-    for gpu, reason in (data.get("exclude_gpus") or {}).items():
-        drop = kernels["gpu_id"] == gpu
-        if drop.any():
-            log(f"excluded {int(drop.sum())} rows of {gpu}: {' '.join(str(reason).split())}")
-        kernels = kernels[~drop]
-    cap = data.get("max_rows_per_head")
-    if cap:
-        from boom_ml.timing.features import FAMILY_HEAD
-
-        # Stratified by GPU, so that a small run still holds every GPU (the L4 has ~2 % of
-        # the GEMM rows and would vanish from a plain random sample).
-        head = kernels["family"].map(FAMILY_HEAD)
-        per_gpu = (int(cap) // kernels.groupby(head)["gpu_id"].transform("nunique")).clip(lower=1)
-        rank = (
-            kernels.sample(frac=1.0, random_state=0).groupby([head, kernels["gpu_id"]]).cumcount()
-        )
-        kernels = kernels[rank.reindex(kernels.index) < per_gpu]
-    return kernels.reset_index(drop=True)
 
 
 def _train_kw(model: dict[str, Any], **override: Any) -> dict[str, Any]:
