@@ -209,3 +209,22 @@ def test_packaged_model_times_the_traced_gemms(monkeypatch) -> None:
     assert (pred["method"][gemm] == METHOD).all()
     assert not (pred["method"][~gemm] == METHOD).any()
     assert (pred["ms"][gemm] > 0).all()
+
+
+def test_held_out_coverage_calibrates_on_the_other_gpus_only() -> None:
+    """Synthetic residuals: GPU c's interval comes from a and b (|log ratio| <= 1), so its
+    rows at -5 and +5 fall outside and its rows at 0 inside."""
+    from training.train_gemm import held_out_coverage
+
+    resid = {"a": np.zeros(10), "b": np.linspace(-1.0, 1.0, 11), "c": np.array([-5.0, 0.0, 0.0, 5.0])}
+    kernels = pd.DataFrame({
+        "gpu_id": ["a"] * 10 + ["b"] * 11 + ["c"] * 4,
+        "op": ["bmm"] * 21 + ["bmm", "linear", "mm", "bmm"],
+        "dtype": ["float32"] * 24 + ["float16"],
+    })  # fmt: skip
+    table = held_out_coverage(resid, kernels).set_index("gpu")
+    c = table.loc["c"]
+    assert c["rows"] == 4 and c["fp32 bmm/linear rows"] == 2
+    assert c["coverage %"] == 50.0 and c["fp32 bmm/linear coverage %"] == 50.0  # -5 out, 0 in
+    assert np.exp(-1.0) <= c["p10"] < 1.0 < c["p90"] <= np.exp(1.0)
+    assert table.loc["a", "coverage %"] == 100.0  # zeros sit inside any interval around 0

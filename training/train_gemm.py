@@ -259,6 +259,28 @@ def interval(resid: dict[str, np.ndarray]) -> dict[str, float]:
     return {q: float(vals[order][np.searchsorted(cdf, p)]) for q, p in (("p10", 0.1), ("p90", 0.9))}
 
 
+def held_out_coverage(resid: dict[str, np.ndarray], kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per held-out GPU: the 80 % interval as :func:`interval` calibrates it, but on the other
+    GPUs' held-out residuals only, and the share of this GPU's rows inside it (all its GEMM
+    rows, and its fp32 bmm/linear rows: the MAPE table's). ``resid[g]``: log(measured /
+    predicted) of GPU g's rows in ``kernels`` order, as :func:`leave_one_gpu_out` returns."""
+    lines = []
+    for g, r in resid.items():
+        others = {h: v for h, v in resid.items() if h != g}
+        if not others:
+            continue
+        bounds = interval(others)
+        inside = (bounds["p10"] <= r) & (r <= bounds["p90"])
+        mine = kernels[kernels["gpu_id"].astype(str).eq(g)]
+        scored = (mine["op"].isin(SCORED_OPS) & mine["dtype"].eq("float32")).to_numpy()
+        lines.append({"gpu": g, "rows": len(r), "p10": float(np.exp(bounds["p10"])),
+                      "p90": float(np.exp(bounds["p90"])), "coverage %": 100 * float(inside.mean()),
+                      "fp32 bmm/linear rows": int(scored.sum()),
+                      "fp32 bmm/linear coverage %": 100 * float(inside[scored].mean())
+                      if scored.any() else float("nan")})  # fmt: skip
+    return pd.DataFrame(lines)
+
+
 def load_config(**override: Any) -> dict:
     """``configs/train_gemm.yaml`` as a dict (top-level keys replaced by ``override``)."""
     from omegaconf import OmegaConf
@@ -324,6 +346,13 @@ def run(o: dict, log: Any = print) -> dict[str, Any]:
     if o["cv"]["enabled"]:
         result["cv"], resid = leave_one_gpu_out(kernels, specs, o, log)
         log(format_table(result["cv"]))
+        if o["use"] in resid:
+            result["coverage"] = held_out_coverage(resid[o["use"]], kernels)
+            log(
+                f"held-out coverage of {o['use']}'s 80 % interval (x p10 .. x p90 of the "
+                "prediction, calibrated on the other GPUs' folds):"
+            )
+            log(result["coverage"].round(2).to_string(index=False))
     if o["package"]:
         feats = gemm_features(kernels, specs)
         y = np.log(kernels["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
