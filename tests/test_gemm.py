@@ -216,7 +216,11 @@ def test_held_out_coverage_calibrates_on_the_other_gpus_only() -> None:
     rows at -5 and +5 fall outside and its rows at 0 inside."""
     from training.train_gemm import held_out_coverage
 
-    resid = {"a": np.zeros(10), "b": np.linspace(-1.0, 1.0, 11), "c": np.array([-5.0, 0.0, 0.0, 5.0])}
+    resid = {
+        "a": np.zeros(10),
+        "b": np.linspace(-1.0, 1.0, 11),
+        "c": np.array([-5.0, 0.0, 0.0, 5.0]),
+    }
     kernels = pd.DataFrame({
         "gpu_id": ["a"] * 10 + ["b"] * 11 + ["c"] * 4,
         "op": ["bmm"] * 21 + ["bmm", "linear", "mm", "bmm"],
