@@ -42,3 +42,12 @@ def test_tflops_at_the_roofline_is_the_spec_peak_and_spread_names_the_slowest_fo
     assert spread.loc[big32, "fold at min"] == "without l4"
     assert spread.loc[big32, "packaged"] == pytest.approx(at_peak(66.9), rel=1e-9)
     assert list(spread.index) == gemm_spread.labels()
+
+
+def test_arguments_name_gpus_by_id_or_alias_and_refuse_the_rest(capsys) -> None:
+    assert gemm_spread.parse_targets([]) == ["h100-sxm", "h200"]
+    assert gemm_spread.parse_targets(["gpus=H100 SXM,l4"]) == ["h100-sxm", "l4"]
+    with pytest.raises(SystemExit, match="unknown argument 'gpu=l4'"):
+        gemm_spread.parse_targets(["gpu=l4"])
+    assert gemm_spread.main(["--help"]) is None
+    assert "python -m training.gemm_spread" in capsys.readouterr().out

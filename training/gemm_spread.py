@@ -87,9 +87,24 @@ def fold_models() -> dict[str, GemmModel]:
     return models
 
 
-def main(argv: list[str] | None = None) -> pd.DataFrame:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    targets = [g for g in args.get("gpus", ",".join(DEFAULT_TARGETS)).split(",") if g]
+def parse_targets(argv: list[str]) -> list[str]:
+    """``gpus=a,b`` (default: the Hopper GPUs); any other argument is an error."""
+    targets = list(DEFAULT_TARGETS)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if key != "gpus" or not sep:
+            raise SystemExit(f"gemm_spread: unknown argument {arg!r}; usage: "
+                             "python -m training.gemm_spread [gpus=h100-sxm,h200]")  # fmt: skip
+        targets = [get_gpu(g).id for g in value.split(",") if g]
+    return targets
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame | None:
+    argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return None
+    targets = parse_targets(argv)
     table = tflops(fold_models(), targets)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print("Predicted TFLOPS per reference GEMM, packaged model and each fold model:")

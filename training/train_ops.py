@@ -24,6 +24,7 @@ import pandas as pd
 from training.kernel_rows import CONFIG_DIR, load_training_data
 
 REPO = Path(__file__).resolve().parent.parent
+FOLDS = ("gpu", "newer")  # steps.fold: what a label GPU's fold holds out (held_out_for)
 
 
 def _opts(cfg: Any) -> dict[str, Any]:
@@ -66,6 +67,12 @@ def run(cfg: Any, log: Any = print) -> dict[str, Any]:
     from training import cv as cvmod
 
     o = _opts(cfg)
+    if o["steps"].get("fold", "gpu") not in FOLDS:  # before anything trains
+        from boom_ml.errors import InvalidInputError
+
+        raise InvalidInputError(
+            f"steps.fold={o['steps']['fold']!r}: expected one of {', '.join(FOLDS)}"
+        )
     kernels = load_training_data(o["data"], log)
     specs = {g: get_gpu(g) for g in sorted(kernels["gpu_id"].unique())}
     log(f"{len(kernels)} kernel rows, {len(specs)} GPUs: {', '.join(specs)}")
@@ -152,7 +159,7 @@ def held_out_for(gpu_id: str, fold: str, specs: dict) -> list[str]:
     if fold == "gpu":
         return [gpu_id]
     if fold != "newer":
-        raise ValueError(f"steps.fold={fold!r}: expected 'gpu' or 'newer'")
+        raise ValueError(f"steps.fold={fold!r}: expected one of {', '.join(FOLDS)}")
     floor = specs[gpu_id].sm_version
     return sorted(g for g, spec in specs.items() if spec.sm_version >= floor)
 
