@@ -51,6 +51,14 @@ def fit_variant(
         w = (1.0 / pd.Series(gpus).map(counts)).to_numpy() * len(gpus) / len(counts)
     if variant["learner"] == "lgb_offset":
         return _fit_offset(feats, y, variant, o, gpus, cols, w)
+    if variant["learner"] == "lgb" and variant.get("bags_by") == "gpu" and gpus is not None:
+        # One booster per training GPU, fit without that GPU's rows; their mean is the
+        # prediction, so no single GPU decides where a GPU beyond the measured range lands.
+        held = sorted(set(gpus))
+        keep = [np.asarray(gpus) != g for g in held]
+        boosters = [_fit_lgb(x[k], y[k], None if w is None else w[k], o, o["seed"] + i)
+                    for i, k in enumerate(keep)]  # fmt: skip
+        return GemmModel("lgb", cols, boosters=boosters)
     if variant["learner"] == "lgb":
         bags = range(variant.get("bags", 1))
         return GemmModel("lgb", cols, boosters=[_fit_lgb(x, y, w, o, o["seed"] + b) for b in bags])
