@@ -22,7 +22,7 @@ class _AtRoofline:
 
 def test_tflops_at_the_roofline_is_the_spec_peak_and_spread_names_the_slowest_fold() -> None:
     models = {"packaged": _AtRoofline(1.0), "without t4": _AtRoofline(1.0),
-              "without l4": _AtRoofline(2.0)}  # fmt: skip
+              "without l4": _AtRoofline(2.0), "variant x": _AtRoofline(4.0)}  # fmt: skip
     table = gemm_spread.tflops(models, ["h100-sxm"])  # type: ignore[arg-type]
     big32, big16 = "linear 8192x8192x8192 float32", "linear 8192x8192x8192 float16"
     packaged = table.set_index("model").loc["packaged"]
@@ -45,9 +45,9 @@ def test_tflops_at_the_roofline_is_the_spec_peak_and_spread_names_the_slowest_fo
 
 
 def test_arguments_name_gpus_by_id_or_alias_and_refuse_the_rest(capsys) -> None:
-    assert gemm_spread.parse_targets([]) == ["h100-sxm", "h200"]
-    assert gemm_spread.parse_targets(["gpus=H100 SXM,l4"]) == ["h100-sxm", "l4"]
+    assert gemm_spread.parse_args([]) == (["h100-sxm", "h200"], None)
+    assert gemm_spread.parse_args(["gpus=H100 SXM,l4", "variant=v"]) == (["h100-sxm", "l4"], "v")
     with pytest.raises(SystemExit, match="unknown argument 'gpu=l4'"):
-        gemm_spread.parse_targets(["gpu=l4"])
+        gemm_spread.parse_args(["gpu=l4"])
     assert gemm_spread.main(["--help"]) is None
     assert "python -m training.gemm_spread" in capsys.readouterr().out

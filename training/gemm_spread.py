@@ -1,6 +1,6 @@
 """How much a GEMM prediction for a GPU nobody measured rests on any one measured GPU.
 
-    python -m training.gemm_spread [gpus=h100-sxm,h200]
+    python -m training.gemm_spread [gpus=h100-sxm,h200] [variant=NAME]
 
 For a few reference GEMMs, the throughput (TFLOPS) the tile/wave GEMM model predicts on
 each target GPU: the packaged model's, and that of every leave-one-GPU-out fold model (the
@@ -8,7 +8,9 @@ same variant fit without one training GPU's rows: the step check's fold models, 
 ``data/fold_heads``; a missing one is fit, about a minute each). Inside the measured range a
 fold barely moves a prediction; for a GPU beyond it (more SMs, bandwidth and peak than any
 measured card), the trees place it by splits that one training GPU can move, and the spread
-across folds shows by how much. Nothing is fitted to the targets: no Hopper row exists here.
+across folds shows by how much. ``variant=NAME`` adds that ``configs/train_gemm.yaml``
+variant fit on every GPU's rows (about a minute). Nothing is fitted to the targets: no
+Hopper row exists here.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def labels() -> list[str]:
 
 def spread(table: pd.DataFrame) -> pd.DataFrame:
     """Per target and shape: the packaged model's TFLOPS and the folds' min and max."""
-    folds = table[table["model"] != "packaged"]
+    folds = table[table["model"].str.startswith("without ")]
     packaged = table[table["model"] == "packaged"].set_index("gpu")
     lines = []
     for gpu, sub in folds.groupby("gpu", sort=False):
@@ -87,16 +89,37 @@ def fold_models() -> dict[str, GemmModel]:
     return models
 
 
-def parse_targets(argv: list[str]) -> list[str]:
-    """``gpus=a,b`` (default: the Hopper GPUs); any other argument is an error."""
-    targets = list(DEFAULT_TARGETS)
+def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
+    """(``gpus=a,b``: default the Hopper GPUs; ``variant=NAME``); other arguments are errors."""
+    targets, variant = list(DEFAULT_TARGETS), None
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if key != "gpus" or not sep:
+        if key not in ("gpus", "variant") or not sep:
             raise SystemExit(f"gemm_spread: unknown argument {arg!r}; usage: "
-                             "python -m training.gemm_spread [gpus=h100-sxm,h200]")  # fmt: skip
-        targets = [get_gpu(g).id for g in value.split(",") if g]
-    return targets
+                             "python -m training.gemm_spread [gpus=h100-sxm,h200] [variant=NAME]")  # fmt: skip
+        if key == "gpus":
+            targets = [get_gpu(g).id for g in value.split(",") if g]
+        else:
+            variant = value
+    return targets, variant
+
+
+def variant_model(name: str) -> GemmModel:
+    """A ``configs/train_gemm.yaml`` variant fit on every GPU's GEMM rows (as packaging does)."""
+    import numpy as np
+
+    from boom_ml.timing.gemm import is_gemm_row
+    from training.kernel_rows import load_training_data
+    from training.train_gemm import fit_variant, load_config
+
+    o = load_config()
+    if name not in o["variants"]:
+        raise SystemExit(f"gemm_spread: no variant {name!r} in configs/train_gemm.yaml")
+    k = load_training_data(o["data"], log=lambda _m: None)
+    k = k[(k["family"] == "gemm").to_numpy() & is_gemm_row(k)].reset_index(drop=True)
+    feats = gemm_features(k, {g: get_gpu(g) for g in sorted(k["gpu_id"].unique())})
+    y = np.log(k["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
+    return fit_variant(feats, y, o["variants"][name], o, k["gpu_id"].astype(str).to_numpy())
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame | None:
@@ -104,8 +127,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame | None:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return None
-    targets = parse_targets(argv)
-    table = tflops(fold_models(), targets)
+    targets, variant = parse_args(argv)
+    models = fold_models()
+    if variant:
+        print(f"fitting {variant} on every GPU's rows", flush=True)
+        models[f"variant {variant}"] = variant_model(variant)
+    table = tflops(models, targets)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print("Predicted TFLOPS per reference GEMM, packaged model and each fold model:")
         print(table.round(1).to_string(index=False))
