@@ -166,7 +166,7 @@ def test_graph_round_trips_through_cache(tmp_path) -> None:
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data dir {SHARED} is absent")
-def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
+def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch, capsys) -> None:
     """Real cnn_step_times rows of two small models: dataset, one-epoch CV, package."""
     from data_collection.import_public import import_all
     from training.train_gnn import run
@@ -191,6 +191,9 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch) -> None:
     assert saved["use_gnn"] == manifest["use_gnn"]
     assert isinstance(model, gnn_model.GnnEnsemble) and len(model.members) == 2
     assert model.members[0].config == {"hidden": 16, "layers": 2, "max_log_correction": 4.0}
+    # The per-run table (training/run_bias.py) names the runs of the held-out GPUs.
+    printed = capsys.readouterr().out.split("Held-out predictions per measuring run", 1)[1]
+    assert "script2018" in printed and "TITANXP" in printed and "titan-xp" in printed
 
 
 def test_ensemble_is_the_members_mean_and_round_trips(tmp_path) -> None:

@@ -175,9 +175,10 @@ def build_dataset(
     rows["tf32_matmul"] = [row_tf32(r).matmul for _, r in rows.iterrows()]
     rows["tf32_cudnn"] = [row_tf32(r).cudnn for _, r in rows.iterrows()]
     rows["target_ms"] = rows["step_time_ms"].astype(float)
+    # run_id and source_path name the measuring run (training/run_bias.py reads them).
     keep = ["source", "gpu_id", "model", "family", "batch_size", "seq_len", "image_size",
             "precision", "amp", "phase_scope", "channels_last", "tf32_matmul", "tf32_cudnn",
-            "graph", "target_ms"]  # fmt: skip
+            "graph", "target_ms", "run_id", "source_path"]  # fmt: skip
     inputs, base = featurise(rows[keep], ordered, per_op_fn)
     ds = StepGraphDataset(rows[keep].assign(baseline_ms=base), data, inputs, per_op_name,
                           excluded, cache.seconds, traced=ordered)  # fmt: skip

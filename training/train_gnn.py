@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
 from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN
-from training import intervals
+from training import intervals, run_bias
 from training.graph_dataset import StepGraphDataset, build_dataset
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -351,6 +351,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     print("packaged 80 % interval (all held-out-GPU folds; estimate x p10 .. x p90; family "
           f"lines where its rows span >= {intervals.MIN_GPUS} GPUs):")  # fmt: skip
     print(intervals.describe(interval) if interval else "(no folds)")
+    if len(preds):
+        print("\nHeld-out predictions per measuring run (training/run_bias.py; median log "
+              "predicted / measured, > 0: too slow):")  # fmt: skip
+        print(run_bias.run_table(preds, ds.rows).round(2).to_string(index=False))
     print(f"dataset {t_data:.0f} s (tracing {ds.trace_seconds:.0f} s), CV {t_cv:.0f} s, "
           f"CV + final fit {train_seconds:.0f} s")  # fmt: skip
     manifest = {

@@ -1,0 +1,33 @@
+"""run_bias: held-out step predictions per measuring run (synthetic predictions)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from training.run_bias import run_table
+
+
+def test_medians_per_run_gpu_and_precision_from_the_rows_the_predictions_index() -> None:
+    rows = pd.DataFrame({
+        "source": ["cnn_step_times"] * 4 + ["neusight_labels"],
+        "gpu_id": ["titan-rtx", "titan-rtx", "titan-rtx", "rtx-2080-ti", "l4"],
+        "target_ms": [10.0, 20.0, 40.0, 10.0, 5.0],
+        "run_id": ["script2020"] * 4 + [""],
+        "source_path": ["results/TitanRTX/a.csv"] * 3 + ["results/2080ti(2)/b.csv", ""],
+        "precision": ["float16"] * 5,
+    })  # fmt: skip
+    preds = pd.DataFrame({
+        "kind": ["gpu"] * 5 + ["family"],
+        "row": [0, 1, 2, 3, 4, 0],
+        "gnn_ms": [20.0, 20.0, 20.0, 5.0, 5.0, 1.0],  # x2, x1, x0.5 | x0.5
+        "baseline_ms": [10.0, 20.0, 40.0, 10.0, 5.0, 1.0],
+    })  # fmt: skip
+    table = run_table(preds, rows).set_index("gpu_id")
+    assert list(table.index) == ["rtx-2080-ti", "titan-rtx"]  # NeuSight and family folds out
+    rtx = table.loc["titan-rtx"]
+    assert (rtx["folder"], rtx["rows"]) == ("TitanRTX", 3)
+    assert rtx["gnn_median_log"] == 0.0 and rtx["per_op_median_log"] == 0.0
+    assert table.loc["rtx-2080-ti", "gnn_median_log"] == pytest.approx(np.log(0.5))
+    assert table.loc["rtx-2080-ti", "folder"] == "2080ti(2)"
