@@ -298,11 +298,11 @@ def load_config(**override: Any) -> dict:
 
 
 def fold_gemm(
-    kernels: pd.DataFrame, gpu: str | Collection[str] | None, cache: Path | None = None
+    kernels: pd.DataFrame, held: Collection[str], cache: Path | None = None
 ) -> GemmModel | None:
-    """The packaged variant fit on the GEMM rows of every GPU but ``gpu`` (one id or several:
-    a CV fold's GEMM model; ``cache``: a folder to reuse it from; None without GEMM rows: the
-    heads time them). No interval: p10/p90 repeat the median."""
+    """The packaged variant fit on the GEMM rows of every GPU but those ``held`` out (a CV
+    fold's GEMM model; ``cache``: a folder to reuse it from; None without GEMM rows: the heads
+    time them). No interval: p10/p90 repeat the median."""
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.gemm import GEMM_MODEL_VERSION, is_gemm_row
 
@@ -313,7 +313,7 @@ def fold_gemm(
         if model.meta.get("tag") == tag:
             return model
     rows = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
-    held = sorted({gpu} if isinstance(gpu, str) else set(gpu or ()))
+    held = sorted(held)
     rows = rows[~rows["gpu_id"].astype(str).isin(held)].reset_index(drop=True)
     if len(rows) < MIN_TRAIN_ROWS:
         return None
