@@ -186,6 +186,9 @@ def test_fold_gemm_model_never_sees_the_held_out_gpu(
         assert scores[(op, "all")]["n"] == sel.sum() > 0
         assert scores[(op, "all")]["mape"] == pytest.approx(100 * ape[sel].mean(), rel=1e-12)
     assert train_gemm.score_fold(kernels, "rtx-3090", model.gemm) == []
+    line = train_gemm.fold_line(train_gemm.score_fold(kernels, "t4", model.gemm))
+    assert line.startswith(f"bmm {scores[('bmm', 'all')]['mape']:.1f} (")
+    assert f"linear {scores[('linear', 'all')]['mape']:.1f} (" in line
 
 
 @pytest.mark.skipif(not (PACKAGED_DIR / "model.json").exists(), reason="no packaged GEMM model")

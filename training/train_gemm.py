@@ -340,6 +340,17 @@ def score_fold(kernels: pd.DataFrame, gpu: str, model: GemmModel | None) -> list
     return gemm_scores(rows, model.predict_ms(gemm_features(rows, {gpu: get_gpu(gpu)})))
 
 
+def fold_line(scores: list[dict[str, Any]]) -> str:
+    """:func:`score_fold`'s scores in one line: per op, all rows and NeuSight's test split."""
+    by = {(sc["op"], sc["rows"]): sc for sc in scores}
+    parts = []
+    for op in (op for op in SCORED_OPS if (op, "all") in by):
+        test = by.get((op, "test"))
+        split = f"; NeuSight test split {test['mape']:.1f}" if test else ""
+        parts.append(f"{op} {by[op, 'all']['mape']:.1f} ({by[op, 'all']['n']} rows{split})")
+    return ", ".join(parts)
+
+
 def run(o: dict, log: Any = print) -> dict[str, Any]:
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.gemm import PACKAGED_DIR, is_gemm_row

@@ -114,7 +114,7 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     from training.cv import evaluate_steps
     from training.fold_heads import FoldHeads, fold_settings
     from training.step_traces import SOURCE_ATTENTION
-    from training.train_gemm import score_fold
+    from training.train_gemm import fold_line, score_fold
 
     s = o["steps"]
     steps = load_steps(o["data"].get("dir"), [s["source"]])
@@ -137,18 +137,9 @@ def _evaluate_steps(kernels: pd.DataFrame, specs: dict, o: dict, log: Any) -> pd
     # The same folds' GEMM models on the label GPU's own fp32 bmm/linear kernels (per-op
     # MAPE %, the issue's per-op target), where it has such rows.
     for gpu_id, model in used.items():
-        sc = {
-            (x["op"], x["rows"]): x
-            for x in score_fold(kernels, gpu_id, getattr(model, "gemm", None))
-        }
-        parts = [f"{op} {sc[op, 'all']['mape']:.1f} ({sc[op, 'all']['n']} rows; NeuSight test "
-                 f"split {sc[op, 'test']['mape']:.1f})" for op in ("bmm", "linear") if (op, "all") in sc
-                 and (op, "test") in sc]  # fmt: skip
-        if parts:
-            log(
-                f"steps fold {gpu_id}: its fp32 kernels by the fold's GEMM model, MAPE %: "
-                + ", ".join(parts)
-            )
+        line = fold_line(score_fold(kernels, gpu_id, getattr(model, "gemm", None)))
+        if line:
+            log(f"steps fold {gpu_id}: its fp32 kernels by the fold's GEMM model, MAPE %: {line}")
     return steps
 
 
