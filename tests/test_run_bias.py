@@ -31,3 +31,24 @@ def test_medians_per_run_gpu_and_precision_from_the_rows_the_predictions_index()
     assert rtx["gnn_median_log"] == 0.0 and rtx["per_op_median_log"] == 0.0
     assert table.loc["rtx-2080-ti", "gnn_median_log"] == pytest.approx(np.log(0.5))
     assert table.loc["rtx-2080-ti", "folder"] == "2080ti(2)"
+
+
+def test_month_correction_uses_only_the_other_gpus_of_that_month() -> None:
+    from training.run_bias import month_corrected
+
+    rows = pd.DataFrame({
+        "source": ["cnn_step_times"] * 3,
+        "gpu_id": ["titan-rtx", "titan-xp", "gtx-1080-ti"],
+        "target_ms": [10.0, 10.0, 10.0],
+        "run_id": ["script2020", "script2020", "script2018"],
+        "source_path": ["results/TitanRTX/a.csv", "results/TITANXP/b.csv", "results/1080TI/c.csv"],
+        "precision": ["float16"] * 3,
+    })  # fmt: skip
+    preds = pd.DataFrame({"kind": ["gpu"] * 3, "row": [0, 1, 2],
+                          "gnn_ms": [20.0, 20.0, 5.0], "baseline_ms": [10.0] * 3})  # fmt: skip
+    table = month_corrected(preds, rows).set_index("gpu")
+    # Both Jan 2021 cards are predicted 2x too slow: each one's month-mate removes it exactly.
+    assert table.loc["titan-rtx", "gnn_mape"] == 100.0
+    assert table.loc["titan-rtx", "month_corrected_mape"] == pytest.approx(0.0, abs=1e-12)
+    # The Oct 2018 card has no month-mate: unchanged.
+    assert table.loc["gtx-1080-ti", "month_corrected_mape"] == table.loc["gtx-1080-ti", "gnn_mape"]

@@ -20,21 +20,17 @@ import numpy as np
 import pandas as pd
 
 RUN_SOURCES = ("cnn_step_times",)
+# Month of each cnn_step_times run, by result folder (its SOURCE.md table; the 2018 script's
+# runs, whatever the folder, are October 2018).
+RUN_MONTHS = {"2080TI": "2020-01", "2080ti(2)": "2020-01", "TITANXP": "2021-01",
+              "TitanRTX": "2021-01", "dgx-a100": "2021-01"}  # fmt: skip
 
 
 def run_table(preds: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """``preds``: train_gnn's CV predictions (``row`` indexes ``rows``, the GNN's step rows;
     columns the predictions lack are read from ``rows``)."""
-    need = ["source", "gpu_id", "target_ms", "run_id", "source_path", "precision"]
-    p = preds[preds["kind"].eq("gpu")]
-    p = p.join(rows[[c for c in need if c not in p.columns]], on="row")
-    p = p[p["source"].isin(RUN_SOURCES)]
-    p = p.assign(
-        folder=p["source_path"].astype(str).str.extract(r"results/([^/]+)/")[0],
-        gnn=np.log(p["gnn_ms"] / p["target_ms"]),
-        per_op=np.log(p["baseline_ms"] / p["target_ms"]),
-    )
-    keys = ["run_id", "folder", "gpu_id", "precision"]
+    p = _runs(preds, rows)
+    keys = ["run_id", "folder", "month", "gpu_id", "precision"]
     return (
         p.groupby(keys, sort=True)
         .agg(
@@ -44,6 +40,36 @@ def run_table(preds: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
         )  # fmt: skip
         .reset_index()
     )
+
+
+def _runs(preds: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    need = ["source", "gpu_id", "target_ms", "run_id", "source_path", "precision"]
+    p = preds[preds["kind"].eq("gpu")]
+    p = p.join(rows[[c for c in need if c not in p.columns]], on="row")
+    p = p[p["source"].isin(RUN_SOURCES)]
+    folder = p["source_path"].astype(str).str.extract(r"results/([^/]+)/")[0]
+    month = folder.map(RUN_MONTHS).where(~p["run_id"].astype(str).str.startswith("script2018"))
+    return p.assign(folder=folder, month=month.fillna("2018-10"),
+                    gnn=np.log(p["gnn_ms"] / p["target_ms"]),
+                    per_op=np.log(p["baseline_ms"] / p["target_ms"]))  # fmt: skip
+
+
+def month_corrected(preds: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """Per held-out GPU: the GNN's MAPE, and its MAPE once each row's log error is reduced by
+    the median of the *other* GPUs' held-out rows measured the same month in the same
+    precision (none: unchanged). A post-hoc bound on what an input naming the run's software
+    stack could buy, were the month all it carried; nothing is fitted to the GPU itself."""
+    p = _runs(preds, rows)
+    lines = []
+    for gpu, sub in p.groupby("gpu_id", sort=True):
+        others = p[p["gpu_id"] != gpu].groupby(["month", "precision"])["gnn"].median()
+        keys = pd.MultiIndex.from_arrays([sub["month"], sub["precision"]])
+        offset = others.reindex(keys).fillna(0.0).to_numpy()
+        lines.append({"gpu": gpu, "rows": len(sub),
+                      "gnn_mape": 100 * float(np.mean(np.abs(np.exp(sub["gnn"]) - 1))),
+                      "month_corrected_mape":
+                          100 * float(np.mean(np.abs(np.exp(sub["gnn"] - offset) - 1)))})  # fmt: skip
+    return pd.DataFrame(lines)
 
 
 def step_rows() -> pd.DataFrame:
@@ -72,6 +98,11 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                          "configs/train_gnn.yaml changed since it was written)")  # fmt: skip
     table = run_table(preds, rows)
     print(table.round(2).to_string(index=False))
+    corrected = month_corrected(preds, rows)
+    print("\nEach GPU's rows less the other GPUs' median error of the same month and precision:")
+    print(corrected.round(1).to_string(index=False))
+    print(f"mean over GPUs: GNN {corrected['gnn_mape'].mean():.1f} %, month-corrected "
+          f"{corrected['month_corrected_mape'].mean():.1f} %")  # fmt: skip
     return table
 
 
