@@ -15,9 +15,11 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 - embedding: ``rows`` (lookups) and ``cols`` (embedding dim).
 - attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``).
 
-The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` (``per-op``: a
+The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` (``per-op``: a
 learned head; ``gemm-tiles``: the tile/wave GEMM model; ``roofline-calibrated``: no head
-covers the op). A ``latency_ms`` column, if given, is passed through (handy to score the
+covers the op) and ``basis`` (``measured``, ``architecture measured`` or ``architecture not
+measured``: whether the GPU, or its architecture, has kernel rows in the model's training data;
+empty for a model that does not record them). A ``latency_ms`` column, if given, is passed through (handy to score the
 predictions).
 """
 
@@ -167,13 +169,18 @@ def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) ->
 def predict_ops(
     table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
 ) -> pd.DataFrame:
-    """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms and method appended."""
+    """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms, method and basis appended."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.basis import basis, measured_gpus
+
     pred = predict_canonical(canonical_rows(table, where), gpu, model)
     out = table.copy()
     for col in OUTPUT_COLUMNS:
         out[col] = pred[col].to_numpy()
     for col in ("pred_ms", "p10_ms", "p90_ms"):
         out[col] = out[col].astype(float).round(6)
+    measured = measured_gpus(model)
+    out["basis"] = basis(get_gpu(gpu), measured) if measured else ""
     return out
 
 

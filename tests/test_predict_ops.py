@@ -91,7 +91,7 @@ def test_predict_ops_with_a_trained_model(small_model_dir, tmp_path):  # noqa: F
         }
     )
     written = pd.read_csv(tmp_path / "out.csv")
-    assert {"pred_ms", "p10_ms", "p90_ms", "method"} <= set(written.columns)
+    assert {"pred_ms", "p10_ms", "p90_ms", "method", "basis"} <= set(written.columns)
 
 
 @pytest.mark.skipif(not PACKAGED.exists(), reason="no packaged per-op model")
@@ -127,3 +127,11 @@ def test_estimate_per_op_sums_per_op_predictions(small_model):  # noqa: F811
     } <= methods
     host = (graph.nodes["family"] == "host").to_numpy()
     assert (per_node.loc[host, "ms"] == 0).all()
+
+
+@pytest.mark.skipif(not PACKAGED.exists(), reason="no packaged per-op model")
+def test_packaged_predictions_say_whether_the_gpu_was_measured():
+    table = pd.DataFrame({"op": ["mm"], "M": [1024], "N": [1024], "K": [1024]})
+    assert list(predict_ops(table, "a100-80gb-pcie")["basis"]) == ["measured"]
+    assert list(predict_ops(table, "a100-80gb-sxm")["basis"]) == ["architecture measured"]
+    assert list(predict_ops(table, "h100-sxm")["basis"]) == ["architecture not measured"]

@@ -19,13 +19,14 @@ ARCHITECTURE = "architecture measured"  # another GPU of its architecture's are
 UNMEASURED = "architecture not measured"  # no GPU of its architecture was measured
 
 
-def measured_gpus() -> list[str]:
-    """GPU ids whose kernel rows trained the packaged per-op heads ([] without them)."""
+def measured_gpus(model: str | None = None) -> list[str]:
+    """GPU ids whose kernel rows trained the per-op heads (``model``: as ``heads.load_model``
+    takes it, None the packaged default; [] without heads or without that record)."""
     from boom_ml.errors import ArtifactError
     from boom_ml.timing.heads import load_model
 
     try:
-        meta = load_model().meta
+        meta = load_model(model).meta
     except (ArtifactError, FileNotFoundError, OSError):
         return []
     return sorted(meta.get("rows_per_gpu") or {})
