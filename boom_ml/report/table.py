@@ -168,20 +168,16 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
 
 def basis_line(bases: list[tuple[str, str | None]]) -> str:
     """A note naming the GPUs (id, time basis) whose architecture no measured GPU shares
-    ("" if none)."""
-    from boom_ml.gpus import get_gpu
+    ("" if none). Ids only: a GPU from a user's YAML file has no entry to look up."""
     from boom_ml.timing.basis import UNMEASURED
 
-    by_arch: dict[str, list[str]] = {}
-    for gpu, basis in bases:
-        if basis == UNMEASURED:
-            by_arch.setdefault(get_gpu(gpu).architecture, []).append(gpu)
-    if not by_arch:
+    ids = [gpu for gpu, basis in bases if basis == UNMEASURED]
+    if not ids:
         return ""
-    names = "; ".join(f"{arch}: {', '.join(ids)}" for arch, ids in sorted(by_arch.items()))
     return (
-        f"Time extrapolates to an architecture with no kernel measurements in training ({names}): "
-        "every learned correction comes from other GPUs (README, 'A generation nobody measured')."
+        f"Time on {', '.join(ids)} extrapolates: no GPU of {'its' if len(ids) == 1 else 'their'} "
+        "architecture has kernel measurements in training, so every learned correction comes "
+        "from other GPUs (README, 'A generation nobody measured')."
     )
 
 
