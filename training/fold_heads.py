@@ -83,11 +83,14 @@ class FoldHeads:
         (one GPU's key is its id, several join with '+')."""
         return "+".join(self.held(gpu)) or NONE
 
+    def folder(self, gpu: str | Collection[str] | None) -> Path:
+        """Where the fold without ``gpu`` is cached (its GEMM model in ``gemm/`` below)."""
+        return self.cache_dir / self.data_version / self.key(gpu)
+
     def without(self, gpu: str | Collection[str] | None) -> PerOpModel:
         """Heads trained on every kernel row except those of ``gpu`` (one GPU id or several;
         all rows when none of them has kernel rows)."""
-        key, held = self.key(gpu), self.held(gpu)
-        folder = self.cache_dir / self.data_version / key
+        key, held, folder = self.key(gpu), self.held(gpu), self.folder(gpu)
         if (folder / "model.json").exists():
             return _with_gemm(PerOpModel.load(folder), self.kernels, held, folder)
         train = self.kernels[~self.kernels["gpu_id"].astype(str).isin(held)]

@@ -80,7 +80,7 @@ def fold_models() -> dict[str, GemmModel]:
     heads = FoldHeads.from_train_ops(log=lambda _m: None)
     models: dict[str, GemmModel] = {"packaged": load_gemm_model()}
     for gpu in sorted(heads.gpus):
-        folder = heads.cache_dir / heads.data_version / heads.key(gpu) / "gemm"
+        folder = heads.folder(gpu) / "gemm"
         if not (folder / "model.json").exists():
             print(f"fitting the GEMM model without {gpu} (cached in {folder})", flush=True)
         model = fold_gemm(heads.kernels, [gpu], folder)
@@ -106,20 +106,13 @@ def parse_args(argv: list[str]) -> tuple[list[str], str | None]:
 
 def variant_model(name: str) -> GemmModel:
     """A ``configs/train_gemm.yaml`` variant fit on every GPU's GEMM rows (as packaging does)."""
-    import numpy as np
-
-    from boom_ml.timing.gemm import is_gemm_row
     from training.kernel_rows import load_training_data
-    from training.train_gemm import fit_variant, load_config
+    from training.train_gemm import fit_rows, gemm_rows, load_config
 
     o = load_config()
     if name not in o["variants"]:
         raise SystemExit(f"gemm_spread: no variant {name!r} in configs/train_gemm.yaml")
-    k = load_training_data(o["data"], log=lambda _m: None)
-    k = k[(k["family"] == "gemm").to_numpy() & is_gemm_row(k)].reset_index(drop=True)
-    feats = gemm_features(k, {g: get_gpu(g) for g in sorted(k["gpu_id"].unique())})
-    y = np.log(k["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
-    return fit_variant(feats, y, o["variants"][name], o, k["gpu_id"].astype(str).to_numpy())
+    return fit_rows(gemm_rows(load_training_data(o["data"], log=lambda _m: None)), name, o)
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame | None:

@@ -297,14 +297,31 @@ def load_config(**override: Any) -> dict:
     return {**o, **override}
 
 
+def gemm_rows(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The kernel rows the GEMM model times (the gemm family's linear/mm/bmm shapes)."""
+    from boom_ml.timing.gemm import is_gemm_row
+
+    rows = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
+    return rows.reset_index(drop=True)
+
+
+def fit_rows(rows: pd.DataFrame, name: str, o: dict) -> GemmModel:
+    """Variant ``name`` of ``o`` (``configs/train_gemm.yaml``) fit on the GEMM ``rows``."""
+    from boom_ml.gpus import get_gpu
+
+    gpus = rows["gpu_id"].astype(str).to_numpy()
+    feats = gemm_features(rows, {g: get_gpu(g) for g in sorted(set(gpus))})
+    y = np.log(rows["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
+    return fit_variant(feats, y, o["variants"][name], o, gpus)
+
+
 def fold_gemm(
     kernels: pd.DataFrame, held: Collection[str], cache: Path | None = None
 ) -> GemmModel | None:
     """The packaged variant fit on the GEMM rows of every GPU but those ``held`` out (a CV
     fold's GEMM model; ``cache``: a folder to reuse it from; None without GEMM rows: the heads
     time them). No interval: p10/p90 repeat the median."""
-    from boom_ml.gpus import get_gpu
-    from boom_ml.timing.gemm import GEMM_MODEL_VERSION, is_gemm_row
+    from boom_ml.timing.gemm import GEMM_MODEL_VERSION
 
     o = load_config()
     tag = f"{o['use']}-v{GEMM_MODEL_VERSION}-seed{o['seed']}"
@@ -312,15 +329,12 @@ def fold_gemm(
         model = GemmModel.load(cache)
         if model.meta.get("tag") == tag:
             return model
-    rows = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
+    rows = gemm_rows(kernels)
     held = sorted(held)
     rows = rows[~rows["gpu_id"].astype(str).isin(held)].reset_index(drop=True)
     if len(rows) < MIN_TRAIN_ROWS:
         return None
-    specs = {g: get_gpu(g) for g in sorted(rows["gpu_id"].astype(str).unique())}
-    feats = gemm_features(rows, specs)
-    y = np.log(rows["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
-    model = fit_variant(feats, y, o["variants"][o["use"]], o, rows["gpu_id"].astype(str).to_numpy())
+    model = fit_rows(rows, o["use"], o)
     model.meta = {"tag": tag, "held_out_gpu": "+".join(held) or None, "train_rows": len(rows)}
     if cache is not None:
         model.save(cache)
@@ -353,12 +367,10 @@ def fold_line(scores: list[dict[str, Any]]) -> str:
 
 def run(o: dict, log: Any = print) -> dict[str, Any]:
     from boom_ml.gpus import get_gpu
-    from boom_ml.timing.gemm import PACKAGED_DIR, is_gemm_row
+    from boom_ml.timing.gemm import PACKAGED_DIR
     from training.kernel_rows import load_training_data
 
-    kernels = load_training_data(o["data"], log)
-    kernels = kernels[(kernels["family"] == "gemm").to_numpy() & is_gemm_row(kernels)]
-    kernels = kernels.reset_index(drop=True)
+    kernels = gemm_rows(load_training_data(o["data"], log))
     specs = {g: get_gpu(g) for g in sorted(kernels["gpu_id"].unique())}
     log(f"{len(kernels)} GEMM rows, GPUs: {', '.join(specs)}")
     result: dict[str, Any] = {"cv": None}
@@ -373,10 +385,7 @@ def run(o: dict, log: Any = print) -> dict[str, Any]:
             )
             log(result["coverage"].round(2).to_string(index=False))
     if o["package"]:
-        feats = gemm_features(kernels, specs)
-        y = np.log(kernels["latency_ms"].to_numpy(dtype=float) / feats["roof_ms"].to_numpy())
-        gpus = kernels["gpu_id"].astype(str).to_numpy()
-        model = fit_variant(feats, y, o["variants"][o["use"]], o, gpus)
+        model = fit_rows(kernels, o["use"], o)
         if result["cv"] is not None and o["use"] in resid:
             model.interval = interval(resid[o["use"]])
         model.meta = {
