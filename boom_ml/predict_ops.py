@@ -19,8 +19,8 @@ The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` (``per-o
 learned head; ``gemm-tiles``: the tile/wave GEMM model; ``roofline-calibrated``: no head
 covers the op) and ``basis`` (``measured``, ``architecture measured`` or ``architecture not
 measured``: whether the GPU, or its architecture, has kernel rows in the model's training data;
-empty for a model that does not record them). A ``latency_ms`` column, if given, is passed through (handy to score the
-predictions).
+empty for a model that does not record them). A ``latency_ms`` column, if given, is
+passed through (handy to score the predictions).
 """
 
 from __future__ import annotations
