@@ -21,6 +21,7 @@ class MemoryEstimate:
     fragmentation: float = 0.0
     max_batch_size: int | None = None
     by_module: list[dict[str, Any]] = field(default_factory=list)  # top modules at the peak
+    by_module_group: list[dict[str, Any]] = field(default_factory=list)  # same, blocks summed
     peak_module: str = ""  # module of the op running at the peak
     p10_bytes: int = 0  # total_bytes with the lower bound of every underivable term
     p90_bytes: int = 0  # ... and with the upper bound; ``fits`` means "p90 fits"
@@ -46,6 +47,8 @@ class TimeEstimate:
     micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
+    # top_modules with repeated blocks summed: "h.*.attn" with "blocks": 36 (trace/module_paths)
+    top_module_groups: list[dict[str, Any]] = field(default_factory=list)
     # How near the kernel measurements behind it come to this GPU (boom_ml/timing/basis.py):
     # measured | architecture measured | architecture not measured; None without heads.
     basis: str | None = None

@@ -17,6 +17,7 @@ import numpy as np
 from boom_ml.memory.live import round_block
 from boom_ml.memory.replay import Replay
 from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
+from boom_ml.trace.module_paths import group_by_block
 
 PARAMETER_STATE = ("parameter", "gradient", "optimizer_state")
 CATEGORIES = (*MEMORY_CATEGORIES, "workspace", "fragmentation")
@@ -26,6 +27,7 @@ CATEGORIES = (*MEMORY_CATEGORIES, "workspace", "fragmentation")
 class PeakAttribution:
     by_category: dict[str, int]  # category → bytes at the peak (sums to peak_reserved)
     by_module: list[dict[str, Any]] = field(default_factory=list)  # top-N, largest first
+    by_module_group: list[dict[str, Any]] = field(default_factory=list)  # blocks summed, top-N
     op: str = ""
     phase: str = ""
     module: str = ""
@@ -80,6 +82,9 @@ def attribute_peak(
         by_module=[
             {"module": m, "bytes": sum(c.values()), "by_category": dict(c)} for m, c in modules
         ],
+        by_module_group=group_by_block(
+            ((m, sum(c.values())) for m, c in by_mod.items()), "bytes", top_n
+        ),
         op=op,
         phase=phase,
         module=module,

@@ -201,6 +201,7 @@ def estimate_memory(
         peak_phase=att.phase,
         fragmentation=res.fragmentation,
         by_module=att.by_module,
+        by_module_group=att.by_module_group,
         peak_module=att.module,
         p10_bytes=min(levels["p10"][1].total, sm.total),
         p90_bytes=max(levels["p90"][1].total, sm.total),

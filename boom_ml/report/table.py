@@ -132,8 +132,11 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
         f"{o.get('method', '')}".rstrip()
         for o in t.top_ops[:top_n]
     ]
-    lines.append("  by module:")
-    lines += [f"    {o['module']:<55} {o['ms']:>9.2f} ms" for o in t.top_modules[:top_n]]
+    lines.append("  by module (repeated blocks summed, xN: how many):")
+    lines += [
+        f"    {o['module']:<55} {o['ms']:>9.2f} ms{_blocks(o)}"
+        for o in (t.top_module_groups or t.top_modules)[:top_n]
+    ]
     lines.append(
         f"Memory on {result.gpu} at the peak ({m.method}): {m.total_bytes / GIB:.2f} GiB, "
         f"during {m.peak_op or '-'} ({m.peak_phase or '-'})"
@@ -142,10 +145,18 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
         if nbytes:
             lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
     if m.by_module:
-        lines.append("  by module:")
-        for row in m.by_module[:top_n]:
-            lines.append(f"    {row['module'] or '(top level)':<55} {row['bytes'] / GIB:>8.2f} GiB")
+        lines.append("  by module (repeated blocks summed):")
+        for row in (m.by_module_group or m.by_module)[:top_n]:
+            lines.append(
+                f"    {row['module'] or '(top level)':<55} {row['bytes'] / GIB:>8.2f} GiB{_blocks(row)}"
+            )
     return lines + overhead_lines(result)
+
+
+def _blocks(row: dict) -> str:
+    """'  x36' after a module kind that sums 36 repeated blocks (trace/module_paths.py)."""
+    n = row.get("blocks", 1)
+    return f"  x{n}" if n > 1 else ""
 
 
 def overhead_lines(result: GpuPrediction) -> list[str]:

@@ -27,9 +27,13 @@ def plot_time_breakdown(result: GpuPrediction, path: Path, title: str) -> Path:
     families = sorted(t.by_family.items(), key=lambda kv: -kv[1])[:10]
     _barh(left, [k for k, _ in families], [v for _, v in families], "ms per step")
     left.set_title("by op family")
-    modules = t.top_modules[:10]
-    _barh(right, [_short(m["module"]) for m in modules], [m["ms"] for m in modules], "ms per step")
-    right.set_title("by module (top 10)")
+    modules = (t.top_module_groups or t.top_modules)[:10]
+    labels = [
+        _short(m["module"]) + (f" x{m['blocks']}" if m.get("blocks", 1) > 1 else "")
+        for m in modules
+    ]
+    _barh(right, labels, [m["ms"] for m in modules], "ms per step")
+    right.set_title("by module (top 10, repeated blocks summed)")
     fig.suptitle(f"{title} on {result.gpu}: {t.step_ms:.1f} ms ({t.method})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.estimates import TimeEstimate
+from boom_ml.trace.module_paths import group_by_block
 
 
 def summarise(
@@ -27,7 +28,8 @@ def summarise(
         frame = frame.assign(method=methods)
     by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
     by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
-    by_module = frame.groupby("module")["ms"].sum().nlargest(top_n)
+    per_module = frame.groupby("module")["ms"].sum()
+    by_module = per_module.nlargest(top_n)
     methods_of = _top_methods(frame, set(by_op.index))
     by_phase = frame.groupby("phase")["ms"].sum()
     return TimeEstimate(
@@ -49,6 +51,10 @@ def summarise(
         ],
         top_modules=[
             {"module": m or "(top level)", "ms": round(float(v), 4)} for m, v in by_module.items()
+        ],
+        top_module_groups=[
+            {**g, "module": g["module"] or "(top level)", "ms": round(float(g["ms"]), 4)}
+            for g in group_by_block(per_module.items(), "ms", top_n)
         ],
     )
 

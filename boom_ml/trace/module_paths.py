@@ -1,0 +1,68 @@
+"""Repeated blocks in module paths: ``h.3.attn`` and ``h.17.attn`` are one kind of block.
+
+A transformer's 36 layers, or a ResNet stage's bottlenecks, each get their own module path
+(``transformer.h.0.attn`` ... ``transformer.h.35.attn``), so a list of the costliest modules
+fills with copies of one block and hides what the blocks cost together. ``group_by_block``
+folds such paths into ``transformer.h.*.attn`` with a block count and a total.
+
+An index is folded only where the numbered module has submodules of its own (a block), so
+that the numbered layers of a plain ``nn.Sequential`` (VGG's ``features.0`` conv,
+``features.1`` ReLU) stay apart: they are different layers, not copies of one block.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# "0", "12" (nn.ModuleList, nn.Sequential) or "encoder_layer_3" (torchvision's ViT)
+_INDEX = re.compile(r"^(?:\d+|(.+_)\d+)$")
+
+
+def _indexed(segment: str) -> str | None:
+    """``segment`` with its index replaced by ``*``; None when it carries no index."""
+    m = _INDEX.match(segment)
+    if m is None:
+        return None
+    return f"{m.group(1) or ''}*"
+
+
+def block_kinds(paths: Iterable[str]) -> dict[str, str]:
+    """Each path → its kind: the path with the index of every numbered block made ``*``."""
+    paths = list(dict.fromkeys(paths))
+    containers = set()
+    for path in paths:
+        parts = path.split(".")
+        containers.update(".".join(parts[:k]) for k in range(1, len(parts)))
+    kinds = {}
+    for path in paths:
+        parts = path.split(".")
+        out = list(parts)
+        for i, part in enumerate(parts):
+            star = _indexed(part)
+            if i > 0 and star is not None and ".".join(parts[: i + 1]) in containers:
+                out[i] = star
+        kinds[path] = ".".join(out)
+    return kinds
+
+
+def group_by_block(
+    values: Iterable[tuple[str, float]], key: str, top_n: int | None = None
+) -> list[dict[str, object]]:
+    """Sum ``(path, value)`` pairs per block kind, largest first.
+
+    Returns ``[{"module": kind, "blocks": paths folded into it, key: total}]``; a path that
+    is no repeated block keeps its name with ``blocks`` 1.
+    """
+    pairs = list(values)
+    kinds = block_kinds(path for path, _ in pairs)
+    totals: dict[str, float] = {}
+    members: dict[str, set[str]] = {}
+    for path, value in pairs:
+        kind = kinds[path]
+        totals[kind] = totals.get(kind, 0) + value
+        members.setdefault(kind, set()).add(path)
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return [
+        {"module": kind, "blocks": len(members[kind]), key: total} for kind, total in ranked[:top_n]
+    ]

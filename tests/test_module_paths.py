@@ -1,0 +1,99 @@
+"""Repeated blocks folded in module lists (``boom_ml/trace/module_paths.py``).
+
+Paths and values here are made up for the tests (synthetic), as are the tiny traced models.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import tiny_cnn
+
+from boom_ml.gpus import get_gpu
+from boom_ml.memory.estimate import estimate_memory
+from boom_ml.specs import StepSpec
+from boom_ml.timing.estimate import estimate_time
+from boom_ml.trace.module_paths import block_kinds, group_by_block
+from boom_ml.trace.step import trace_step
+
+GPT = [
+    "GPT2LMHeadModel.transformer.h.0.attn",
+    "GPT2LMHeadModel.transformer.h.0.mlp.c_fc",
+    "GPT2LMHeadModel.transformer.h.0",
+    "GPT2LMHeadModel.transformer.h.11.attn",
+    "GPT2LMHeadModel.transformer.h.11.mlp.c_fc",
+    "GPT2LMHeadModel.transformer.h.11",
+    "GPT2LMHeadModel.lm_head",
+]
+
+
+def test_numbered_blocks_fold_and_plain_sequential_layers_stay_apart() -> None:
+    kinds = block_kinds(
+        GPT
+        + ["VGG.features.0", "VGG.features.1", "VGG.classifier.3"]
+        + ["ViT.encoder.layers.encoder_layer_0.mlp", "ViT.encoder.layers.encoder_layer_7.mlp"]
+        + ["Swin.features.1.0.attn", "Swin.features.1.1.attn", "Swin.features.3.0.attn"]
+        + ["(top level)", ""]
+    )
+    assert kinds["GPT2LMHeadModel.transformer.h.11.attn"] == "GPT2LMHeadModel.transformer.h.*.attn"
+    assert kinds["GPT2LMHeadModel.transformer.h.0"] == "GPT2LMHeadModel.transformer.h.*"
+    assert kinds["GPT2LMHeadModel.transformer.h.0.mlp.c_fc"] == (
+        "GPT2LMHeadModel.transformer.h.*.mlp.c_fc"
+    )
+    assert kinds["GPT2LMHeadModel.lm_head"] == "GPT2LMHeadModel.lm_head"
+    # a conv and a ReLU of one nn.Sequential are different layers, not copies of a block
+    assert kinds["VGG.features.0"] == "VGG.features.0"
+    assert kinds["VGG.classifier.3"] == "VGG.classifier.3"
+    assert (
+        kinds["ViT.encoder.layers.encoder_layer_7.mlp"] == "ViT.encoder.layers.encoder_layer_*.mlp"
+    )
+    # nested indices fold level by level: stages and the blocks inside them
+    assert {kinds[p] for p in ("Swin.features.1.0.attn", "Swin.features.3.0.attn")} == {
+        "Swin.features.*.*.attn"
+    }
+    assert kinds["(top level)"] == "(top level)" and kinds[""] == ""
+
+
+def test_group_by_block_sums_counts_and_ranks() -> None:
+    values = list(zip(GPT, [4.0, 2.0, 0.5, 4.5, 2.5, 0.25, 3.0], strict=True))
+    groups = group_by_block(values, "ms")
+    assert groups == [
+        {"module": "GPT2LMHeadModel.transformer.h.*.attn", "blocks": 2, "ms": 8.5},
+        {"module": "GPT2LMHeadModel.transformer.h.*.mlp.c_fc", "blocks": 2, "ms": 4.5},
+        {"module": "GPT2LMHeadModel.lm_head", "blocks": 1, "ms": 3.0},
+        {"module": "GPT2LMHeadModel.transformer.h.*", "blocks": 2, "ms": 0.75},
+    ]
+    assert group_by_block(values, "ms", top_n=1) == groups[:1]
+
+
+def test_time_and_memory_estimates_fold_the_traced_blocks() -> None:
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw"))
+    gpu = get_gpu("a100-80gb-sxm")
+    est = estimate_time(graph, gpu, top_n=1000)
+    per_module = {m["module"]: m["ms"] for m in est.top_modules}
+    convs = [m for m in per_module if m.endswith(".0") and ".blocks." in m]
+    assert len(convs) == 2  # blocks.0.0 and blocks.1.0: the first layer of each block
+    kind = block_kinds(per_module)[convs[0]]
+    assert kind.endswith(".blocks.*.0")
+    group = next(g for g in est.top_module_groups if g["module"] == kind)
+    assert group["blocks"] == 2
+    assert group["ms"] == pytest.approx(sum(per_module[m] for m in convs), abs=1e-3)
+    assert sum(g["ms"] for g in est.top_module_groups) == pytest.approx(
+        sum(per_module.values()), abs=1e-3
+    )
+
+    mem = estimate_memory(graph, gpu, top_modules=1000)
+    assert sum(g["bytes"] for g in mem.by_module_group) == sum(m["bytes"] for m in mem.by_module)
+    assert any(g["blocks"] == 2 for g in mem.by_module_group)
+
+
+def test_explain_table_lists_block_kinds_with_their_count() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    prediction = boom_ml.predict(
+        model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=64, advice=False
+    )
+    lines = render_table(prediction, explain=True).splitlines()
+    conv = [line.split() for line in lines if line.strip().startswith("ResNet.layer4.*.conv2 ")]
+    assert len(conv) == 1 and conv[0][-1] == "x2"  # resnet18's layer4 holds two BasicBlocks
+    assert not any("ResNet.layer4.0.conv2" in line for line in lines)
