@@ -95,6 +95,7 @@ def test_online_downloads_config_json_only(tmp_path: Path, monkeypatch: pytest.M
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(hf_hub, "hub_resolves", lambda: True)
     built = build_model("hf:someorg/remote-llama")
     assert calls == [("someorg/remote-llama", "config.json", tmp_path)]
     assert sum(p.numel() for p in built.module.parameters()) == TINY_LLAMA_PARAMS
@@ -136,6 +137,7 @@ def test_hub_errors_are_one_line(
         raise _http_error(getattr(errors, error_name), status)
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    monkeypatch.setattr(hf_hub, "hub_resolves", lambda: True)
     with pytest.raises(expected, match=match) as err:
         build_model("hf:someorg/locked")
     assert "\n" not in str(err.value)
@@ -154,8 +156,38 @@ def test_no_connection_falls_back_to_the_same_advice(
         raise LocalEntryNotFoundError("connection error")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
+    monkeypatch.setattr(hf_hub, "hub_resolves", lambda: True)
     with pytest.raises(UnknownModelError, match="could not reach the Hugging Face hub"):
         build_model("hf:someorg/unreachable")
+
+
+def test_no_name_resolution_fails_at_once_without_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    for var in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    looked_up: list[object] = []
+
+    def no_dns(host: object, *args: object) -> list:
+        looked_up.append(host)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def must_not_download(*args: object, **kwargs: object) -> str:
+        raise AssertionError("hf_hub_download called without a resolvable hub")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", must_not_download)
+    with pytest.raises(UnknownModelError, match="could not reach the Hugging Face hub"):
+        build_model("hf:someorg/nodns")
+    assert looked_up == ["huggingface.co"]
+    # behind a proxy the proxy resolves the hub: no lookup here, the download is tried
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert hf_hub.hub_resolves() and looked_up == ["huggingface.co"]
 
 
 def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path) -> None:

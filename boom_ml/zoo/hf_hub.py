@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
 
@@ -62,6 +64,32 @@ def _offline_message(repo_id: str) -> str:
     )
 
 
+def _unreachable_message(repo_id: str) -> str:
+    return (
+        f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
+        f"cached ({cache_dir()}); run `hf download {repo_id} config.json` "
+        "where there is network, or pass a local config.json path as hf:<path>"
+    )
+
+
+def hub_resolves() -> bool:
+    """Whether the hub's host name resolves (always true behind a proxy, which resolves it).
+
+    On a machine without network huggingface_hub retries its request five times, about
+    30 s, before it gives up; a failed name lookup says the same at once.
+    """
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
 def fetch_config(repo_id: str) -> Path:
     """``config.json`` of a hub repo: from the cache, else downloaded (config only).
 
@@ -73,6 +101,8 @@ def fetch_config(repo_id: str) -> Path:
         return hit
     if offline():
         raise UnknownModelError(_offline_message(repo_id))
+    if not hub_resolves():
+        raise UnknownModelError(_unreachable_message(repo_id))
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -96,11 +126,7 @@ def fetch_config(repo_id: str) -> Path:
         raise InvalidInputError(f"hf:{repo_id} is a gated repository: {token_hint}") from err
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as err:
         # no connection (or offline mode switched on after import): same advice as offline
-        raise UnknownModelError(
-            f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
-            f"cached ({cache_dir()}); run `hf download {repo_id} config.json` "
-            "where there is network, or pass a local config.json path as hf:<path>"
-        ) from err
+        raise UnknownModelError(_unreachable_message(repo_id)) from err
     except RepositoryNotFoundError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status == 401:  # private, or gated without a token: the hub cannot say which
