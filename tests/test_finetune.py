@@ -218,3 +218,23 @@ def test_bf16_true_time_takes_the_amp_cell(tiny_llama: str) -> None:
     fp32 = estimate_time(trace(tiny_llama), gpu).method
     assert true_bf16.split(" ")[0] == amp.split(" ")[0]
     assert fp32  # the fp32 cell may differ (today: gnn vs per-op)
+
+
+def test_lora_with_checkpointing_traces_without_library_noise(tiny_llama: str) -> None:
+    """peft reading transformers' deprecated alias, and ModTracker's re-entry warning on
+    every recomputed block, used to reach the user's terminal; ModTracker also replaced
+    warnings.formatwarning for the rest of the process."""
+    import warnings
+
+    before = warnings.formatwarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = trace(tiny_llama, checkpointing="full", finetune_method="lora")
+    assert len(_recomputed(graph)) > 0
+    noise = [
+        str(w.message)
+        for w in caught
+        if "is_gradient_checkpointing" in str(w.message) or "hierarchy tracking" in str(w.message)
+    ]
+    assert noise == []
+    assert warnings.formatwarning is before

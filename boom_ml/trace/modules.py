@@ -16,11 +16,13 @@ per rank instead of 48.4. Tried and reverted (2026-12-04).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
 from torch.distributed._tools.mod_tracker import ModTracker
 
+_REENTRY_WARNING = "The module hierarchy tracking maybe be messed up"
 _ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateGrad node
 
 
@@ -51,8 +53,16 @@ class ModuleOf:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         torch._C._autograd._push_node_creation_hook(self._on_node)
+        # ModTracker warns "hierarchy tracking maybe be messed up" whenever a checkpointed
+        # block's forward is re-run inside backward (the block is still among its parents),
+        # and replaces warnings.formatwarning for the rest of the process as it does. Backward
+        # ops take their module from the autograd node above, not from those parents, so the
+        # warning says nothing about this trace: it is silenced and the formatter restored.
+        formatwarning = warnings.formatwarning
         try:
-            with self.tracker:
+            with warnings.catch_warnings(), self.tracker:
+                warnings.filterwarnings("ignore", message=_REENTRY_WARNING, category=UserWarning)
                 yield
         finally:
+            warnings.formatwarning = formatwarning
             torch._C._autograd._pop_node_creation_hook()

@@ -17,6 +17,7 @@ Frozen parameters get no gradient and no optimizer state in the trace: the step 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -88,7 +89,13 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     )
     try:
         # Injects the adapters into ``module`` itself: the tracer keeps running ``module``.
-        peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated alias
+            warnings.filterwarnings(
+                "ignore",
+                message="`is_gradient_checkpointing` is deprecated",
+                category=FutureWarning,
+            )
+            peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
         raise InvalidInputError(
