@@ -238,3 +238,16 @@ def test_lora_with_checkpointing_traces_without_library_noise(tiny_llama: str) -
     ]
     assert noise == []
     assert warnings.formatwarning is before
+
+
+def test_methods_line_says_a_shared_recipe_note_once() -> None:
+    from boom_ml.report.table import methods_line
+
+    note = "(qlora: NF4 weights and dequantise kernels analytic (bitsandbytes layout))"
+    assert methods_line(f"allocator-sim {note}", f"per-op {note}") == (
+        f"Memory: allocator-sim; time: per-op; both {note}"
+    )
+    assert methods_line("allocator-sim", "gnn") == "Memory: allocator-sim; time: gnn"
+    assert (
+        methods_line(f"allocator-sim {note}", "gnn") == f"Memory: allocator-sim {note}; time: gnn"
+    )

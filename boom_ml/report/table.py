@@ -177,6 +177,15 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
     return lines
 
 
+def methods_line(memory: str, time: str) -> str:
+    """'Memory: M; time: T', a note both methods carry (a recipe's: '(qlora: ...)') once."""
+    m_name, _, m_note = memory.partition(" (")
+    t_name, _, t_note = time.partition(" (")
+    if m_note and m_note == t_note:
+        return f"Memory: {m_name}; time: {t_name}; both ({m_note}"
+    return f"Memory: {memory}; time: {time}"
+
+
 def basis_line(bases: list[tuple[str, str | None]]) -> str:
     """A note naming the GPUs (id, time basis) whose architecture no measured GPU shares
     ("" if none). Ids only: a GPU from a user's YAML file has no entry to look up."""
@@ -302,7 +311,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     console.print(
         f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per step, "
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
-        f"Memory: {prediction.gpus[0].memory.method}; time: {prediction.gpus[0].time.method}."
+        f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
