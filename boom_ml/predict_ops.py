@@ -208,6 +208,10 @@ def run(cfg: Any) -> str | None:
 
 
 def main() -> None:
+    from boom_ml.config_help import print_help_if_asked
+
+    if print_help_if_asked(__doc__, "predict_ops"):
+        return
     import hydra
 
     @hydra.main(config_path=CONFIG_DIR, config_name="predict_ops", version_base="1.3")

@@ -351,9 +351,15 @@ def hydra_entry(config_name: str, task: Any) -> None:
     Hydra is imported here, not at module level, so the plain sweep functions run where only
     torch is installed (the GPU machine's image has no hydra-core).
     """
+    import sys
     import warnings
 
     import hydra
+
+    from boom_ml.config_help import print_help_if_asked
+
+    if print_help_if_asked(sys.modules[task.__module__].__doc__, config_name):
+        return
 
     # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
     # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from torch_geometric.data import Data
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.gnn_features import (
@@ -26,6 +25,7 @@ from boom_ml.timing.gnn_features import (
     RowInputs,
     graph_data,
     per_op_function,
+    pyg_types,
     row_inputs,
 )
 from boom_ml.timing.tf32 import Tf32
@@ -38,6 +38,8 @@ DEFAULT_SOURCES = ("cnn_step_times", "timm_train", "neusight_labels")
 SOURCE_REASONS = {"timm_infer": "timm_infer: forward-only inference benchmark, not a training step"}
 MULTI_VARIANTS = ("dataparallel", "dp4", "tp4", "pp4_1")
 COMPILED_VARIANTS = ("fusion", "dynamo")
+
+Data = pyg_types()[1]  # PyG's Data, imported without torch_geometric's jit warning
 
 
 def select_rows(steps: pd.DataFrame, cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from boom_ml.config_help import print_help_if_asked
 from boom_ml.timing.gemm import (
     GPU_FEATURE_SETS,
     MULTI_TILE_FEATURES,
@@ -405,6 +406,8 @@ def run(o: dict, log: Any = print) -> dict[str, Any]:
 
 
 def main() -> None:
+    if print_help_if_asked(__doc__, "train_gemm"):
+        return
     import hydra
     from omegaconf import OmegaConf
 

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from boom_ml.config_help import print_help_if_asked
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
 from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN
@@ -407,9 +408,10 @@ def _pyg_version() -> str:
     return torch_geometric.__version__
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="train_gnn", version_base=None)
-def main(cfg: DictConfig) -> None:
-    run(cfg)
+def main() -> None:
+    if print_help_if_asked(__doc__, "train_gnn"):
+        return
+    hydra.main(config_path=CONFIG_DIR, config_name="train_gnn", version_base=None)(run)()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from boom_ml.config_help import print_help_if_asked
 from training.kernel_rows import CONFIG_DIR, load_training_data
 
 REPO = Path(__file__).resolve().parent.parent
@@ -233,6 +234,8 @@ def package(model: Any, folder: str | Path | None, result: dict[str, Any]) -> Pa
 
 
 def main() -> None:
+    if print_help_if_asked(__doc__, "train_ops"):
+        return
     import hydra
 
     @hydra.main(config_path=CONFIG_DIR, config_name="train_ops", version_base="1.3")

@@ -143,7 +143,7 @@ def edge_index(graph: OpGraph) -> tuple[np.ndarray, np.ndarray]:
     return index, types.astype(np.int64)
 
 
-def _pyg() -> tuple[type, type]:
+def pyg_types() -> tuple[type, type]:
     """PyG's ``Batch`` and ``Data``, imported on first use: importing torch_geometric takes
     about 2 s (it imports torch._dynamo), and a prediction batches one graph without it."""
     with warnings.catch_warnings():  # torch_geometric's import warns about torch.jit.script
@@ -163,7 +163,7 @@ def graph_tensors(graph: OpGraph) -> dict[str, Any]:
 
 def graph_data(graph: OpGraph) -> Data:
     """:func:`graph_tensors` as a PyG ``Data`` (training batches many graphs)."""
-    return _pyg()[1](**graph_tensors(graph))
+    return pyg_types()[1](**graph_tensors(graph))
 
 
 def gpu_context(
@@ -290,7 +290,7 @@ class OneGraph:
 
 def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) -> RowBatch:
     """Batch unique graphs once and point each row's nodes at its graph's nodes."""
-    batch = _pyg()[0].from_data_list(graphs)
+    batch = pyg_types()[0].from_data_list(graphs)
     ptr = batch.ptr
     node_of = torch.cat([torch.arange(ptr[g], ptr[g + 1]) for g in graph_of_row])
     adjacency = mean_adjacency(batch.edge_index, batch.edge_type, batch.num_nodes)

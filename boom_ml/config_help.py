@@ -1,0 +1,59 @@
+"""``--help`` for the Hydra entries: what the command does, then every key with its comment.
+
+Hydra's own ``--help`` lists the config groups and dumps the composed config without the
+comments that say what a key means, which values it takes and why a default is what it is.
+The entries (``boom_ml.predict_ops``, ``training.train_*``, ``data_collection.kernels`` /
+``steps``) print their module docstring and their YAML file as written instead; Hydra's
+flags stay behind ``--hydra-help``. ``boom_ml.predict`` keeps its own hand-written help.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+HELP_FLAGS = ("--help", "-h")
+# Top-level YAML blocks that are Hydra's, not the user's: the defaults list and hydra.*
+_HYDRA_BLOCKS = ("defaults:", "hydra:")
+
+
+def help_requested(argv: Sequence[str]) -> bool:
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def config_keys(config_name: str) -> str:
+    """``configs/<config_name>.yaml`` as written, less Hydra's own blocks and directives."""
+    lines = (CONFIG_DIR / f"{config_name}.yaml").read_text().splitlines()
+    out: list[str] = []
+    skipping = False
+    for line in lines:
+        if line and not line[0].isspace() and not line.startswith("#"):
+            skipping = line.startswith(_HYDRA_BLOCKS)
+        if skipping or line.startswith("# @package"):
+            continue
+        out.append(line)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out)
+
+
+def help_text(doc: str | None, config_name: str) -> str:
+    """The docstring, then the keys of ``configs/<config_name>.yaml`` with their comments."""
+    return (
+        f"{(doc or '').strip()}\n\n"
+        f"Keys (override any as key=value; defaults and comments from "
+        f"configs/{config_name}.yaml):\n\n{config_keys(config_name)}\n\n"
+        "Hydra's own flags (multirun -m, launchers, --cfg job): --hydra-help"
+    )
+
+
+def print_help_if_asked(
+    doc: str | None, config_name: str, argv: Sequence[str] | None = None
+) -> bool:
+    """Print :func:`help_text` and say True when ``argv`` (default: the command line) asks."""
+    if not help_requested(sys.argv[1:] if argv is None else argv):
+        return False
+    print(help_text(doc, config_name))
+    return True

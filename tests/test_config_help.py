@@ -1,0 +1,48 @@
+"""``--help`` of the Hydra entries: the command's docstring, then its YAML keys with comments."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import hydra
+import pytest
+import yaml
+
+from boom_ml.config_help import CONFIG_DIR, config_keys
+
+ENTRIES = [
+    ("boom_ml.predict_ops", "main", "predict_ops"),
+    ("training.train_ops", "main", "train_ops"),
+    ("training.train_gemm", "main", "train_gemm"),
+    ("training.train_gnn", "main", "train_gnn"),
+    ("data_collection.kernels", "_hydra_main", "collect/kernels"),
+    ("data_collection.steps", "_hydra_main", "collect/steps"),
+]
+
+
+@pytest.mark.parametrize(("module", "entry", "config"), ENTRIES)
+def test_help_prints_the_docstring_and_every_key_without_running(
+    module: str, entry: str, config: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--help ran the Hydra entry")
+
+    monkeypatch.setattr(hydra, "main", must_not_run)
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    mod = importlib.import_module(module)
+    getattr(mod, entry)()
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == mod.__doc__.strip().splitlines()[0]
+    lines = out.splitlines()
+    keys = yaml.safe_load((CONFIG_DIR / f"{config}.yaml").read_text())
+    user_keys = set(keys) - {"defaults", "hydra"}
+    assert user_keys and all(any(line.startswith(f"{k}:") for line in lines) for k in user_keys)
+    assert not any(line.startswith(("hydra:", "defaults:", "# @package")) for line in lines)
+    assert "--hydra-help" in lines[-1]
+
+
+def test_config_keys_keeps_comments_and_drops_hydra_blocks() -> None:
+    text = config_keys("train_gnn")
+    assert "  spec_context: true        # false: the GNN does not see the GPU's spec-sheet" in text
+    assert "override hydra/job_logging" not in text and "output_subdir" not in text
