@@ -8,6 +8,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from boom_ml import progress
 from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import GpuPrediction, Prediction, TimeEstimate
 from boom_ml.gpus import parse_gpu_list
@@ -186,7 +187,8 @@ def _largest_batch(
     graph: OpGraph, gpu: GpuSpec, trace_at: TraceFn, stack: Stack, step: StepSpec
 ) -> int | None:
     try:
-        return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1).batch_size
+        with progress.task(f"searching the largest batch that fits on {gpu.id}"):
+            return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1).batch_size
     except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
         logging.getLogger(__name__).warning("max batch size search failed: %s", err)
         return None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from boom_ml import progress
 from boom_ml.errors import BoomError
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
@@ -137,7 +138,11 @@ def advise(
 
     def try_level(asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]]) -> None:
         for changed, group in asks.items():
-            results = evaluate(changed, [spec for spec, _, _ in group])
+            label = group[0][1].split(" (")[0]
+            with progress.task(
+                f"advice: trying {label} on {len(group)} GPU{'s' if len(group) > 1 else ''}"
+            ):
+                results = evaluate(changed, [spec for spec, _, _ in group])
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
                 if result.fits:
@@ -210,7 +215,10 @@ def advise_layouts(
     if not wanted:
         return {}
     try:
-        return search(wanted)
+        with progress.task(
+            f"advice: searching multi-GPU layouts for {len(wanted)} GPU{'s' if len(wanted) > 1 else ''}"
+        ):
+            return search(wanted)
     except BoomError as err:
         return {spec.id: {"layouts": [], "reason": str(err)} for spec in wanted}
     except Exception as err:  # noqa: BLE001 - advice is optional, the prediction is not

@@ -1,0 +1,49 @@
+"""Progress lines on a terminal (``boom_ml/progress.py``); the traced model is synthetic."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+from rich.console import Console
+from tiny_models import tiny_cnn
+
+from boom_ml import progress
+from boom_ml.specs import StepSpec
+from boom_ml.trace.step import step_label, trace_step
+
+
+@pytest.fixture
+def terminal() -> io.StringIO:
+    out = io.StringIO()
+    assert progress.to_terminal(Console(file=out, force_terminal=True, width=200))
+    yield out
+    progress.off()
+
+
+def test_a_trace_names_itself_on_the_terminal(terminal: io.StringIO) -> None:
+    trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, amp="bf16"))
+    assert "tracing test:tiny-cnn: batch 4, image 32, amp=bf16" in terminal.getvalue()
+    assert progress._status is None  # the line is gone once the trace is
+
+
+def test_nested_tasks_show_the_inner_one_then_the_outer_again(terminal: io.StringIO) -> None:
+    with progress.task("outer work"):
+        with progress.task("inner work"):
+            assert progress._messages == ["outer work", "inner work"]
+        assert progress._messages == ["outer work"]
+    assert progress._messages == [] and progress._status is None
+    assert "outer work" in terminal.getvalue()  # the inner one shows at the next refresh
+
+
+def test_off_by_default_and_off_when_stderr_is_no_terminal(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert progress.to_terminal() is False
+    with progress.task("nobody sees this"):
+        assert progress._messages == []
+
+
+def test_step_label_names_what_differs_from_the_defaults() -> None:
+    step = StepSpec(batch_size=2, seq_len=128, checkpointing="full", finetune_method="lora")
+    assert step_label(step) == "batch 2, seq 128, checkpointing=full, finetune_method=lora"
