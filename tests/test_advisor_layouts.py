@@ -108,3 +108,27 @@ def test_one_search_for_many_gpus_equals_a_search_per_gpu(model: str) -> None:
     for gpu in gpus:
         alone = search_layouts(model, gpu, step)
         assert {**together[gpu.id], "seconds": 0} == {**alone, "seconds": 0}
+
+
+def test_nothing_fits_also_lists_fitting_finetuning_recipes_apart(model: str) -> None:
+    gpu = small_gpu()
+    p = api.predict(model, gpu=gpu, **STEP)
+    items = p.advice[gpu.id]
+    recipes = [a for a in items if a.recipe]
+    assert not items[0].fits and not items[0].recipe  # the closest full-training change first
+    assert recipes and all(a.fits and a.total_bytes <= a.capacity_bytes for a in recipes)
+    assert {a.settings["finetune_method"] for a in recipes} <= {"lora", "qlora"}
+    assert all(a.settings["checkpointing"] == "full" for a in recipes)
+    assert all(a.settings["params_dtype"] == "bf16" for a in recipes)  # an A100 runs bf16
+    text = advice_lines(p)
+    at = text.index("    or fine-tune adapters instead of training every weight:")
+    assert text[at + 1].startswith("      finetune.method=")
+    # recipes change what is trained: the layouts of full training are still searched
+    assert p.layout_advice[gpu.id]["layouts"]
+
+
+def test_a_model_without_adapter_targets_gets_no_recipe_advice() -> None:
+    gpu = replace(small_gpu(), id="a100-tiny", memory_bytes=300 * MIB, total_memory_bytes=300 * MIB)
+    p = api.predict("torchvision:resnet18", gpu=gpu, batch_size=2, image_size=64)
+    assert not p.gpus[0].fits and not p.advice[gpu.id][0].fits  # so recipes were tried
+    assert not any(a.recipe for a in p.advice[gpu.id])  # peft names no target in a ResNet

@@ -8,6 +8,11 @@ step does. Single changes come
 first; if none fits, they are stacked in that order, which is roughly the order of what
 they cost in speed.
 
+When nothing tried fits on one GPU and the step trains every weight, fine-tuning recipes
+are tried too (LoRA, QLoRA: peft adapters on half-precision or 4-bit frozen weights, with
+activation checkpointing); they change what is trained, so they are listed apart
+(``Advice.recipe``), after the closest change that keeps full training.
+
 When nothing tried fits on one GPU, :func:`advise_layouts` asks a layout search (passed in by
 ``boom_ml.api``: ``report`` does not import the prediction stack) for the cheapest multi-GPU
 layouts that fit, ranked by $ per step (``boom_ml/parallel/search.py``).
@@ -47,6 +52,7 @@ class Advice:
     capacity_bytes: int
     step_ms: float  # time per effective (accumulated) step; NaN when it does not fit
     samples_per_s: float
+    recipe: bool = False  # fine-tunes adapters instead of training every weight
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +121,31 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
     return out
 
 
+def recipe_changes(
+    step: StepSpec, gpu: GpuSpec, micro: bool = False
+) -> list[tuple[str, StepSpec, int]]:
+    """Fine-tuning instead of full training: LoRA on half-precision frozen weights, QLoRA on
+    4-bit ones, both with activation checkpointing (what people run when nothing else fits);
+    ``micro``: at one sample per micro-batch, accumulated to the same batch."""
+    if step.finetune_method != "full":
+        return []
+    dtype = "bf16" if gpu.bf16_tflops else "fp16"
+    base = replace(step, params_dtype=dtype, checkpointing="full")
+    accumulation = step.batch_size if micro else 1
+    if micro:
+        if step.batch_size == 1:
+            return []
+        base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
+    extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
+    extra += ["checkpointing=full"] if step.checkpointing != "full" else []
+    extra += [f"batch_size=1 x {accumulation} accumulation steps"] if micro else []
+    return [
+        (" + ".join([f"finetune.method={m}", *extra]), replace(base, finetune_method=m),
+         accumulation)
+        for m in ("lora", "qlora")
+    ]  # fmt: skip
+
+
 def _diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
     a, b = base.to_dict(), changed.to_dict()
     return {k: v for k, v in b.items() if a[k] != v}
@@ -136,16 +167,28 @@ def advise(
     found: dict[str, list[Advice]] = {spec.id: [] for spec in pending}
     closest: dict[str, Advice] = {}
 
-    def try_level(asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]]) -> None:
+    recipes: dict[str, list[Advice]] = {}
+
+    def try_level(
+        asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]], recipe: bool = False
+    ) -> None:
         for changed, group in asks.items():
             label = group[0][1].split(" (")[0]
             with progress.task(
                 f"advice: trying {label} on {len(group)} GPU{'s' if len(group) > 1 else ''}"
             ):
-                results = evaluate(changed, [spec for spec, _, _ in group])
+                try:
+                    results = evaluate(changed, [spec for spec, _, _ in group])
+                except BoomError:
+                    if not recipe:
+                        raise
+                    continue  # peft has no adapter targets for this model: no recipe advice
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
-                if result.fits:
+                if recipe:
+                    if result.fits:
+                        recipes.setdefault(spec.id, []).append(replace(advice, recipe=True))
+                elif result.fits:
                     found[spec.id].append(advice)
                 elif spec.id not in closest or advice.total_bytes < closest[spec.id].total_bytes:
                     closest[spec.id] = advice
@@ -169,9 +212,18 @@ def advise(
         try_level(asks)
         pending = [spec for spec in pending if not found[spec.id]]
         level += 1
+    for micro in (False, True):  # one sample per micro-batch only where the batch fits none
+        asks = {}
+        for spec in (s for s, _ in failing if s.id in found and not found[s.id]):
+            if micro and recipes.get(spec.id):
+                continue
+            for label, changed, accumulation in recipe_changes(step, spec, micro):
+                asks.setdefault(changed, []).append((spec, label, accumulation))
+        try_level(asks, recipe=True)
     return {
         gpu: sorted(items, key=lambda a: a.step_ms)[:MAX_ADVICE]
         or ([closest[gpu]] if gpu in closest else [])
+        + sorted(recipes.get(gpu, []), key=lambda a: a.step_ms)
         for gpu, items in found.items()
     }
 
@@ -197,8 +249,9 @@ def _advice(
 
 
 def nothing_fits(items: list[Advice]) -> bool:
-    """No single-GPU change tried fits (``advise`` then lists the closest, or nothing)."""
-    return not items or not items[0].fits
+    """No single-GPU change that keeps full training fits (``advise`` then lists the closest,
+    or nothing, and any fine-tuning recipe that fits)."""
+    return not any(a.fits and not a.recipe for a in items)
 
 
 def advise_layouts(

@@ -69,11 +69,12 @@ def gpu_table(prediction: Prediction) -> Table:
 
 def advice_lines(prediction: Prediction) -> list[str]:
     lines: list[str] = []
-    for gpu, items in prediction.advice.items():
+    for gpu, all_items in prediction.advice.items():
+        items = [a for a in all_items if not a.recipe]
+        recipes = [a for a in all_items if a.recipe]
         if not items:
             lines.append(f"{gpu}: no change tried makes it fit")
-            continue
-        if not items[0].fits:
+        elif not items[0].fits:
             a = items[0]
             found = prediction.layout_advice.get(gpu, {})
             hint = (
@@ -86,14 +87,20 @@ def advice_lines(prediction: Prediction) -> list[str]:
                 f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
             )
             lines += layout_lines(found)
-            continue
-        lines.append(f"{gpu}: to fit, change")
-        for a in items:
-            lines.append(
-                f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
-                f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
-            )
+        else:
+            lines.append(f"{gpu}: to fit, change")
+            lines += [_advice_line(a) for a in items]
+        if recipes:
+            lines.append("    or fine-tune adapters instead of training every weight:")
+            lines += ["  " + _advice_line(a) for a in recipes]
     return lines
+
+
+def _advice_line(a: Any) -> str:
+    return (
+        f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
+        f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
+    )
 
 
 def layout_lines(found: dict[str, Any]) -> list[str]:
