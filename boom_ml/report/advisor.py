@@ -121,14 +121,26 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
     return out
 
 
+# Fine-tuning recipes in levels of falling memory, each tried only on the GPUs where no
+# earlier level fits (every candidate is a trace per attention group: an 8B model's cost
+# seconds each): LoRA; then QLoRA, or LoRA at one sample per micro-batch; then QLoRA so.
+RECIPE_LEVELS = ((("lora", False),), (("qlora", False), ("lora", True)), (("qlora", True),))
+
+
 def recipe_changes(
-    step: StepSpec, gpu: GpuSpec, micro: bool = False
+    step: StepSpec, gpu: GpuSpec, level: tuple[tuple[str, bool], ...] = RECIPE_LEVELS[0]
 ) -> list[tuple[str, StepSpec, int]]:
     """Fine-tuning instead of full training: LoRA on half-precision frozen weights, QLoRA on
     4-bit ones, both with activation checkpointing (what people run when nothing else fits);
-    ``micro``: at one sample per micro-batch, accumulated to the same batch."""
+    ``level`` names the methods and whether each runs one sample per micro-batch."""
     if step.finetune_method != "full":
         return []
+    return [c for method, micro in level for c in _recipe(step, gpu, method, micro)]
+
+
+def _recipe(
+    step: StepSpec, gpu: GpuSpec, method: str, micro: bool
+) -> list[tuple[str, StepSpec, int]]:
     dtype = "bf16" if gpu.bf16_tflops else "fp16"
     base = replace(step, params_dtype=dtype, checkpointing="full")
     accumulation = step.batch_size if micro else 1
@@ -139,11 +151,8 @@ def recipe_changes(
     extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
     extra += ["checkpointing=full"] if step.checkpointing != "full" else []
     extra += [f"batch_size=1 x {accumulation} accumulation steps"] if micro else []
-    return [
-        (" + ".join([f"finetune.method={m}", *extra]), replace(base, finetune_method=m),
-         accumulation)
-        for m in ("lora", "qlora")
-    ]  # fmt: skip
+    label = " + ".join([f"finetune.method={method}", *extra])
+    return [(label, replace(base, finetune_method=method), accumulation)]
 
 
 def _diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
@@ -212,12 +221,12 @@ def advise(
         try_level(asks)
         pending = [spec for spec in pending if not found[spec.id]]
         level += 1
-    for micro in (False, True):  # one sample per micro-batch only where the batch fits none
+    for recipe_level in RECIPE_LEVELS:
         asks = {}
         for spec in (s for s, _ in failing if s.id in found and not found[s.id]):
-            if micro and recipes.get(spec.id):
+            if recipes.get(spec.id):
                 continue
-            for label, changed, accumulation in recipe_changes(step, spec, micro):
+            for label, changed, accumulation in recipe_changes(step, spec, recipe_level):
                 asks.setdefault(changed, []).append((spec, label, accumulation))
         try_level(asks, recipe=True)
     return {
