@@ -307,8 +307,14 @@ def predict(
         evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
         advised = advise(resolved, failing, evaluate)
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
-        search = partial(search_layouts_many, model, step=resolved, cluster=nodes, stack=software)
-        layout_advice = advise_layouts(advised, gpus, search)
+        search = partial(search_layouts_many, model, cluster=nodes, stack=software)
+        checkpointed = replace(resolved, checkpointing="full")
+        layout_advice = advise_layouts(
+            advised,
+            gpus,
+            partial(search, step=resolved),
+            partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
+        )
     prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,

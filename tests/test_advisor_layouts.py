@@ -24,7 +24,7 @@ from boom_ml.parallel.search import (
 )
 from boom_ml.parallel.shard import load_raw, model_facts
 from boom_ml.report.advisor import Advice, advise_layouts
-from boom_ml.report.table import advice_lines
+from boom_ml.report.table import advice_lines, layout_lines
 from boom_ml.specs import StepSpec
 from tests.tiny_models import tiny_llama_config
 
@@ -132,3 +132,30 @@ def test_a_model_without_adapter_targets_gets_no_recipe_advice() -> None:
     p = api.predict("torchvision:resnet18", gpu=gpu, batch_size=2, image_size=64)
     assert not p.gpus[0].fits and not p.advice[gpu.id][0].fits  # so recipes were tried
     assert not any(a.recipe for a in p.advice[gpu.id])  # peft names no target in a ResNet
+
+
+def test_no_layout_of_the_step_fits_asks_the_search_with_checkpointing(model: str) -> None:
+    gpu, other = small_gpu(), replace(small_gpu(), id="a100-other")
+    closest = Advice("amp=bf16", {"amp": "bf16"}, 1, False, 2 * 2**30, 2**30, float("nan"), 0.0)
+    step = StepSpec(**STEP)
+    plain = search_layouts_many(model, [gpu, other], step)
+    checkpointed = search_layouts_many(model, [gpu], replace(step, checkpointing="full"))
+    assert checkpointed[gpu.id]["layouts"]
+    asked: list[list[str]] = []
+
+    def none_fit(gpus: list) -> dict:  # the plain search, told that nothing fits on ``gpu``
+        asked.append([g.id for g in gpus])
+        return {g.id: ({**plain[g.id], "layouts": []} if g.id == gpu.id else plain[g.id])
+                for g in gpus}  # fmt: skip
+
+    def with_ckpt(gpus: list) -> dict:
+        asked.append([g.id for g in gpus])
+        return checkpointed
+
+    advised = {gpu.id: [closest], other.id: [closest]}
+    out = advise_layouts(advised, [gpu, other], none_fit, with_ckpt)
+    assert asked == [[gpu.id, other.id], [gpu.id]]  # only the GPU with no layout is asked again
+    assert out[gpu.id]["layouts"] == checkpointed[gpu.id]["layouts"]
+    assert out[gpu.id]["settings"] == {"checkpointing": "full"} and "settings" not in out[other.id]
+    text = layout_lines(out[gpu.id])
+    assert text[0].startswith("    cheapest layouts that fit with checkpointing=full (")

@@ -264,22 +264,44 @@ def nothing_fits(items: list[Advice]) -> bool:
 
 
 def advise_layouts(
-    advised: dict[str, list[Advice]], gpus: list[GpuSpec], search: LayoutSearch
+    advised: dict[str, list[Advice]],
+    gpus: list[GpuSpec],
+    search: LayoutSearch,
+    with_checkpointing: LayoutSearch | None = None,
 ) -> dict[str, dict[str, Any]]:
     """For each GPU where nothing tried fits on one GPU, the cheapest layouts that fit.
 
     ``search`` takes those GPUs at once and returns a result per GPU id. When the layouts
     cannot be searched (a model the parallel predictor does not model) every such GPU gets
     ``layouts: []`` and the one-line ``reason``; an unexpected failure is logged and the
-    GPUs left out, so the single-GPU prediction is never lost to the search.
+    GPUs left out, so the single-GPU prediction is never lost to the search. Where no
+    layout of the step fits, ``with_checkpointing`` (the same search with activation
+    checkpointing, when the step has none) is asked too; its layouts then carry
+    ``settings: {"checkpointing": "full"}``.
     """
     wanted = [s for s in gpus if s.id in advised and nothing_fits(advised[s.id])]
     if not wanted:
         return {}
+    found = _search_layouts(search, wanted)
+    bare = [s for s in wanted if s.id in found and _no_layout(found[s.id])]
+    if with_checkpointing is not None and bare:
+        again = _search_layouts(with_checkpointing, bare, " with checkpointing")
+        for spec in bare:
+            if again.get(spec.id, {}).get("layouts"):
+                found[spec.id] = {**again[spec.id], "settings": {"checkpointing": "full"}}
+    return found
+
+
+def _no_layout(found: dict[str, Any]) -> bool:
+    return not found.get("layouts") and "reason" not in found
+
+
+def _search_layouts(
+    search: LayoutSearch, wanted: list[GpuSpec], how: str = ""
+) -> dict[str, dict[str, Any]]:
+    n = len(wanted)
     try:
-        with progress.task(
-            f"advice: searching multi-GPU layouts for {len(wanted)} GPU{'s' if len(wanted) > 1 else ''}"
-        ):
+        with progress.task(f"advice: searching multi-GPU layouts{how} for {n} GPU{'s' * (n > 1)}"):
             return search(wanted)
     except BoomError as err:
         return {spec.id: {"layouts": [], "reason": str(err)} for spec in wanted}

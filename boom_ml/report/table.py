@@ -109,8 +109,9 @@ def layout_lines(found: dict[str, Any]) -> list[str]:
     if not layouts:
         reason = found.get("reason")
         return [f"    no multi-GPU layout searched: {reason}"] if reason else []
+    settings = "".join(f" with {k}={v}" for k, v in (found.get("settings") or {}).items())
     lines = [
-        f"    cheapest layouts that fit ({found['fitting']} of {found['searched']} fit, searched in "
+        f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
         f"{found['seconds']:.1f} s; $ per step of the requested batch):"
     ]
     for p in layouts:
