@@ -20,7 +20,7 @@ from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.search import search_layouts_many
 from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
-from boom_ml.specs import ModelSpec, StepSpec, search_max_batch
+from boom_ml.specs import MAX_BATCH_AUTO_GPUS, ModelSpec, StepSpec, search_max_batch
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
@@ -305,7 +305,8 @@ def predict(
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
         evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
-        advised = advise(resolved, failing, evaluate)
+        # recipes cost traces per attention group: tried for as many GPUs as max_batch=auto
+        advised = advise(resolved, failing, evaluate, len(gpus) <= MAX_BATCH_AUTO_GPUS)
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
         search = partial(search_layouts_many, model, cluster=nodes, stack=software)
         checkpointed = replace(resolved, checkpointing="full")

@@ -163,7 +163,9 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 # max_batch=auto searches the largest batch per GPU for up to this many GPUs: the search
 # replays the step through the allocator near each GPU's limit (about 0.3 s per GPU on a
-# laptop core), which would dominate a gpu=all comparison.
+# laptop core), which would dominate a gpu=all comparison. The advisor's fine-tuning recipes
+# follow the same rule (each is a trace per attention group: +80 s cold for Llama-3-8B on
+# every GPU, 157 -> 239 s).
 MAX_BATCH_AUTO_GPUS = 8
 MAX_BATCH_SETTINGS = {"auto": "auto", "on": "on", "true": "on", "off": "off", "false": "off"}
 

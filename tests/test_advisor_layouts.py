@@ -25,7 +25,7 @@ from boom_ml.parallel.search import (
 from boom_ml.parallel.shard import load_raw, model_facts
 from boom_ml.report.advisor import Advice, advise_layouts
 from boom_ml.report.table import advice_lines, layout_lines
-from boom_ml.specs import StepSpec
+from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec
 from tests.tiny_models import tiny_llama_config
 
 MIB = 2**20
@@ -159,3 +159,14 @@ def test_no_layout_of_the_step_fits_asks_the_search_with_checkpointing(model: st
     assert out[gpu.id]["settings"] == {"checkpointing": "full"} and "settings" not in out[other.id]
     text = layout_lines(out[gpu.id])
     assert text[0].startswith("    cheapest layouts that fit with checkpointing=full (")
+
+
+def test_recipes_follow_max_batch_auto_and_the_table_says_so(model: str) -> None:
+    gpus = [replace(small_gpu(), id=f"a100-small-{i}") for i in range(MAX_BATCH_AUTO_GPUS + 1)]
+    p = api.predict(model, gpu=gpus, **STEP)
+    assert all(not p.advice[g.id][0].fits for g in gpus)
+    assert not any(a.recipe for items in p.advice.values() for a in items)
+    assert advice_lines(p)[-1] == (
+        f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(gpus)} GPUs; "
+        f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
+    )

@@ -164,6 +164,7 @@ def advise(
     step: StepSpec,
     failing: list[tuple[GpuSpec, GpuPrediction]],
     evaluate: Evaluate,
+    recipes_too: bool = True,
 ) -> dict[str, list[Advice]]:
     """For each GPU where ``step`` does not fit, the changes that make it fit.
 
@@ -221,7 +222,7 @@ def advise(
         try_level(asks)
         pending = [spec for spec in pending if not found[spec.id]]
         level += 1
-    for recipe_level in RECIPE_LEVELS:
+    for recipe_level in RECIPE_LEVELS if recipes_too else ():
         asks = {}
         for spec in (s for s, _ in failing if s.id in found and not found[s.id]):
             if recipes.get(spec.id):

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
+from boom_ml.report.advisor import nothing_fits
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS
 
 GIB = 1024**3
@@ -93,6 +94,16 @@ def advice_lines(prediction: Prediction) -> list[str]:
         if recipes:
             lines.append("    or fine-tune adapters instead of training every weight:")
             lines += ["  " + _advice_line(a) for a in recipes]
+    stuck = [g for g, items in prediction.advice.items() if nothing_fits(items)]
+    if (
+        stuck
+        and len(prediction.gpus) > MAX_BATCH_AUTO_GPUS
+        and prediction.step.get("finetune_method", "full") == "full"
+    ):
+        lines.append(
+            f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(prediction.gpus)} GPUs; "
+            f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
+        )
     return lines
 
 
