@@ -122,7 +122,7 @@ def test_held_out_a100_error_on_real_rows(canonical: Path) -> None:
     """Fit on NeuSight rows of the other GPUs only (the A100-80GB's rows never reach the fit)
     and score its fp32 bmm and linear rows: this small fit scores 6.1 / 8.7 %, the packaged
     variant's full fold 5.7 / 6.1 % (README); a broken tile count or bound lands far above."""
-    from training.train_gemm import fit_variant
+    from training.gemm_learners import fit_variant
 
     kernels = pd.read_parquet([p for p in (canonical / "kernels").glob("neusight_*.parquet")])
     kernels = kernels[kernels["family"].eq("gemm") & kernels["gpu_id"].ne("p4")].reset_index(

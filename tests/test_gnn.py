@@ -243,7 +243,7 @@ def test_batched_per_op_times_equal_per_gpu_calls() -> None:
 
 
 def test_gnn_replaces_the_per_op_sum_only_where_it_is_significantly_better() -> None:
-    from training.train_gnn import decide
+    from training.gnn_decision import decide
 
     n = 40
     target = np.full(n, 100.0)
