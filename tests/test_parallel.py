@@ -294,6 +294,10 @@ def test_host_dispatch_floor_bounds_tiny_stages():
                        layer_ops=200)  # fmt: skip
     out = step_time(prof, _shape(1), Layout(microbatches=3), [LAYERS], _groups())
     assert out["compute_ms"] == pytest.approx(3 * LAYERS * 200 * DISPATCH_US * 1e-3)
+    # without a pipeline the method names no schedule; with one it names the one simulated
+    assert "pipeline schedule" not in out["method"]
+    piped = step_time(prof, _shape(1), Layout(pp=2, microbatches=4), [1, 1], _groups(pp=2))
+    assert "+ 1F1B pipeline schedule (event simulation" in piped["method"]
 
 
 def test_rank_config_divides_heads_mlp_vocab_and_drops_ids_outside_the_shard():

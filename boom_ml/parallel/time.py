@@ -54,8 +54,11 @@ METHOD = (
     "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
     " layers, at least {dispatch_us:g} us of host dispatch per op + NCCL-tuned collectives"
     " (ring/tree/NVLS x LL/LL128/Simple as NCCL's tuning model picks, links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
-    " a fake process group, tests/test_parallel_traced.py) + {schedule} pipeline schedule"
-    " (event simulation of per-stage forward/backward times and blocking point-to-point sends)"
+    " a fake process group, tests/test_parallel_traced.py){pipeline}"
+)
+PIPELINE_METHOD = (
+    " + {schedule} pipeline schedule (event simulation of per-stage forward/backward times and"
+    " blocking point-to-point sends)"
 )
 # Host time to dispatch one op in eager PyTorch: ~5 us without autograd, ~7 us with
 # (pytorch/pytorch#41383; ~4 us per CUDA op in pytorch/pytorch#82793). When a stage's kernels
@@ -329,6 +332,10 @@ def step_time(
         "virtual_stages": v,
         "p2p_ms": round(p2p, 4),
         "method": METHOD.format(
-            method=prof.method, dispatch_us=dispatch_us, schedule=SCHEDULE_NAMES[layout.schedule]
+            method=prof.method,
+            dispatch_us=dispatch_us,
+            pipeline=PIPELINE_METHOD.format(schedule=SCHEDULE_NAMES[layout.schedule])
+            if layout.pp > 1
+            else "",
         ),
     }

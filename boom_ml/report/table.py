@@ -294,8 +294,9 @@ def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
     for g in prediction.parallel:
         colls = sorted(g["time"].get("collectives", []), key=lambda c: -c.get("exposed_ms", 0))
         lines.append(f"{g['gpu']}: top collectives (exposed ms) — {g['time'].get('method', '')}")
+        width = max([len(c.get("what", "")) for c in colls[:top_n]] + [28])
         lines += [
-            f"    {c['op']:<15} {c['group']:<4} {c.get('what', ''):<28} "
+            f"    {c['op']:<15} {c['group']:<4} {c.get('what', ''):<{width}} "
             f"{c['bytes'] / 2**20:>10.1f} MiB x{c.get('calls', 1):<4} {c['ms']:>9.2f} ms "
             f"(exposed {c.get('exposed_ms', 0):.2f})"
             for c in colls[:top_n]
