@@ -100,6 +100,12 @@ def test_bad_input_raises_user_error(change, error, words):
         run({**BASE, **change})
 
 
+def test_a_user_error_met_while_tracing_is_not_wrapped_as_a_trace_failure():
+    with pytest.raises(InvalidInputError) as err:
+        run({**BASE, "model": "hf:gpt2", "seq_len": 2048, "image_size": None})
+    assert str(err.value) == "hf:gpt2: seq_len 2048 exceeds its 1024 learned positions"
+
+
 def test_untraceable_model_names_the_problem(tmp_path):
     path = tmp_path / "dd.py"
     path.write_text(UNTRACEABLE)

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from boom_ml import progress
-from boom_ml.errors import TraceError
+from boom_ml.errors import BoomError, TraceError
 from boom_ml.specs import StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 from boom_ml.trace.attention import cuda_attention
@@ -206,8 +206,8 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
             runner.recipe = recipe
             yield runner
             runner.sdpa = sdpa.to_dict()
-        except TraceError:
-            raise
+        except BoomError:
+            raise  # already says what went wrong (a seq_len beyond the positions, say)
         except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
             raise TraceError(_describe_failure(built, exc)) from exc
 
