@@ -306,7 +306,10 @@ def predict(
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
         evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
         # recipes cost traces per attention group: tried for as many GPUs as max_batch=auto
-        advised = advise(resolved, failing, evaluate, len(gpus) <= MAX_BATCH_AUTO_GPUS)
+        trainable = (graph.meta.get("recipe") or {}).get("bytes", {}).get("trainable_parameters")
+        advised = advise(
+            resolved, failing, evaluate, len(gpus) <= MAX_BATCH_AUTO_GPUS, gradient_bytes=trainable
+        )
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
         search = partial(search_layouts_many, model, cluster=nodes, stack=software)
         checkpointed = replace(resolved, checkpointing="full")

@@ -23,7 +23,7 @@ from boom_ml.parallel.search import (
     search_layouts_many,
 )
 from boom_ml.parallel.shard import load_raw, model_facts
-from boom_ml.report.advisor import Advice, advise_layouts
+from boom_ml.report.advisor import Advice, advise, advise_layouts, lower_bound
 from boom_ml.report.table import advice_lines, layout_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec
 from tests.tiny_models import tiny_llama_config
@@ -170,3 +170,29 @@ def test_recipes_follow_max_batch_auto_and_the_table_says_so(model: str) -> None
         f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(gpus)} GPUs; "
         f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
     )
+
+
+def test_a_gpu_below_parameters_and_gradients_gets_the_floor_and_no_traces(model: str) -> None:
+    gpu = replace(small_gpu(), id="a100-300", memory_bytes=300 * MIB, total_memory_bytes=300 * MIB)
+    p = api.predict(model, gpu=[gpu, "a100-80gb-sxm"], advice=False, **STEP)
+    small, big = p.gpus
+    grads = p.graph["recipe"]["bytes"]["trainable_parameters"]
+    step = StepSpec(**p.step)
+    floor = lower_bound(small, step, grads)
+    m = small.memory
+    assert (
+        floor.total_bytes
+        == m.breakdown["parameter"] + grads + m.total_bytes - m.peak_reserved_bytes
+    )
+    assert floor.total_bytes > floor.capacity_bytes and floor.lower_bound and not floor.fits
+    # a floor: the step itself, on a GPU where it fits, holds at least that much
+    assert big.memory.total_bytes >= lower_bound(big, step, grads).total_bytes
+
+    def evaluate(changed: StepSpec, gpus: list) -> list:
+        raise AssertionError(f"traced {changed} where nothing can fit")
+
+    advised = advise(step, [(gpu, small)], evaluate, recipes_too=False, gradient_bytes=grads)
+    (got,) = advised[gpu.id]  # NaN times: compare the fields that are numbers
+    assert (got.change, got.total_bytes, got.lower_bound) == (floor.change, floor.total_bytes, True)
+    line = advice_lines(replace(p, advice=advised, gpus=[small]))[0]
+    assert line.startswith(f"{gpu.id}: no single-GPU change fits: parameters and gradients alone")

@@ -53,6 +53,9 @@ class Advice:
     step_ms: float  # time per effective (accumulated) step; NaN when it does not fit
     samples_per_s: float
     recipe: bool = False  # fine-tunes adapters instead of training every weight
+    # total_bytes is a floor no single-GPU lever goes below (parameters, their gradients and
+    # the terms outside the allocator): nothing was traced for this GPU
+    lower_bound: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,6 +168,7 @@ def advise(
     failing: list[tuple[GpuSpec, GpuPrediction]],
     evaluate: Evaluate,
     recipes_too: bool = True,
+    gradient_bytes: int | None = None,
 ) -> dict[str, list[Advice]]:
     """For each GPU where ``step`` does not fit, the changes that make it fit.
 
@@ -172,10 +176,21 @@ def advise(
     by what they cost in speed). Each candidate configuration is evaluated once for all
     GPUs that need it, since evaluating one means tracing the step again. A GPU where
     nothing fits gets the candidate that came closest, marked ``fits=False``.
+
+    ``gradient_bytes`` (the trainable parameters' bytes): no lever here changes the
+    parameters or their gradients, and both are alive once backward ends, so a GPU whose
+    usable memory is below parameters + gradients + the terms outside the allocator gets that
+    floor (``lower_bound=True``) instead of traces that cannot fit.
     """
     pending = [spec for spec, result in failing if not result.fits]
     found: dict[str, list[Advice]] = {spec.id: [] for spec in pending}
     closest: dict[str, Advice] = {}
+    if gradient_bytes is not None:
+        for spec, result in failing:
+            floor = lower_bound(result, step, gradient_bytes)
+            if spec.id in found and floor.total_bytes > floor.capacity_bytes:
+                closest[spec.id] = floor
+        pending = [spec for spec in pending if spec.id not in closest]
 
     recipes: dict[str, list[Advice]] = {}
 
@@ -236,6 +251,17 @@ def advise(
         + sorted(recipes.get(gpu, []), key=lambda a: a.step_ms)
         for gpu, items in found.items()
     }
+
+
+def lower_bound(result: GpuPrediction, step: StepSpec, gradient_bytes: int) -> Advice:
+    """What any candidate needs at least on this GPU: the parameters (always alive), their
+    gradients (all alive when backward ends) and the terms outside the allocator."""
+    m = result.memory
+    outside = m.total_bytes - m.peak_reserved_bytes
+    floor = m.breakdown.get("parameter", 0) + gradient_bytes + outside
+    nan = float("nan")
+    return Advice("parameters and gradients alone", {}, 1, False, floor,
+                  m.capacity_bytes, nan, nan, lower_bound=True)  # fmt: skip
 
 
 def _advice(

@@ -83,9 +83,11 @@ def advice_lines(prediction: Prediction) -> list[str]:
                 if found.get("layouts")
                 else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
             )
+            need = f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
             lines.append(
-                f"{gpu}: nothing tried fits on one GPU; closest: {a.change} needs "
-                f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
+                f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
+                if a.lower_bound
+                else f"{gpu}: nothing tried fits on one GPU; closest: {a.change} needs {need}"
             )
             lines += layout_lines(found)
         else:
