@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
-from boom_ml.report.advisor import nothing_fits
+from boom_ml.report.advisor import Advice, nothing_fits
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS
 
 GIB = 1024**3
@@ -109,7 +109,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
     return lines
 
 
-def _advice_line(a: Any) -> str:
+def _advice_line(a: Advice) -> str:
     return (
         f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
         f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
