@@ -97,3 +97,12 @@ def test_explain_table_lists_block_kinds_with_their_count() -> None:
     conv = [line.split() for line in lines if line.strip().startswith("ResNet.layer4.*.conv2 ")]
     assert len(conv) == 1 and conv[0][-1] == "x2"  # resnet18's layer4 holds two BasicBlocks
     assert not any("ResNet.layer4.0.conv2" in line for line in lines)
+
+
+def test_plot_labels_drop_the_root_class_and_keep_the_tail() -> None:
+    from boom_ml.report.time_plots import _short
+
+    assert _short("GPT2LMHeadModel.transformer.h.*.mlp.c_proj") == "transformer.h.*.mlp.c_proj"
+    assert _short("GPT2LMHeadModel") == "GPT2LMHeadModel"
+    assert _short("(parameters, gradients, optimizer state)", width=12) == "…izer state)"
+    assert _short("M.encoder.layers.encoder_layer_*.mlp", width=20) == "…encoder_layer_*.mlp"

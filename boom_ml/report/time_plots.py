@@ -74,4 +74,8 @@ def _cost_per_1000(result: GpuPrediction) -> float | None:
 
 
 def _short(module: str, width: int = 40) -> str:
+    """The module path less its root (every path starts with the model's class), then its
+    last ``width`` characters."""
+    if "." in module and not module.startswith("("):
+        module = module.split(".", 1)[1]
     return module if len(module) <= width else "…" + module[-(width - 1) :]
