@@ -49,6 +49,8 @@ class TimeEstimate:
     top_modules: list[dict[str, Any]] = field(default_factory=list)
     # top_modules with repeated blocks summed: "h.*.attn" with "blocks": 36 (trace/module_paths)
     top_module_groups: list[dict[str, Any]] = field(default_factory=list)
+    # whole repeated blocks, children included: "h.*" with "blocks": 36 (trace/module_paths)
+    block_totals: list[dict[str, Any]] = field(default_factory=list)
     # How near the kernel measurements behind it come to this GPU (boom_ml/timing/basis.py):
     # measured | architecture measured | architecture not measured; None without heads.
     basis: str | None = None

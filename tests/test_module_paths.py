@@ -12,7 +12,7 @@ from boom_ml.gpus import get_gpu
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import StepSpec
 from boom_ml.timing.estimate import estimate_time
-from boom_ml.trace.module_paths import block_kinds, group_by_block
+from boom_ml.trace.module_paths import block_kinds, block_totals, group_by_block
 from boom_ml.trace.step import trace_step
 
 GPT = [
@@ -65,6 +65,16 @@ def test_group_by_block_sums_counts_and_ranks() -> None:
     assert group_by_block(values, "ms", top_n=1) == groups[:1]
 
 
+def test_block_totals_sum_whole_blocks_children_included() -> None:
+    values = list(zip(GPT, [4.0, 2.0, 0.5, 4.5, 2.5, 0.25, 3.0], strict=True))
+    assert block_totals(values, "ms") == [
+        {"module": "GPT2LMHeadModel.transformer.h.*", "blocks": 2, "ms": 13.75}
+    ]  # lm_head is in no repeated block
+    stages = [("Swin.features.1.0.attn", 1.0), ("Swin.features.1.1.attn", 2.0),
+              ("Swin.features.3.0.attn", 4.0), ("Swin.head", 8.0)]  # fmt: skip
+    assert block_totals(stages, "ms") == [{"module": "Swin.features.*", "blocks": 2, "ms": 7.0}]
+
+
 def test_time_and_memory_estimates_fold_the_traced_blocks() -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw"))
     gpu = get_gpu("a100-80gb-sxm")
@@ -80,6 +90,10 @@ def test_time_and_memory_estimates_fold_the_traced_blocks() -> None:
     assert sum(g["ms"] for g in est.top_module_groups) == pytest.approx(
         sum(per_module.values()), abs=1e-3
     )
+    (blocks,) = est.block_totals  # TinyCnn.blocks.0 and .1, children included
+    assert blocks["blocks"] == 2 and blocks["module"].endswith(".blocks.*")
+    in_blocks = [ms for m, ms in per_module.items() if ".blocks." in m]
+    assert blocks["ms"] == pytest.approx(sum(in_blocks), abs=1e-3)
 
     mem = estimate_memory(graph, gpu, top_modules=1000)
     assert sum(g["bytes"] for g in mem.by_module_group) == sum(m["bytes"] for m in mem.by_module)
@@ -97,6 +111,7 @@ def test_explain_table_lists_block_kinds_with_their_count() -> None:
     conv = [line.split() for line in lines if line.strip().startswith("ResNet.layer4.*.conv2 ")]
     assert len(conv) == 1 and conv[0][-1] == "x2"  # resnet18's layer4 holds two BasicBlocks
     assert not any("ResNet.layer4.0.conv2" in line for line in lines)
+    assert any(line.startswith("  whole blocks: ResNet.layer4.* x2, ") for line in lines)
 
 
 def test_plot_labels_drop_the_root_class_and_keep_the_tail() -> None:

@@ -153,6 +153,12 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
         f"{o.get('method', '')}".rstrip()
         for o in t.top_ops[:top_n]
     ]
+    lines += [
+        f"  whole blocks: {b['module']} x{b['blocks']}, {b['ms']:.2f} ms "
+        f"({100 * b['ms'] / t.step_ms:.1f} % of the step)"
+        for b in t.block_totals[:4]
+        if t.step_ms > 0
+    ]
     lines.append("  by module (repeated blocks summed, xN: how many):")
     lines += [
         f"    {o['module']:<55} {o['ms']:>9.2f} ms{_blocks(o)}"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.estimates import TimeEstimate
-from boom_ml.trace.module_paths import group_by_block
+from boom_ml.trace.module_paths import block_totals, group_by_block
 
 
 def summarise(
@@ -55,6 +55,9 @@ def summarise(
         top_module_groups=[
             {**g, "module": g["module"] or "(top level)", "ms": round(float(g["ms"]), 4)}
             for g in group_by_block(per_module.items(), "ms", top_n)
+        ],
+        block_totals=[
+            {**b, "ms": round(float(b["ms"]), 4)} for b in block_totals(per_module.items(), "ms")
         ],
     )
 

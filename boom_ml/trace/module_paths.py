@@ -66,3 +66,23 @@ def group_by_block(
     return [
         {"module": kind, "blocks": len(members[kind]), key: total} for kind, total in ranked[:top_n]
     ]
+
+
+def block_totals(values: Iterable[tuple[str, float]], key: str) -> list[dict[str, object]]:
+    """Whole repeated blocks: every path under a block kind (its children included) summed
+    into the kind of its first repeated block, ``transformer.h.*`` with ``blocks``: 36;
+    largest first. Paths outside any repeated block are left out."""
+    pairs = list(values)
+    kinds = block_kinds(path for path, _ in pairs)
+    totals: dict[str, float] = {}
+    members: dict[str, set[str]] = {}
+    for path, value in pairs:
+        parts = kinds[path].split(".")
+        if not any(p.endswith("*") for p in parts):
+            continue
+        cut = next(i for i, p in enumerate(parts) if p.endswith("*")) + 1
+        block = ".".join(parts[:cut])
+        totals[block] = totals.get(block, 0) + value
+        members.setdefault(block, set()).add(".".join(path.split(".")[:cut]))
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    return [{"module": kind, "blocks": len(members[kind]), key: total} for kind, total in ranked]
