@@ -56,16 +56,7 @@ def group_by_block(
     """
     pairs = list(values)
     kinds = block_kinds(path for path, _ in pairs)
-    totals: dict[str, float] = {}
-    members: dict[str, set[str]] = {}
-    for path, value in pairs:
-        kind = kinds[path]
-        totals[kind] = totals.get(kind, 0) + value
-        members.setdefault(kind, set()).add(path)
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
-    return [
-        {"module": kind, "blocks": len(members[kind]), key: total} for kind, total in ranked[:top_n]
-    ]
+    return _ranked(((kinds[path], path, value) for path, value in pairs), key)[:top_n]
 
 
 def block_totals(values: Iterable[tuple[str, float]], key: str) -> list[dict[str, object]]:
@@ -74,15 +65,23 @@ def block_totals(values: Iterable[tuple[str, float]], key: str) -> list[dict[str
     largest first. Paths outside any repeated block are left out."""
     pairs = list(values)
     kinds = block_kinds(path for path, _ in pairs)
-    totals: dict[str, float] = {}
-    members: dict[str, set[str]] = {}
+    rows = []
     for path, value in pairs:
         parts = kinds[path].split(".")
-        if not any(p.endswith("*") for p in parts):
-            continue
-        cut = next(i for i, p in enumerate(parts) if p.endswith("*")) + 1
-        block = ".".join(parts[:cut])
-        totals[block] = totals.get(block, 0) + value
-        members.setdefault(block, set()).add(".".join(path.split(".")[:cut]))
+        stars = [i for i, p in enumerate(parts) if p.endswith("*")]
+        if stars:
+            cut = stars[0] + 1
+            rows.append((".".join(parts[:cut]), ".".join(path.split(".")[:cut]), value))
+    return _ranked(rows, key)
+
+
+def _ranked(rows: Iterable[tuple[str, str, float]], key: str) -> list[dict[str, object]]:
+    """``(kind, member path, value)`` rows summed per kind, largest first, with the number of
+    distinct member paths as ``blocks``."""
+    totals: dict[str, float] = {}
+    members: dict[str, set[str]] = {}
+    for kind, member, value in rows:
+        totals[kind] = totals.get(kind, 0) + value
+        members.setdefault(kind, set()).add(member)
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])
     return [{"module": kind, "blocks": len(members[kind]), key: total} for kind, total in ranked]
