@@ -21,7 +21,7 @@ layouts that fit, ranked by $ per step (``boom_ml/parallel/search.py``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -138,24 +138,25 @@ def recipe_changes(
     ``level`` names the methods and whether each runs one sample per micro-batch."""
     if step.finetune_method != "full":
         return []
-    return [c for method, micro in level for c in _recipe(step, gpu, method, micro)]
+    # one sample per micro-batch only means something when the batch has more than one
+    return [
+        _recipe(step, gpu, method, micro)
+        for method, micro in level
+        if not (micro and step.batch_size == 1)
+    ]
 
 
-def _recipe(
-    step: StepSpec, gpu: GpuSpec, method: str, micro: bool
-) -> list[tuple[str, StepSpec, int]]:
+def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str, StepSpec, int]:
     dtype = "bf16" if gpu.bf16_tflops else "fp16"
     base = replace(step, params_dtype=dtype, checkpointing="full")
     accumulation = step.batch_size if micro else 1
     if micro:
-        if step.batch_size == 1:
-            return []
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
     extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
     extra += ["checkpointing=full"] if step.checkpointing != "full" else []
     extra += [f"batch_size=1 x {accumulation} accumulation steps"] if micro else []
     label = " + ".join([f"finetune.method={method}", *extra])
-    return [(label, replace(base, finetune_method=method), accumulation)]
+    return label, replace(base, finetune_method=method), accumulation
 
 
 def _diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
@@ -187,8 +188,8 @@ def advise(
     closest: dict[str, Advice] = {}
     if gradient_bytes is not None:
         for spec, result in failing:
-            floor = lower_bound(result, step, gradient_bytes)
-            if spec.id in found and floor.total_bytes > floor.capacity_bytes:
+            floor = lower_bound(result, step, gradient_bytes) if spec.id in found else None
+            if floor is not None and floor.total_bytes > floor.capacity_bytes:
                 closest[spec.id] = floor
         pending = [spec for spec in pending if spec.id not in closest]
 
@@ -218,39 +219,44 @@ def advise(
                 elif spec.id not in closest or advice.total_bytes < closest[spec.id].total_bytes:
                     closest[spec.id] = advice
 
-    singles: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
-    for spec in pending:
-        for label, changed, accumulation in single_changes(step, spec):
-            singles.setdefault(changed, []).append((spec, label, accumulation))
-    try_level(singles)
+    try_level(_by_step((spec, c) for spec in pending for c in single_changes(step, spec)))
     pending = [spec for spec in pending if not found[spec.id]]
     stacks = {spec.id: stacked_changes(step, spec) for spec in pending}
     level = 0
     while pending:
-        asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
-        for spec in pending:
-            if level < len(stacks[spec.id]):
-                label, changed, accumulation = stacks[spec.id][level]
-                asks.setdefault(changed, []).append((spec, label, accumulation))
+        asks = _by_step(
+            (spec, stacks[spec.id][level]) for spec in pending if level < len(stacks[spec.id])
+        )
         if not asks:
             break
         try_level(asks)
         pending = [spec for spec in pending if not found[spec.id]]
         level += 1
     for recipe_level in RECIPE_LEVELS if recipes_too else ():
-        asks = {}
-        for spec in (s for s, _ in failing if s.id in found and not found[s.id]):
-            if recipes.get(spec.id):
-                continue
-            for label, changed, accumulation in recipe_changes(step, spec, recipe_level):
-                asks.setdefault(changed, []).append((spec, label, accumulation))
-        try_level(asks, recipe=True)
+        bare = [
+            s for s, _ in failing if s.id in found and not found[s.id] and not recipes.get(s.id)
+        ]
+        try_level(
+            _by_step((s, c) for s in bare for c in recipe_changes(step, s, recipe_level)),
+            recipe=True,
+        )
     return {
         gpu: sorted(items, key=lambda a: a.step_ms)[:MAX_ADVICE]
         or ([closest[gpu]] if gpu in closest else [])
         + sorted(recipes.get(gpu, []), key=lambda a: a.step_ms)
         for gpu, items in found.items()
     }
+
+
+def _by_step(
+    candidates: Iterable[tuple[GpuSpec, tuple[str, StepSpec, int]]],
+) -> dict[StepSpec, list[tuple[GpuSpec, str, int]]]:
+    """(GPU, (label, changed step, accumulation)) pairs grouped by changed step: each step is
+    evaluated once for every GPU that asks for it."""
+    asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]] = {}
+    for spec, (label, changed, accumulation) in candidates:
+        asks.setdefault(changed, []).append((spec, label, accumulation))
+    return asks
 
 
 def lower_bound(result: GpuPrediction, step: StepSpec, gradient_bytes: int) -> Advice:

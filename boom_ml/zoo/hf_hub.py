@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -78,7 +79,8 @@ def hub_resolves() -> bool:
     On a machine without network huggingface_hub retries its request five times, about
     30 s, before it gives up; a failed name lookup says the same at once.
     """
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+    proxies = urllib.request.getproxies()  # the environment's, as requests reads them
+    if proxies.get("https") or proxies.get("all"):
         return True
     from huggingface_hub import constants
 
