@@ -12,8 +12,10 @@ that the numbered layers of a plain ``nn.Sequential`` (VGG's ``features.0`` conv
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 # "0", "12" (nn.ModuleList, nn.Sequential) or "encoder_layer_3" (torchvision's ViT)
 _INDEX = re.compile(r"^(?:\d+|(.+_)\d+)$")
@@ -27,9 +29,16 @@ def _indexed(segment: str) -> str | None:
     return f"{m.group(1) or ''}*"
 
 
-def block_kinds(paths: Iterable[str]) -> dict[str, str]:
-    """Each path → its kind: the path with the index of every numbered block made ``*``."""
-    paths = list(dict.fromkeys(paths))
+def block_kinds(paths: Iterable[str]) -> Mapping[str, str]:
+    """Each path → its kind: the path with the index of every numbered block made ``*``.
+
+    Cached on the set of paths: a prediction for many GPUs folds one graph's modules per GPU.
+    """
+    return _block_kinds(tuple(dict.fromkeys(paths)))
+
+
+@functools.lru_cache(maxsize=8)
+def _block_kinds(paths: tuple[str, ...]) -> Mapping[str, str]:
     containers = set()
     for path in paths:
         parts = path.split(".")
@@ -43,7 +52,7 @@ def block_kinds(paths: Iterable[str]) -> dict[str, str]:
             if i > 0 and star is not None and ".".join(parts[: i + 1]) in containers:
                 out[i] = star
         kinds[path] = ".".join(out)
-    return kinds
+    return MappingProxyType(kinds)  # shared by every caller of the cache: read-only
 
 
 def group_by_block(
@@ -64,15 +73,21 @@ def block_totals(values: Iterable[tuple[str, float]], key: str) -> list[dict[str
     into the kind of its first repeated block, ``transformer.h.*`` with ``blocks``: 36;
     largest first. Paths outside any repeated block are left out."""
     pairs = list(values)
-    kinds = block_kinds(path for path, _ in pairs)
-    rows = []
-    for path, value in pairs:
-        parts = kinds[path].split(".")
+    blocks = _blocks(tuple(dict.fromkeys(path for path, _ in pairs)))
+    return _ranked(((*blocks[p], v) for p, v in pairs if p in blocks), key)
+
+
+@functools.lru_cache(maxsize=8)
+def _blocks(paths: tuple[str, ...]) -> Mapping[str, tuple[str, str]]:
+    """Path → (kind of its first repeated block, that block's own path), for paths inside one."""
+    out = {}
+    for path, kind in _block_kinds(paths).items():
+        parts = kind.split(".")
         stars = [i for i, p in enumerate(parts) if p.endswith("*")]
         if stars:
             cut = stars[0] + 1
-            rows.append((".".join(parts[:cut]), ".".join(path.split(".")[:cut]), value))
-    return _ranked(rows, key)
+            out[path] = (".".join(parts[:cut]), ".".join(path.split(".")[:cut]))
+    return MappingProxyType(out)
 
 
 def _ranked(rows: Iterable[tuple[str, str, float]], key: str) -> list[dict[str, object]]:
