@@ -93,6 +93,18 @@ class BatchScaling:
         return OpGraph(nodes, self.template.edges, events, meta)
 
 
+def scaling_pairs(batch: int) -> list[tuple[int, int]]:
+    """The batch sizes whose traces :class:`BatchScaling` is taken from, in order of trial.
+
+    Half rather than twice: a trace costs the same at any batch, and a step that does not
+    fit makes the advisor ask for half the micro-batch anyway (the session traces each step
+    once). Never down to batch 1, whose structure can differ; from batch 1, the model comes
+    from batches 2 and 4 when 1 and 2 disagree.
+    """
+    other = batch // 2 if batch >= 4 else batch * 2
+    return [(batch, other)] + ([(2, 4)] if batch == 1 else [])
+
+
 def same_structure(g1: OpGraph, g2: OpGraph) -> bool:
     e1, e2 = g1.mem_events, g2.mem_events
     if len(e1) != len(e2):
@@ -143,13 +155,7 @@ class BatchSearch:
         """The affine model, from one more trace (at half the batch, or twice a small one)."""
         if not self._scaling_tried and self.trace_at is not None:
             self._scaling_tried = True
-            # Half rather than twice: a trace costs the same at any batch, and a step that
-            # does not fit makes the advisor ask for half the micro-batch anyway (the
-            # session traces each step once). Never down to batch 1, whose structure can
-            # differ; from batch 1, the model comes from batches 2 and 4.
-            other = self.batch // 2 if self.batch >= 4 else self.batch * 2
-            pairs = [(self.batch, other)] + ([(2, 4)] if self.batch == 1 else [])
-            for b1, b2 in pairs:
+            for b1, b2 in scaling_pairs(self.batch):
                 try:
                     self._scaling = BatchScaling(self._traced(b1), b1, self._traced(b2), b2)
                     break

@@ -213,9 +213,10 @@ def main() -> None:
 
     import hydra  # ~0.15 s; composes the config, values are checked in run() before torch
 
-    from boom_ml import progress
+    from boom_ml import progress, trace_pool
 
     progress.to_terminal()  # a status line on stderr while tracing, when it is a terminal
+    trace_pool.use_by_default()  # traces known in advance run side by side in workers
 
     @hydra.main(config_path=CONFIG_DIR, config_name="predict", version_base="1.3")
     def _entry(cfg: Any) -> None:

@@ -136,6 +136,19 @@ class StepSpec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def label(self) -> str:
+        """'batch 4, seq 2048, amp=bf16, checkpointing=full': what sets this step apart."""
+        parts = [f"batch {self.batch_size}"]
+        if self.seq_len:
+            parts.append(f"seq {self.seq_len}")
+        if self.image_size:
+            parts.append(f"image {self.image_size}")
+        default = StepSpec()
+        for key in ("amp", "params_dtype", "checkpointing", "optimizer", "finetune_method"):
+            if getattr(self, key) != getattr(default, key):
+                parts.append(f"{key}={getattr(self, key)}")
+        return ", ".join(parts)
+
     def tf32_switches(self) -> tuple[bool, bool]:
         """(matmul, cudnn): a switch set explicitly wins; tf32=true turns both on."""
         matmul = self.tf32 if self.tf32_matmul is None else self.tf32_matmul

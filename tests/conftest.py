@@ -8,3 +8,6 @@ import tempfile
 # Tests (and the processes they start, which inherit the environment) keep traced graphs in
 # a cache of their own: never the user's ~/.cache/boom_ml, never graphs from earlier runs.
 os.environ["BOOM_CACHE_DIR"] = tempfile.mkdtemp(prefix="boom-test-cache-")
+# Traces run in the test's own process (the CLI would start workers beside them); the pool's
+# tests (test_trace_pool.py) set their own count.
+os.environ["BOOM_TRACE_WORKERS"] = "0"

@@ -1,9 +1,9 @@
-"""Step time under gradient accumulation (api.accumulated): what runs once per optimizer step."""
+"""Step time under gradient accumulation (session.accumulated): what runs once per optimizer step."""
 
 from __future__ import annotations
 
-from boom_ml.api import accumulated
 from boom_ml.estimates import TimeEstimate
+from boom_ml.session import accumulated
 
 
 def test_zero_grad_and_optimizer_run_once_per_accumulated_step():

@@ -11,7 +11,7 @@ from tiny_models import tiny_cnn
 
 from boom_ml import progress
 from boom_ml.specs import StepSpec
-from boom_ml.trace.step import step_label, trace_step
+from boom_ml.trace.step import trace_step
 
 
 @pytest.fixture
@@ -46,4 +46,4 @@ def test_off_by_default_and_off_when_stderr_is_no_terminal(monkeypatch) -> None:
 
 def test_step_label_names_what_differs_from_the_defaults() -> None:
     step = StepSpec(batch_size=2, seq_len=128, checkpointing="full", finetune_method="lora")
-    assert step_label(step) == "batch 2, seq 128, checkpointing=full, finetune_method=lora"
+    assert step.label() == "batch 2, seq 128, checkpointing=full, finetune_method=lora"

@@ -56,9 +56,9 @@ def model_name(text: str) -> str:
 
 def predict_step(row: pd.Series) -> dict[str, float]:
     """The packaged predictor on one measured step (its options, TF32 switches and stack)."""
-    from boom_ml.api import Session
     from boom_ml.errors import BoomError
     from boom_ml.gpus import get_gpu
+    from boom_ml.session import Session
     from boom_ml.specs import StepSpec
     from boom_ml.stack import resolve_stack
 

@@ -63,6 +63,8 @@ class Advice:
 
 # evaluate(step, gpus) -> one GpuPrediction per GPU, for that step configuration
 Evaluate = Callable[[StepSpec, list[GpuSpec]], list[GpuPrediction]]
+# prefetch(step, gpus): evaluate(step, gpus) will be asked for soon
+Prefetch = Callable[[StepSpec, list[GpuSpec]], None]
 # search(gpus) -> per GPU id: {"layouts": [proposal, ...] ranked by $ per step, "searched": n, ...}
 LayoutSearch = Callable[[list[GpuSpec]], dict[str, dict[str, Any]]]
 
@@ -170,6 +172,7 @@ def advise(
     evaluate: Evaluate,
     recipes_too: bool = True,
     gradient_bytes: int | None = None,
+    prefetch: Prefetch | None = None,
 ) -> dict[str, list[Advice]]:
     """For each GPU where ``step`` does not fit, the changes that make it fit.
 
@@ -182,6 +185,9 @@ def advise(
     parameters or their gradients, and both are alive once backward ends, so a GPU whose
     usable memory is below parameters + gradients + the terms outside the allocator gets that
     floor (``lower_bound=True``) instead of traces that cannot fit.
+
+    ``prefetch(step, gpus)`` is told each level's candidates before the first is evaluated
+    (the caller may start their traces side by side).
     """
     pending = [spec for spec, result in failing if not result.fits]
     found: dict[str, list[Advice]] = {spec.id: [] for spec in pending}
@@ -198,6 +204,8 @@ def advise(
     def try_level(
         asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]], recipe: bool = False
     ) -> None:
+        for changed, group in asks.items() if prefetch is not None else ():
+            prefetch(changed, [spec for spec, _, _ in group])
         for changed, group in asks.items():
             label = group[0][1].split(" (")[0]
             with progress.task(

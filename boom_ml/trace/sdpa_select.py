@@ -152,12 +152,17 @@ def same_backends(sdpa_meta: dict[str, Any], group: str) -> bool:
     """Whether every SDPA call a trace recorded (graph meta ``sdpa``) picks the same backend
     in ``group`` as in the group it was traced for: then tracing for ``group`` gives the same
     graph (the trace depends on the group only through these choices)."""
+    return backends(sdpa_meta, group) == backends(sdpa_meta, sdpa_meta["group"])
+
+
+def backends(sdpa_meta: dict[str, Any], group: str) -> tuple[str, ...]:
+    """The backend each SDPA call a trace recorded would pick in ``group``: groups with the
+    same tuple trace to the same graph. A trace from before the inputs were recorded tells
+    no more than its group."""
     inputs = sdpa_meta.get("inputs")
-    if inputs is None:  # a trace from before the inputs were recorded
-        return sdpa_meta.get("group") == group
-    traced = sdpa_meta["group"]
-    calls = [call_from_dict(d) for d in inputs]
-    return all(select_backend(group, c) == select_backend(traced, c) for c in calls)
+    if inputs is None:
+        return (group,)
+    return tuple(select_backend(group, call_from_dict(d)) for d in inputs)
 
 
 def select_backend(group: str, call: SdpaCall) -> str:

@@ -212,20 +212,6 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
             raise TraceError(_describe_failure(built, exc)) from exc
 
 
-def step_label(step: StepSpec) -> str:
-    """'batch 4, seq 2048, amp=bf16, checkpointing=full': what sets this step apart."""
-    parts = [f"batch {step.batch_size}"]
-    if step.seq_len:
-        parts.append(f"seq {step.seq_len}")
-    if step.image_size:
-        parts.append(f"image {step.image_size}")
-    default = StepSpec()
-    for key in ("amp", "params_dtype", "checkpointing", "optimizer", "finetune_method"):
-        if getattr(step, key) != getattr(default, key):
-            parts.append(f"{key}={getattr(step, key)}")
-    return ", ".join(parts)
-
-
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     """Trace one steady-state training step of ``built`` under ``step`` into an OpGraph."""
     step = built.resolve_step(step)
@@ -235,7 +221,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
         step = replace(step, optimizer_impl=impl if impl != "none" else "auto")
     started = time.perf_counter()
     with (
-        progress.task(f"tracing {built.spec.text}: {step_label(step)}"),
+        progress.task(f"tracing {built.spec.text}: {step.label()}"),
         _materialised(built, step) as runner,
     ):
         runner.warm_up()

@@ -1,0 +1,285 @@
+"""Session: one model under study, its steps traced once each and evaluated on GPUs.
+
+The orchestration ``api.predict`` and the advisor share: traces from the on-disk cache, from
+worker processes started ahead (``trace_pool``) or made here; one trace per attention group
+whose SDPA kernels differ; memory (allocator replay, the largest batch) and time per GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from boom_ml import progress
+from boom_ml.estimates import GpuPrediction, TimeEstimate
+from boom_ml.gpus.spec import GpuSpec
+from boom_ml.max_batch import TraceFn, max_batch_size, scaling_pairs
+from boom_ml.memory.estimate import estimate_memory
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.stack import Stack, resolve_stack
+from boom_ml.timing.estimate import estimate_times
+from boom_ml.timing.tf32 import Tf32
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP, backends, same_backends, sdpa_group
+from boom_ml.trace_cache import TraceCache
+from boom_ml.trace_pool import shared_pool, trace
+
+
+class Session:
+    """One model under study: traces cached per step configuration.
+
+    Tracing dominates the cost of a prediction, and the advisor asks about several
+    variants of the same step, so each distinct StepSpec is traced once.
+    """
+
+    def __init__(
+        self, model: str, cache: bool = True, options: dict[str, Any] | None = None
+    ) -> None:
+        self.model = ModelSpec(model, dict(options or {}))
+        # The model is built on the first cache miss (an unknown model fails there, before
+        # any trace): a graph from the on-disk cache needs no model library at all.
+        self._cache = TraceCache() if cache else None
+        self._pool = shared_pool(self.model)  # None: every trace runs in this process
+        self._graphs: dict[StepSpec, OpGraph] = {}
+        # step (sdpa_group None) -> the attention group evaluate() traced it for first, and
+        # the graph of a step whose model calls no SDPA (the same for every GPU)
+        self._first_group: dict[StepSpec, str] = {}
+        self._no_sdpa: dict[StepSpec, OpGraph] = {}
+        self._sdpa_graphs: dict[StepSpec, list[OpGraph]] = {}  # traced for other groups
+
+    def graph(self, step: StepSpec) -> OpGraph:
+        if step.sdpa_group is None and step in self._first_group:
+            step = replace(step, sdpa_group=self._first_group[step])  # evaluate()'s first GPU's
+        if step not in self._graphs:
+            graph = self._cached(step)
+            if graph is None:
+                graph = self._trace(step)
+                if self._cache is not None:
+                    self._cache.put(self.model, step, graph)
+                    if step.sdpa_group not in (None, DEFAULT_GROUP) and _serves(
+                        graph, DEFAULT_GROUP
+                    ):
+                        self._cache.put(self.model, replace(step, sdpa_group=DEFAULT_GROUP), graph)
+            self._graphs[step] = graph
+        return self._graphs[step]
+
+    def _cached(self, step: StepSpec) -> OpGraph | None:
+        """``step`` from the on-disk cache. It is keyed by group; a step cached for the
+        default group serves another group where the trace would not differ (no SDPA, the
+        same kernels)."""
+        if self._cache is None:
+            return None
+        graph = self._cache.get(self.model, step)
+        if graph is None and step.sdpa_group not in (None, DEFAULT_GROUP):
+            graph = self._cache.get(self.model, replace(step, sdpa_group=DEFAULT_GROUP))
+            if graph is not None and not _serves(graph, step.sdpa_group):
+                graph = None
+        return graph
+
+    def _trace(self, step: StepSpec) -> OpGraph:
+        """A worker's trace of ``step`` if one was started (:meth:`prefetch`), else one here.
+        Model libraries and the tracer (~2 s of imports) load only here, on a cache miss."""
+        if self._pool is not None and self._pool.pending(self.model, step):
+            with progress.task(f"tracing {self.model.text}: {step.label()} (in a worker)"):
+                graph = self._pool.take(self.model, step)
+            if graph is not None:
+                return graph
+        if self._pool is not None:
+            self._pool.start()  # workers fork before this process first runs autograd
+        return trace(self.model, step)
+
+    def prefetch(self, steps: Iterable[StepSpec]) -> None:
+        """Start tracing ``steps`` (each naming its ``sdpa_group``) in worker processes, for
+        :meth:`graph` to take when it asks; those already traced or cached are skipped."""
+        if self._pool is None:
+            return
+        for step in steps:
+            if step in self._graphs or self._pool.pending(self.model, step):
+                continue
+            graph = self._cached(step)
+            if graph is not None:
+                self._graphs[step] = graph
+            else:
+                self._pool.submit(self.model, step)
+
+    def prefetch_for(self, step: StepSpec, gpus: list[GpuSpec], stack: Stack) -> None:
+        """Start the traces :meth:`evaluate` of ``step`` on ``gpus`` will ask for (the
+        advisor's candidates), judged by the traces made so far: one per attention group
+        whose kernels differ, where the model calls SDPA."""
+        if self._pool is None or not gpus:
+            return
+        traced = replace(step, grad_accum=1, sdpa_group=None)
+        groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
+        first = self._first_group.get(traced, groups[0])
+        seen = next(iter(self._graphs.values()), None)  # any trace of this model
+        if seen is None or not _uses_sdpa(seen) or _dtypes(traced) != _dtypes(seen.meta["step"]):
+            # no SDPA, or none known yet, or other dtypes (other kernels): the first group's
+            groups = [first]
+        self.prefetch(replace(traced, sdpa_group=g) for g in _distinct(seen, [first, *groups]))
+
+    def graph_for(self, step: StepSpec, group: str, first: str | None = None) -> OpGraph:
+        """``step`` traced for attention architecture group ``group`` (boom_ml/trace/sdpa_select).
+
+        The ``first`` group is traced first; when its model calls no SDPA (a CNN, eager
+        attention) no GPU changes the graph, and that one trace serves every group.
+        """
+        key = replace(step, sdpa_group=None)
+        if key in self._no_sdpa:
+            return self._no_sdpa[key]
+        graph = self.graph(replace(step, sdpa_group=first or group))
+        if not _uses_sdpa(graph):
+            self._no_sdpa[key] = graph
+            return graph
+        # A graph traced for another group serves this one when each of its SDPA calls picks
+        # the same kernel here (sm80 and sm86 both run flash for head dim 128, say).
+        for done in [graph, *self._sdpa_graphs.get(key, [])]:
+            if _serves(done, group):
+                return done
+        graph = self.graph(replace(step, sdpa_group=group))
+        self._sdpa_graphs.setdefault(key, []).append(graph)
+        return graph
+
+    def evaluate(
+        self,
+        step: StepSpec,
+        gpus: list[GpuSpec],
+        stack: Stack | None = None,
+        max_batch: bool = False,
+        time_unless_oom: bool = False,
+    ) -> list[GpuPrediction]:
+        """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search.
+
+        With ``time_unless_oom`` the time is only predicted where the step fits (the
+        advisor's candidates that do not fit need no time); elsewhere it is ``None``.
+        The trace does not depend on ``grad_accum``: accumulation is a replay option.
+        """
+        stack = stack if stack is not None else resolve_stack()
+        traced = replace(step, grad_accum=1, sdpa_group=None)
+        # One trace per attention architecture group in the list, the first GPU's first
+        # (and only that one when the model calls no SDPA); results stay in the user's order.
+        groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
+        first = groups[0] if groups else DEFAULT_GROUP
+        self._first_group.setdefault(traced, first)
+        # Traces known in advance run in workers beside this one: the batch search's second
+        # batch, then the other attention groups (once the first trace shows SDPA calls).
+        steps = [traced]
+        if max_batch:
+            steps.append(replace(traced, batch_size=scaling_pairs(step.batch_size)[0][1]))
+            self.prefetch([replace(steps[1], sdpa_group=first)])
+        others = _distinct(self.graph_for(traced, first, first), [first, *groups])[1:]
+        self.prefetch(replace(s, sdpa_group=g) for g in others for s in steps)
+        buckets: dict[int, tuple[OpGraph, str, list[int]]] = {}
+        for k, group in enumerate(groups):
+            graph = self.graph_for(traced, group, first)
+            buckets.setdefault(id(graph), (graph, group, []))[2].append(k)
+        graphs: dict[int, OpGraph] = {}
+        memories: dict[int, Any] = {}
+        times: dict[int, TimeEstimate] = {}
+        tf32 = Tf32(*step.tf32_switches())
+        for graph, group, members in buckets.values():
+            # other batch sizes: this group's own trace, unless the model calls no SDPA
+            probe = group if _uses_sdpa(graph) else first
+
+            def trace_at(batch: int, group: str = group, probe: str = probe) -> OpGraph:
+                return self.graph_for(replace(traced, batch_size=batch), group, probe)
+
+            for k in members:
+                spec, graphs[k] = gpus[k], graph
+                memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
+                if max_batch:
+                    memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
+                memories[k] = memory
+            # Time for the bucket's GPUs in one call (one GNN pass, one LightGBM call per head).
+            timed = [k for k in members if memories[k].fits or not time_unless_oom]
+            estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
+            times.update(zip(timed, estimates, strict=True))
+        results = []
+        for k, spec in enumerate(gpus):
+            memory, time, graph = memories[k], times.get(k), graphs[k]
+            notes = graph.meta.get("method_notes") or []
+            if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
+                memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")
+                time = (
+                    None
+                    if time is None
+                    else replace(time, method=f"{time.method} ({'; '.join(notes)})")
+                )
+            results.append(
+                GpuPrediction(
+                    gpu=spec.id,
+                    name=spec.name,
+                    memory=memory,
+                    time=None if time is None else accumulated(time, step.grad_accum),
+                    price_usd_per_hour=spec.price_usd_per_hour,
+                )
+            )
+        return results
+
+
+def _serves(graph: OpGraph, group: str) -> bool:
+    """Whether tracing for ``group`` would give ``graph`` again: no SDPA call, or each call
+    picks the same kernel there."""
+    return not _uses_sdpa(graph) or same_backends(graph.meta["sdpa"], group)
+
+
+def _distinct(graph: OpGraph | None, groups: list[str]) -> list[str]:
+    """``groups`` in order, less each whose SDPA kernels for ``graph``'s calls are those of
+    an earlier one (they share a trace); only the first when the model calls no SDPA."""
+    if graph is None or not _uses_sdpa(graph):
+        return groups[:1]
+    out, seen = [], set()
+    for group in groups:
+        kernels = backends(graph.meta["sdpa"], group)
+        if kernels not in seen:
+            seen.add(kernels)
+            out.append(group)
+    return out
+
+
+def _dtypes(step: StepSpec | dict[str, Any]) -> tuple[Any, ...]:
+    """What a step's SDPA kernels depend on besides the GPU: the dtypes of its tensors."""
+    fields = step.to_dict() if isinstance(step, StepSpec) else step
+    return fields["amp"], fields["params_dtype"], fields["finetune_method"]
+
+
+def _uses_sdpa(graph: OpGraph) -> bool:
+    """Whether the traced model called SDPA (graph meta "sdpa"; a graph without it: whether
+    it has attention-family nodes)."""
+    sdpa = graph.meta.get("sdpa")
+    if sdpa:
+        return int(sdpa.get("calls", 0)) > 0
+    return bool((graph.nodes["family"] == "attention").any())
+
+
+def _largest_batch(
+    graph: OpGraph, gpu: GpuSpec, trace_at: TraceFn, stack: Stack, step: StepSpec
+) -> int | None:
+    try:
+        with progress.task(f"searching the largest batch that fits on {gpu.id}"):
+            return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1).batch_size
+    except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
+        logging.getLogger(__name__).warning("max batch size search failed: %s", err)
+        return None
+
+
+def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
+    """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
+    micro-batch, zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
+    time without them)."""
+    once_ms = time.by_phase.get("optimizer", 0.0) + time.by_phase.get("zero_grad", 0.0)
+    micro = time.step_ms - once_ms
+    if grad_accum == 1:
+        return replace(time, micro_step_ms=micro)
+
+    def scale(v: float | None) -> float | None:
+        return None if v is None else grad_accum * (v - once_ms) + once_ms
+
+    return replace(
+        time,
+        step_ms=scale(time.step_ms),
+        p10_ms=scale(time.p10_ms),
+        p90_ms=scale(time.p90_ms),
+        micro_step_ms=micro,
+    )
