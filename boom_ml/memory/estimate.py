@@ -17,6 +17,7 @@ even the p10 step does, and ``tight`` in between.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +71,7 @@ def allocator_config_of(stack: Stack) -> AllocatorConfig | None:
 # (workspace sizes per architecture, context) and the capacity, so the GPUs of one
 # prediction mostly share one replay.
 _REPLAYS: IdentityCache[StepMemory] = IdentityCache(32)
+_ATTRIBUTIONS: IdentityCache[Any] = IdentityCache(32)  # per replay: what is alive at its peak
 
 
 def simulate_step(
@@ -176,7 +178,12 @@ def estimate_memory(
     # Attribute at the peak of allocated bytes: the reserved peak is first reached when a
     # segment is added, often for a small request while most cached bytes are free.
     at = int(np.argmax(res.timeline_allocated)) if len(res.timeline_allocated) else -1
-    att = attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules)
+    # the same for every GPU that shares this replay
+    att = _ATTRIBUTIONS.get(
+        sm.replay,
+        (id(graph), at, res.peak_reserved, top_modules),
+        lambda: attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules),
+    )
     cap = int(gpu.capacity_bytes)
     fit = "yes" if levels["p90"][0] else ("tight" if levels["p10"][0] else "no")
     terms = [

@@ -30,11 +30,13 @@ import csv
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
@@ -137,7 +139,7 @@ class OverheadTable:
     ) -> list[Term]:
         """Applicable rows; for one term name the first matching row wins (table order)."""
         stack = stack if stack is not None else resolve_stack()
-        families = set(graph.nodes["family"].astype(str)) if len(graph.nodes) else set()
+        families = _GRAPH_FACTS.get(graph, ("families",), lambda: _families(graph))
         chosen: dict[str, Term] = {}
         for t in self.terms:
             if t.term not in chosen and t.applies(gpu, families, stack, level):
@@ -199,17 +201,34 @@ def _first_row_of_nodes(graph: OpGraph, node_ids: np.ndarray) -> int | None:
     return int(candidates[0]) if len(candidates) else None
 
 
-def _handle_workspaces(graph: OpGraph, term: Term) -> list[Extra]:
+# What the terms read of a graph, the same for every GPU and level: computed once per graph
+# (a prediction over 44 GPUs asks 132 times per candidate step).
+_GRAPH_FACTS: IdentityCache[Any] = IdentityCache(64)
+
+
+def _families(graph: OpGraph) -> frozenset[str]:
+    return frozenset(graph.nodes["family"].astype(str)) if len(graph.nodes) else frozenset()
+
+
+def _handle_rows(graph: OpGraph, needs: str) -> tuple[int, ...]:
+    """Per phase of :data:`HANDLE_PHASES`, the event row where its first handle is created
+    (ops of family ``needs`` only, when given)."""
     nodes = graph.nodes
-    out: list[Extra] = []
+    rows = []
     for phases in HANDLE_PHASES.values():
         in_phase = nodes["phase"].astype(str).isin(phases)
-        if term.needs:
-            in_phase &= nodes["family"].astype(str) == term.needs
+        if needs:
+            in_phase &= nodes["family"].astype(str) == needs
         row = _first_row_of_nodes(graph, np.asarray(nodes["id"].to_numpy()[in_phase]))
         if row is not None:
-            out.append(Extra("workspace", term.nbytes, row, None, True))
-    return out
+            rows.append(row)
+    return tuple(rows)
+
+
+def _handle_workspaces(graph: OpGraph, term: Term) -> list[Extra]:
+    key = ("handle_rows", term.needs)
+    rows = _GRAPH_FACTS.get(graph, key, lambda: _handle_rows(graph, term.needs))
+    return [Extra("workspace", term.nbytes, row, None, True) for row in rows]
 
 
 def conv_workspace_bytes(graph: OpGraph, term: Term) -> dict[int, int]:
