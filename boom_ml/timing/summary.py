@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.estimates import TimeEstimate
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.trace.module_paths import block_totals, group_by_block
 
 
@@ -23,15 +24,19 @@ def summarise(
     ``methods``: each node's per-op method (``per_op.predict_nodes``); a top op then says
     which model timed it (the one most of its nodes used).
     """
-    frame = nodes.assign(ms=per_node_ms)
-    if methods is not None:
-        frame = frame.assign(method=methods)
-    by_family = frame.groupby("family")["ms"].sum().sort_values(ascending=False)
-    by_op = frame.groupby(["op", "phase"])["ms"].agg(["sum", "count"]).nlargest(top_n, "sum")
-    per_module = frame.groupby("module")["ms"].sum()
+    groups = _GROUPS.get(nodes, (), lambda: _Groups(nodes))
+    by_family = groups.sums("family", per_node_ms).sort_values(ascending=False)
+    by_op = pd.DataFrame({"sum": groups.sums(OP_PHASE, per_node_ms), "count": groups.counts})
+    by_op = by_op.nlargest(top_n, "sum")
+    per_module = groups.sums("module", per_node_ms)
     by_module = per_module.nlargest(top_n)
-    methods_of = _top_methods(frame, set(by_op.index))
-    by_phase = frame.groupby("phase")["ms"].sum()
+    if methods is None:
+        methods_of: dict[tuple[str, str], str] = {}
+    else:
+        # the same methods on most GPUs of a call: counted once per distinct list
+        key = ("methods", "\x00".join(map(str, methods)))
+        methods_of = _GROUPS.get(nodes, key, lambda: _top_methods(nodes.assign(method=methods)))
+    by_phase = groups.sums("phase", per_node_ms)
     return TimeEstimate(
         step_ms=float(per_node_ms.sum()),
         method=method,
@@ -62,13 +67,41 @@ def summarise(
     )
 
 
-def _top_methods(frame: pd.DataFrame, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """Per (op, phase) of ``keys``, the method most of its nodes used (one count over all)."""
+OP_PHASE = ("op", "phase")
+
+
+class _Groups:
+    """A graph's nodes numbered by family, (op, phase), module and phase, once per graph:
+    a prediction over many GPUs sums each GPU's node times by the same groups, and
+    grouping strings is most of a summary's cost. Sums group integer codes as pandas
+    groups the strings (the same order, the same summation), so the totals are the same."""
+
+    def __init__(self, nodes: pd.DataFrame) -> None:
+        self._codes: dict[object, np.ndarray] = {}
+        self._labels: dict[object, pd.Index] = {}
+        for by in ("family", OP_PHASE, "module", "phase"):
+            grouped = nodes.groupby(list(by) if isinstance(by, tuple) else by)
+            self._codes[by] = grouped.ngroup().to_numpy()
+            self._labels[by] = grouped.size().index
+        self.counts = nodes.groupby(list(OP_PHASE)).size().to_numpy()  # calls per (op, phase)
+
+    def sums(self, by: object, values: np.ndarray) -> pd.Series:
+        codes = self._codes[by]
+        keep = codes >= 0  # a node without a key is in no group, as in pandas
+        total = pd.Series(values[keep]).groupby(codes[keep]).sum()
+        return pd.Series(total.to_numpy(), index=self._labels[by][total.index.to_numpy()])
+
+
+_GROUPS: IdentityCache[object] = IdentityCache(64)
+
+
+def _top_methods(frame: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """Per (op, phase), the method most of its nodes used (one count over all)."""
     if "method" not in frame.columns:
         return {}
     out: dict[tuple[str, str], str] = {}
     counts = frame.value_counts(["op", "phase", "method"])  # most frequent first
     for op, phase, method in counts.index:
-        if (op, phase) in keys and (op, phase) not in out:
+        if (op, phase) not in out:
             out[op, phase] = str(method)
     return out
