@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run_fresh(code: str, model: str, workers: int = 2) -> dict[str, Any]:
     """``code`` after :data:`PRELUDE` in a new interpreter; it prints one JSON line last."""
-    env = {**os.environ, WORKERS_ENV: str(workers)}
+    # a cache of its own: a script may empty it
+    env = {**os.environ, WORKERS_ENV: str(workers), "BOOM_CACHE_DIR": tempfile.mkdtemp()}
     done = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(code), model],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
@@ -183,3 +185,36 @@ def test_the_cli_starts_workers_by_default_and_prints_the_same(llama: str, tmp_p
         doc["graph"].pop("trace_seconds")
         docs.append(doc)
     assert docs[0] == docs[1]
+
+
+def test_the_layout_search_takes_its_small_traces_from_workers(llama: str) -> None:
+    """Every tensor-parallel degree's 1- and 2-layer traces run in workers; the layouts found
+    are those found without them."""
+    got = run_fresh(
+        """
+        import boom_ml.parallel.profile as profile
+        from boom_ml.gpus import get_gpu
+        from boom_ml.parallel.search import search_layouts_many
+        gpus = [get_gpu("a100-80gb-sxm"), get_gpu("t4")]
+        step = StepSpec(batch_size=8, seq_len=512)
+        pool = profile.shared_pool(MODEL)
+        pooled = search_layouts_many(MODEL.text, gpus, step, max_gpus=8)
+        in_workers = pool.started
+        profile._traced.cache_clear()
+        profile._TRACED.clear()
+        profile._MEMO.clear()
+        profile.shared_pool = lambda model: None
+        import os, shutil
+        shutil.rmtree(os.environ["BOOM_CACHE_DIR"])  # profiles cached on disk: none now
+        alone = search_layouts_many(MODEL.text, gpus, step, max_gpus=8)
+        strip = lambda found: {g: {k: v for k, v in r.items() if k != "seconds"}
+                               for g, r in found.items()}
+        print(json.dumps({"same": strip(pooled) == strip(alone), "in_workers": in_workers,
+                          "traced_alone": len(profile._TRACED),
+                          "layouts": sum(len(r["layouts"]) for r in alone.values())}))
+        """,
+        llama,
+    )
+    # tiny Llama (4 heads): tp 1, 2, 4 (8 splits no head), 1 and 2 layers each
+    assert got["same"] and got["layouts"] > 0
+    assert got["in_workers"] == got["traced_alone"] == 6

@@ -14,13 +14,16 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace_pool import shared_pool
 
 CACHE_VERSION = 3
 _ROOT = Path(__file__).resolve().parent.parent
@@ -122,18 +125,55 @@ def _disk_put(kind: str, key: str, value: dict[str, Any]) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
-    """(OpGraph, parameter split) of a per-rank config given as canonical json."""
+    """(OpGraph, parameter split) of a per-rank config given as canonical json; the trace
+    from a worker when :func:`prefetch` started one."""
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
-    path = config_file(json.loads(config_json))
-    built = build_model(ModelSpec(f"hf:{path}"))
+    model = ModelSpec(f"hf:{config_file(json.loads(config_json))}")
+    built = build_model(model)
     params = param_split(built.module)
-    return trace_step(built, step), params
+    pool = shared_pool(model)
+    graph = pool.take(model, step) if pool is not None else None
+    if graph is None:
+        if pool is not None:
+            pool.start()  # workers fork before this process first runs autograd
+        graph = trace_step(built, step)
+    _TRACED.add((config_json, step))
+    return graph, params
+
+
+_TRACED: set[tuple[str, StepSpec]] = set()  # what _traced has traced (it caches 64)
+
+
+def _rank_configs(raw: dict[str, Any], tp: int) -> list[str]:
+    return [json.dumps(rank_config(raw, tp, n), sort_keys=True) for n in (1, 2)]
 
 
 def _graphs(raw: dict[str, Any], tp: int, step: StepSpec) -> list[tuple[Any, dict[str, int]]]:
-    return [_traced(json.dumps(rank_config(raw, tp, n), sort_keys=True), step) for n in (1, 2)]
+    # the trace does not depend on grad_accum (accumulation is a replay option)
+    step = replace(step, grad_accum=1)
+    return [_traced(config, step) for config in _rank_configs(raw, tp)]
+
+
+def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSpec) -> None:
+    """Start, in worker processes (``trace_pool``), the 1- and 2-layer traces of each
+    tensor-parallel degree in ``tps`` whose time profile on ``gpu`` is not cached yet, for
+    :func:`_graphs` to take. A degree the model cannot be split by is left out."""
+    step = replace(step, grad_accum=1)
+    for tp in tps:
+        key = _key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu))
+        if key in _MEMO or _disk_get("time", key) is not None:
+            continue
+        try:
+            configs = _rank_configs(raw, tp)
+        except InvalidInputError:
+            continue
+        for config in configs:
+            model = ModelSpec(f"hf:{config_file(json.loads(config))}")
+            pool = shared_pool(model)
+            if pool is not None and (config, step) not in _TRACED:
+                pool.submit(model, step)
 
 
 def _time_parts(graph: Any, gpus: list[GpuSpec]) -> list[dict[str, Any]]:

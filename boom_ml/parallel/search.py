@@ -33,9 +33,10 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.predict import predict_raw
-from boom_ml.parallel.shard import load_raw, model_facts
+from boom_ml.parallel.profile import prefetch
+from boom_ml.parallel.shard import check_model, load_raw, model_facts
 from boom_ml.specs import StepSpec
 
 MAX_GPUS = 64
@@ -67,6 +68,15 @@ def candidate_layouts(
                 for sharding in SHARDING_SEARCHED if dp > 1 else ("none",):
                     out.append(Layout(dp=dp, tp=tp, pp=pp, sharding=sharding, microbatches=micro))
     return out
+
+
+def _valid(raw: dict[str, Any], layout: Layout, cluster: Cluster) -> bool:
+    """Whether ``predict_raw`` takes ``layout`` (heads, hidden size, layers, whole nodes)."""
+    try:
+        validate(layout, cluster, **check_model(raw, layout))
+    except InvalidInputError:
+        return False
+    return True
 
 
 def _proposal(entry: dict[str, Any], gpu: GpuSpec, requested: int) -> dict[str, Any]:
@@ -140,7 +150,11 @@ def search_layouts_many(
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     valid, searched = 0, 0
-    for layout in candidate_layouts(raw, step, cluster, max_gpus):
+    layouts = candidate_layouts(raw, step, cluster, max_gpus)
+    if gpus:  # the small traces every layout is arithmetic on, side by side in workers
+        prefetch(raw, sorted({lay.tp for lay in layouts if _valid(raw, lay, cluster)}), step,
+                 gpus[0])  # fmt: skip
+    for layout in layouts:
         searched += 1
         try:
             # predict_raw validates the layout (heads, hidden, layers, nodes) before any trace
