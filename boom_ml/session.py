@@ -24,7 +24,7 @@ from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.sdpa_select import DEFAULT_GROUP, backends, same_backends, sdpa_group
 from boom_ml.trace_cache import TraceCache
-from boom_ml.trace_pool import shared_pool, trace
+from boom_ml.trace_pool import shared_pool, take_or_trace
 
 
 class Session:
@@ -81,14 +81,7 @@ class Session:
     def _trace(self, step: StepSpec) -> OpGraph:
         """A worker's trace of ``step`` if one was started (:meth:`prefetch`), else one here.
         Model libraries and the tracer (~2 s of imports) load only here, on a cache miss."""
-        if self._pool is not None and self._pool.pending(self.model, step):
-            with progress.task(f"tracing {self.model.text}: {step.label()} (in a worker)"):
-                graph = self._pool.take(self.model, step)
-            if graph is not None:
-                return graph
-        if self._pool is not None:
-            self._pool.start()  # workers fork before this process first runs autograd
-        return trace(self.model, step)
+        return take_or_trace(self.model, step)
 
     def prefetch(self, steps: Iterable[StepSpec]) -> None:
         """Start tracing ``steps`` (each naming its ``sdpa_group``) in worker processes, for

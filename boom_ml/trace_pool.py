@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,23 @@ def trace(model: ModelSpec, step: StepSpec) -> OpGraph:
 
     # trace_step materialises and may checkpoint the module: a fresh build each time
     return trace_step(build_model(model), step)
+
+
+def take_or_trace(
+    model: ModelSpec, step: StepSpec, here: Callable[[], OpGraph] | None = None
+) -> OpGraph:
+    """The graph of ``step``: a worker's when one was started for it, else traced in this
+    process (``here``, default :func:`trace`), the workers forked first: this may be the
+    process's first backward pass."""
+    pool = shared_pool(model)
+    if pool is not None:
+        if pool.pending(model, step):
+            with progress.task(f"tracing {model.text}: {step.label()} (in a worker)"):
+                graph = pool.take(model, step)
+            if graph is not None:
+                return graph
+        pool.start()
+    return here() if here is not None else trace(model, step)
 
 
 def _serve(conn: Connection) -> None:

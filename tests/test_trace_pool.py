@@ -32,7 +32,8 @@ PRELUDE = """
 import json, sys
 import pandas as pd
 from dataclasses import replace
-from boom_ml import api, session
+import os
+from boom_ml import api, trace_pool
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import TracePool, trace
 MODEL = ModelSpec(sys.argv[1])
@@ -126,17 +127,17 @@ def test_predictions_take_their_announced_traces_from_workers(llama: str) -> Non
         strip = lambda doc: {**doc, "graph": {k: v for k, v in doc["graph"].items()
                                               if k != "trace_seconds"}}
         calls = {"pooled": 0, "alone": 0}
-        here, run = session.trace, ["pooled"]
+        here, run = trace_pool.trace, ["pooled"]
 
         def traced_here(model, step):
             calls[run[0]] += 1
             return here(model, step)
 
-        session.trace = traced_here
-        pool = session.shared_pool(MODEL)
+        trace_pool.trace = traced_here
+        pool = trace_pool.shared_pool(MODEL)
         pooled = api.predict(MODEL.text, gpu=[a100, tiny], **kwargs)
         run[0] = "alone"
-        session.shared_pool = lambda model: None
+        os.environ["BOOM_TRACE_WORKERS"] = "0"  # no pool from here on
         alone = api.predict(MODEL.text, gpu=[a100, tiny], **kwargs)
         print(json.dumps({"same": strip(pooled.to_dict()) == strip(alone.to_dict()),
                           "advice": bool(pooled.advice.get("a100-tiny")),
@@ -197,14 +198,14 @@ def test_the_layout_search_takes_its_small_traces_from_workers(llama: str) -> No
         from boom_ml.parallel.search import search_layouts_many
         gpus = [get_gpu("a100-80gb-sxm"), get_gpu("t4")]
         step = StepSpec(batch_size=8, seq_len=512)
-        pool = profile.shared_pool(MODEL)
+        pool = trace_pool.shared_pool(MODEL)
         pooled = search_layouts_many(MODEL.text, gpus, step, max_gpus=8)
         in_workers = pool.started
         profile._traced.cache_clear()
         profile._TRACED.clear()
         profile._MEMO.clear()
-        profile.shared_pool = lambda model: None
-        import os, shutil
+        os.environ["BOOM_TRACE_WORKERS"] = "0"  # no pool from here on
+        import shutil
         shutil.rmtree(os.environ["BOOM_CACHE_DIR"])  # profiles cached on disk: none now
         alone = search_layouts_many(MODEL.text, gpus, step, max_gpus=8)
         strip = lambda found: {g: {k: v for k, v in r.items() if k != "seconds"}

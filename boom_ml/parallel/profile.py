@@ -23,7 +23,7 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.trace_pool import shared_pool
+from boom_ml.trace_pool import shared_pool, take_or_trace
 
 CACHE_VERSION = 3
 _ROOT = Path(__file__).resolve().parent.parent
@@ -133,12 +133,7 @@ def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     model = ModelSpec(f"hf:{config_file(json.loads(config_json))}")
     built = build_model(model)
     params = param_split(built.module)
-    pool = shared_pool(model)
-    graph = pool.take(model, step) if pool is not None else None
-    if graph is None:
-        if pool is not None:
-            pool.start()  # workers fork before this process first runs autograd
-        graph = trace_step(built, step)
+    graph = take_or_trace(model, step, lambda: trace_step(built, step))
     _TRACED.add((config_json, step))
     return graph, params
 

@@ -82,8 +82,10 @@ class _Groups:
         for by in ("family", OP_PHASE, "module", "phase"):
             grouped = nodes.groupby(list(by) if isinstance(by, tuple) else by)
             self._codes[by] = grouped.ngroup().to_numpy()
-            self._labels[by] = grouped.size().index
-        self.counts = nodes.groupby(list(OP_PHASE)).size().to_numpy()  # calls per (op, phase)
+            sizes = grouped.size()
+            self._labels[by] = sizes.index
+            if by == OP_PHASE:
+                self.counts = sizes.to_numpy()  # calls per (op, phase)
 
     def sums(self, by: object, values: np.ndarray) -> pd.Series:
         codes = self._codes[by]
