@@ -36,6 +36,7 @@ OUTPUTS = ("table", "json")
 BOOL_KEYS = ("explain", "advice", "tf32", "channels_last")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
+LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)
 _CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
 
 
@@ -60,12 +61,18 @@ def config_keys(config_name: str = "predict") -> frozenset[str]:
 
 
 def rewrite_aliases(argv: list[str]) -> list[str]:
-    """``optimizer.impl=X`` → ``optimizer_impl=X`` (``optimizer`` is a string, not a mapping)."""
+    """``optimizer.impl=X`` → ``optimizer_impl=X`` (``optimizer`` is a string, not a mapping),
+    and ``gpu=a100,h100`` → ``gpu=[a100,h100]`` for the keys that take a list (Hydra reads a
+    bare comma list as a sweep and, without ``--multirun``, stops with "Ambiguous value")."""
+    sweep = any(arg in ("-m", "--multirun") for arg in argv)
     out = []
     for arg in argv:
         prefix = arg[: len(arg) - len(arg.lstrip("+~"))]
         key, sep, value = arg[len(prefix) :].partition("=")
-        out.append(f"{prefix}{KEY_ALIASES[key]}{sep}{value}" if key in KEY_ALIASES else arg)
+        key = KEY_ALIASES.get(key, key)
+        if key in LIST_KEYS and "," in value and not sweep and value[:1] not in "[('\"":
+            value = f"[{value}]"
+        out.append(f"{prefix}{key}{sep}{value}" if sep else arg)
     return out
 
 

@@ -52,6 +52,8 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
     "arg,words",
     [
         ("gpu=h100-sxn", "error: unknown GPU 'h100-sxn' (did you mean: h100-sxm"),
+        # a bare comma list is the list (Hydra alone stops with "Ambiguous value")
+        ("gpu=t4,h100-sxn", "error: unknown GPU 'h100-sxn' (did you mean: h100-sxm"),
         ("batch_size=-1", "error: batch_size must be an integer >= 1, got -1"),
         ("amp=fp8", "error: unknown amp 'fp8'; choose one of: none, fp16, bf16"),
         ("model=torchvison:resnet50", "error: unknown model scheme 'torchvison'"),
@@ -108,6 +110,18 @@ def test_config_keys_are_read_from_the_yaml_with_nested_keys(tmp_path, monkeypat
 
 def test_predict_yaml_keys_include_cache():
     assert {"model", "gpu", "batch_size", "cache", "plot"} <= config_keys("predict")
+
+
+def test_a_bare_comma_list_is_the_list_unless_sweeping():
+    argv = ["gpu=l4,t4", "finetune.targets=q_proj,v_proj", "gpu=[a,b]", "gpu='a,b'", "gpu=all"]
+    assert rewrite_aliases(argv) == [
+        "gpu=[l4,t4]",
+        "finetune.targets=[q_proj,v_proj]",
+        "gpu=[a,b]",
+        "gpu='a,b'",
+        "gpu=all",
+    ]
+    assert rewrite_aliases(["--multirun", "gpu=l4,t4"]) == ["--multirun", "gpu=l4,t4"]
 
 
 def test_optimizer_impl_alias_is_rewritten():
