@@ -232,7 +232,11 @@ def main() -> None:
         except BoomError as err:
             _fail(err)
 
-    _entry()
+    try:
+        _entry()
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; workers end with us
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 class _CallableModule(types.ModuleType):

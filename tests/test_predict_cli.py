@@ -209,3 +209,31 @@ def test_corrupt_per_op_model(tmp_path, monkeypatch):
     monkeypatch.setenv("BOOM_PER_OP_MODEL", str(tmp_path / "per_op"))
     with pytest.raises(ArtifactError, match="corrupt"):
         run(BASE)
+
+
+def test_ctrl_c_ends_a_prediction_with_one_line_and_its_workers_with_it(tmp_path: Path) -> None:
+    """SIGINT mid-way (after the first trace, while the advice's traces run in workers):
+    exit status 130, "interrupted" and no traceback, no worker left behind."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "BOOM_CACHE_DIR": str(tmp_path), "BOOM_TRACE_WORKERS": "2"}
+    argv = [sys.executable, "-m", "boom_ml.predict", "model=hf:meta-llama/Meta-Llama-3-8B",
+            "gpu=all", "batch_size=4", "seq_len=2048", "amp=bf16"]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    traces = tmp_path / "traces"
+    deadline = time.monotonic() + 300
+    while not (traces.exists() and any(traces.iterdir())):  # the first trace is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    running = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+    assert len(running.stdout.split()) == 3  # the CLI and its two workers
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+    assert "Traceback" not in err
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""  # the session it led holds no worker
