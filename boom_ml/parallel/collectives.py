@@ -16,6 +16,7 @@ intra-node link; a per-node NIC is shared.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -80,6 +81,9 @@ def _seconds_ms(nbytes: float, gbs: float) -> float:
     return nbytes / (gbs * 1e9) * 1e3
 
 
+# A layout search asks the same few (op, size, group) questions for every layout and GPU
+# (269k calls, 2,037 distinct, for Llama-3-8B on 44 GPUs with advice); the answer is pure.
+@functools.lru_cache(maxsize=1 << 14)
 def choice(op: str, nbytes: float, group: GroupLink) -> Estimate | None:
     """NCCL's pick for one call (None when the group has one rank or nothing to move)."""
     if group.size <= 1 or nbytes <= 0:
