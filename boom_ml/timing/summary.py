@@ -48,11 +48,13 @@ def summarise(
             {
                 "op": op,
                 "phase": phase,
-                "ms": round(float(r["sum"]), 4),
-                "calls": int(r["count"]),
+                "ms": round(float(ms), 4),
+                "calls": int(calls),
                 **({"method": methods_of[op, phase]} if (op, phase) in methods_of else {}),
             }
-            for (op, phase), r in by_op.iterrows()
+            for (op, phase), ms, calls in zip(
+                by_op.index, by_op["sum"].to_numpy(), by_op["count"].to_numpy(), strict=True
+            )
         ],
         top_modules=[
             {"module": m or "(top level)", "ms": round(float(v), 4)} for m, v in by_module.items()
