@@ -219,7 +219,11 @@ class TracePool:
         idle = [w for w in self._alive() if w.job is None]
         while self._queue and idle:
             worker, key = idle.pop(0), self._queue.pop(0)
-            worker.conn.send((self._specs[key], key[1]))
+            try:
+                worker.conn.send((self._specs[key], key[1]))
+            except OSError:  # it died since it was seen alive: the caller traces this one
+                self._done[key] = ("error", "the worker exited before its trace")
+                continue
             worker.job = key
             self.started += 1
 
