@@ -107,9 +107,8 @@ class Session:
         groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
         first = self._first_group.get(traced, groups[0])
         seen = next(iter(self._graphs.values()), None)  # any trace of this model
-        if seen is None or not _uses_sdpa(seen) or _dtypes(traced) != _dtypes(seen.meta["step"]):
-            # no SDPA, or none known yet, or other dtypes (other kernels): the first group's
-            groups = [first]
+        if seen is not None and _dtypes(traced) != _dtypes(seen.meta["step"]):
+            groups = []  # other dtypes pick other kernels: the first group's trace only
         self.prefetch(replace(traced, sdpa_group=g) for g in _distinct(seen, [first, *groups]))
 
     def graph_for(self, step: StepSpec, group: str, first: str | None = None) -> OpGraph:

@@ -108,6 +108,10 @@ def _key(*parts: Any) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:20]
 
 
+def _time_key(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> str:
+    return _key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu))
+
+
 def _disk_get(kind: str, key: str) -> dict[str, Any] | None:
     path = cache_dir() / f"{kind}-{key}.json"
     try:
@@ -157,7 +161,7 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
     :func:`_graphs` to take. A degree the model cannot be split by is left out."""
     step = replace(step, grad_accum=1)
     for tp in tps:
-        key = _key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu))
+        key = _time_key(raw, tp, step, gpu)
         if key in _MEMO or _disk_get("time", key) is not None:
             continue
         try:
@@ -212,7 +216,7 @@ def time_profiles(
     raw: dict[str, Any], tp: int, step: StepSpec, gpus: list[GpuSpec]
 ) -> list[TimeProfile]:
     """The time profile on each GPU; the GPUs not cached yet share one timing call per trace."""
-    keys = [_key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu)) for gpu in gpus]
+    keys = [_time_key(raw, tp, step, gpu) for gpu in gpus]
     missing = []
     for key, gpu in zip(keys, gpus, strict=True):
         if key not in _MEMO:

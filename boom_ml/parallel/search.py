@@ -149,15 +149,13 @@ def search_layouts_many(
     raw = load_raw(model) if isinstance(model, str) else model
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
-    valid, searched = 0, 0
     layouts = candidate_layouts(raw, step, cluster, max_gpus)
+    searched, valid = len(layouts), 0
+    layouts = [lay for lay in layouts if _valid(raw, lay, cluster)]
     if gpus:  # the small traces every layout is arithmetic on, side by side in workers
-        prefetch(raw, sorted({lay.tp for lay in layouts if _valid(raw, lay, cluster)}), step,
-                 gpus[0])  # fmt: skip
+        prefetch(raw, sorted({lay.tp for lay in layouts}), step, gpus[0])
     for layout in layouts:
-        searched += 1
-        try:
-            # predict_raw validates the layout (heads, hidden, layers, nodes) before any trace
+        try:  # a model the trace cannot split this way
             entries = predict_raw(raw, gpus, replace(step, grad_accum=1), layout, cluster,
                                   stack=stack)  # fmt: skip
         except InvalidInputError:
