@@ -168,7 +168,9 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     if "optimizer_impl" in options:
         resolve_optimizer_impl(options.get("optimizer", "adamw"), options["optimizer_impl"], stack)
     check_layout(
-        Layout(**(options.get("parallel") or {})), Cluster(**(options.get("cluster") or {}))
+        Layout(**(options.get("parallel") or {})),
+        Cluster(**(options.get("cluster") or {})),
+        finetune_method=options.get("finetune_method"),
     )
     plot = options.get("plot")
     if plot is not None and not isinstance(plot, str):

@@ -49,12 +49,30 @@ def loss_fn(amp: bool = False):
     return run
 
 
-def shape(raw: dict = RAW, tp: int = 1, checkpointing: bool = False, amp: bool = False) -> Shape:
-    """The analytic model's inputs, its parameter counts from ``shard.py`` on the built model."""
-    split = param_split(build(raw=rank_config(raw, tp, LAYERS))())
+def with_recipe(make, **step_fields):
+    """``make`` with a training recipe applied as the tracer applies it (dtype, LoRA)."""
+    from boom_ml.specs import StepSpec
+    from boom_ml.zoo.finetune import apply_recipe
+
+    def made():
+        model = make()
+        apply_recipe(model, StepSpec(batch_size=BATCH, seq_len=SEQ, **step_fields))
+        return model
+
+    return made
+
+
+def shape(raw: dict = RAW, tp: int = 1, checkpointing: bool = False, amp: bool = False,
+          **recipe) -> Shape:  # fmt: skip
+    """The analytic model's inputs, its parameter counts from ``shard.py`` on the built model
+    (with ``recipe``'s StepSpec fields applied)."""
+    split = param_split(with_recipe(build(raw=rank_config(raw, tp, LAYERS)), **recipe)())
     return Shape(batch_size=BATCH, seq_len=SEQ, hidden=H, act_bytes=2 if amp else 4,
                  checkpointing=checkpointing, params_layer=split["layers"] // LAYERS,
-                 params_first=split["first"], params_last=split["last"])  # fmt: skip
+                 params_first=split["first"], params_last=split["last"],
+                 trainable_layer=split["trainable_layers"] // LAYERS,
+                 trainable_first=split["trainable_first"], trainable_last=split["trainable_last"],
+                 grad_bytes=split["trainable_bytes"], param_bytes=split["bytes"])  # fmt: skip
 
 
 def groups(dp: int = 1, tp: int = 1) -> dict[str, GroupLink]:
@@ -146,6 +164,31 @@ def test_fsdp2_gathers_and_reduce_scatters_equal_the_analytic_ones(checkpointing
     root = 4 * (sh.params_first + sh.params_last)
     assert [c.phase for c in calls if c.op == "all_gather" and c.bytes == root] == ["forward"] * 2
     assert {(c.group_size, c.dtype) for c in calls} == {(4, "torch.float32")}
+
+
+# --- recipes: LoRA freezes all but its adapters, params_dtype sets every byte count ---------
+
+
+@pytest.mark.parametrize(
+    ("layout", "recipe"),
+    [
+        (Layout(dp=4, microbatches=2), {"finetune_method": "lora"}),
+        (Layout(dp=4, sharding="fsdp", microbatches=2), {"finetune_method": "lora"}),
+        (Layout(dp=4, sharding="fsdp"), {"params_dtype": "bf16"}),
+    ],
+)
+def test_recipes_collectives_equal_the_analytic_ones(layout, recipe):
+    # peft cannot move its adapters onto fake tensors: real (tiny) ones here
+    calls = trace_collectives(with_recipe(build(), **recipe), loss_fn(), layout, fake=False)
+    sh = shape(**recipe)
+    traced = {k: v for k, v in traced_totals(calls).items() if k[1] != "broadcast"}  # buffers
+    assert traced == {k: v for k, v in analytic(sh, layout).items() if k[0] == "dp"}
+    dtype = "torch.bfloat16" if recipe.get("params_dtype") == "bf16" else "torch.float32"
+    assert {c.dtype for c in calls if c.op != "broadcast"} == {dtype}
+    if recipe.get("finetune_method") == "lora":  # only the adapters' gradients are reduced
+        reduced = sum(c.bytes for c in calls if c.op in ("all_reduce", "reduce_scatter"))
+        times = layout.microbatches if layout.zero_stage == 3 else 1  # DDP: under no_sync
+        assert reduced == times * 4 * LAYERS * sh.trainable_layer
 
 
 # --- tensor parallel ----------------------------------------------------------------------

@@ -108,6 +108,7 @@ def validate(
     layers: int | None = None,
     global_batch: int | None = None,
     batch_size: int | None = None,
+    finetune_method: str | None = None,
 ) -> None:
     """Raise one-line ``InvalidInputError`` for a layout the model or cluster cannot run.
 
@@ -136,6 +137,12 @@ def validate(
                 f"{layout.pp}: the interleaved schedule runs micro-batches in groups of pp"
                 " (Megatron-LM)"
             )
+    if finetune_method == "qlora" and (layout.pp > 1 or layout.zero_stage >= 3):
+        raise InvalidInputError(
+            "finetune.method=qlora is modelled with data and tensor parallelism (sharding up to"
+            " zero2), not with parallel.pp > 1 or parallel.sharding=zero3/fsdp: its 4-bit base"
+            " weights are buffers that the stage and sharding terms do not move"
+        )
     world = layout.world
     if world > cluster.gpus_per_node and world % cluster.gpus_per_node:
         raise InvalidInputError(

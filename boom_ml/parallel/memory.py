@@ -80,6 +80,14 @@ def in_flight_counts(layout: Layout, microbatches: int | None = None) -> list[tu
     return [(c / v if c % v else c // v, c) for c in chunks]
 
 
+def _held(p: dict[str, int], layers: int, first: bool, last: bool, pp: int) -> tuple[int, int]:
+    """(parameters the stage holds, parameters of the traced model scaled to its layers)."""
+    held = layers * p["layers"] + (p["first"] if first else 0) + (p["last"] if last else 0)
+    if last and pp > 1 and p["tied"]:
+        held += p["tied"]
+    return held, layers * p["layers"] + p["first"] + p["last"]
+
+
 def stage_memory(
     prof: MemoryProfile, layout: Layout, stage: int, layers: int, microbatches: int
 ) -> dict[str, Any]:
@@ -95,20 +103,20 @@ def stage_memory(
     terms: dict[str, float] = {}
 
     # Parameters this stage holds; the traced 1-layer model holds embedding and head.
-    p = prof.params
-    held = layers * p["layers"] + (p["first"] if first else 0) + (p["last"] if last else 0)
-    if last and pp > 1 and p["tied"]:
-        held += p["tied"]
-    traced = layers * p["layers"] + p["first"] + p["last"]
+    held, traced = _held(prof.params, layers, first, last, pp)
+    # of those, the ones with gradients and optimizer state (all unless LoRA froze the rest)
+    held_t, traced_t = _held(prof.trainable or prof.params, layers, first, last, pp)
     # Parameters and optimizer state live all step; gradients only partly at the peak (all of
     # them under accumulation): what the stage holds of those at the peak, scaled by params.
-    ratio = held / traced if traced else 1.0
+    ratio = held_t / traced_t if traced_t else 1.0
     grad_peak = bd.get("gradient", 0) * ratio
-    terms["stage_parameters"] = (held - traced) * (
-        prof.param_bytes + prof.optimizer_bytes
-    ) + bd.get("gradient", 0) * (ratio - 1)
+    terms["stage_parameters"] = (
+        (held - traced) * prof.param_bytes
+        + (held_t - traced_t) * prof.optimizer_bytes
+        + bd.get("gradient", 0) * (ratio - 1)
+    )
     param_b = held * prof.param_bytes
-    opt_b = held * prof.optimizer_bytes
+    opt_b = held_t * prof.optimizer_bytes
     if zero >= 1 and dp > 1:
         terms["zero_optimizer_state"] = -opt_b * (1 - 1 / dp)
     if zero >= 2 and dp > 1 and grad_peak > 0:
@@ -117,6 +125,7 @@ def stage_memory(
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
         # the unsharded unit being used plus one prefetched (two layers' parameters), and the
         # root's, gathered from its forward to the end of the backward
+        p = prof.params
         root = held - layers * p["layers"]
         terms["fsdp_allgather_buffers"] = (2 * p["layers"] + root) * prof.param_bytes
     if dp > 1 and zero == 0:
@@ -132,7 +141,7 @@ def stage_memory(
                                 + terms.get("zero_parameters", 0))  # fmt: skip
     adjusted["optimizer_state"] = int(
         bd.get("optimizer_state", 0)
-        + (held - traced) * prof.optimizer_bytes
+        + (held_t - traced_t) * prof.optimizer_bytes
         + terms.get("zero_optimizer_state", 0)
     )
     if grad_peak > 0:

@@ -38,19 +38,21 @@ def predict_raw(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
-    ``grad_bytes`` is the size of one gradient element on the wire (default: 4, PyTorch AMP
-    keeps fp32 gradients); ``overlap_grad_reduce=False`` reduces all gradients after the
+    ``grad_bytes`` is the size of one gradient element on the wire (default: the trainable
+    parameters' element, 4 under PyTorch AMP, which keeps fp32 parameters and gradients); ``overlap_grad_reduce=False`` reduces all gradients after the
     backward (Megatron without gradient buckets); ``compute_scale`` multiplies compute times;
     ``full_recompute``: checkpointing re-runs whole layers (Megatron), so their recompute repeats
     both tensor-parallel all-reduces (PyTorch's non-reentrant checkpoint stops before the last).
     """
     facts = check_model(raw, layout)
-    validate(layout, cluster, **facts)
+    validate(layout, cluster, **facts, finetune_method=step.finetune_method)
     per_stage = stage_layers(int(facts["layers"]), layout.pp)
     time_step = replace(step, grad_accum=1)
     mem_step = replace(step, grad_accum=max(layout.microbatches, step.grad_accum))
     counts = param_counts(raw, layout.tp, time_step)
-    half = step.amp in ("fp16", "bf16")
+    # activations in 16 bits under autocast or 16-bit parameters
+    half = step.amp in ("fp16", "bf16") or step.params_dtype != "fp32"
+    tied_last = layout.pp > 1
     shape = Shape(
         batch_size=step.batch_size,
         seq_len=_seq_len(raw, step),
@@ -59,9 +61,12 @@ def predict_raw(
         checkpointing=step.checkpointing != "none",
         params_layer=counts["layers"],
         params_first=counts["first"],
-        params_last=counts["last"] + (counts["tied"] if layout.pp > 1 else 0),
-        grad_bytes=grad_bytes or 4,
-        param_bytes=4,
+        params_last=counts["last"] + (counts["tied"] if tied_last else 0),
+        trainable_layer=counts["trainable_layers"],
+        trainable_first=counts["trainable_first"],
+        trainable_last=counts["trainable_last"] + (counts["trainable_tied"] if tied_last else 0),
+        grad_bytes=grad_bytes or counts["trainable_bytes"],
+        param_bytes=counts["bytes"],
         overlap_grad_reduce=overlap_grad_reduce,
         full_recompute=full_recompute,
     )
@@ -78,7 +83,7 @@ def predict_raw(
             layout,
             per_stage,
             groups,
-            counts["tied"],
+            counts["trainable_tied"],
             compute_scale,
             dispatch_us,
             other_scale,

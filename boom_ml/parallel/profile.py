@@ -25,7 +25,7 @@ from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_sp
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4  # 4: recipes (params_dtype, LoRA) in the parameter split
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -97,10 +97,12 @@ class MemoryProfile:
     breakdowns: list[dict[str, int]]
     capacity_bytes: int
     params: dict[str, int]  # layers (per layer), first, last, tied
-    param_bytes: float  # bytes per parameter element as held (fp32 master weights: 4)
-    optimizer_bytes: float  # optimizer state bytes per parameter
+    param_bytes: float  # bytes per parameter element as held (params_dtype; fp32: 4)
+    optimizer_bytes: float  # optimizer state bytes per trainable parameter
     method: str
     terms: list[dict[str, Any]] = field(default_factory=list)
+    # of ``params``, those with gradients and optimizer state (fewer under LoRA)
+    trainable: dict[str, int] = field(default_factory=dict)
 
 
 def _key(*parts: Any) -> str:
@@ -136,13 +138,27 @@ def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
 
     model = ModelSpec(f"hf:{config_file(json.loads(config_json))}")
     built = build_model(model)
-    params = param_split(built.module)
+    params = _recipe_split(model, built, step)
     graph = take_or_trace(model, step, lambda: trace_step(built, step))
     _TRACED.add((config_json, step))
     return graph, params
 
 
 _TRACED: set[tuple[str, StepSpec]] = set()  # what _traced has traced (it caches 64)
+
+
+def _recipe_split(model: ModelSpec, built: Any, step: StepSpec) -> dict[str, int]:
+    """``param_split`` of the model as the step trains it: in ``params_dtype``, with what a
+    recipe freezes (LoRA) not trainable. The recipe goes on a second meta build, because the
+    tracer applies it to ``built`` itself (or a worker traces and ``built`` stays as built)."""
+    if step.params_dtype == "fp32" and step.finetune_method == "full":
+        return param_split(built.module)
+    from boom_ml.zoo import build_model
+    from boom_ml.zoo.finetune import apply_recipe
+
+    fresh = build_model(model)
+    apply_recipe(fresh.module, fresh.resolve_step(step))
+    return param_split(fresh.module)
 
 
 def _rank_configs(raw: dict[str, Any], tp: int) -> list[str]:
@@ -278,8 +294,7 @@ def memory_profile(
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
         splits.append(params)
     one, two = splits
-    per_layer = two["layers"] - one["layers"]
-    total_params = one["layers"] + one["first"] + one["last"]
+    trainable = _roles(one, two, "trainable_")
     bd = ests[0].breakdown
     prof = MemoryProfile(
         totals=[e.total_bytes for e in ests],
@@ -287,29 +302,54 @@ def memory_profile(
         p90=[e.p90_bytes for e in ests],
         breakdowns=[dict(e.breakdown) for e in ests],
         capacity_bytes=ests[0].capacity_bytes,
-        params={"layers": per_layer, "first": one["first"], "last": one["last"],
-                "tied": one["tied"]},
+        params=_roles(one, two),
         param_bytes=float(one["bytes"]),
-        optimizer_bytes=float(OPTIMIZER_STATE_BYTES.get(
-            step.optimizer, bd.get("optimizer_state", 0) / max(total_params, 1))),
+        optimizer_bytes=_optimizer_bytes(step, one, bd),
         method=ests[0].method,
         terms=list(ests[0].terms),
+        trainable=trainable,
     )  # fmt: skip
     _disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof
     return prof
 
 
+def _roles(one: dict[str, int], two: dict[str, int], prefix: str = "") -> dict[str, int]:
+    """Per layer (the 2-layer split less the 1-layer one), embedding, rest, tied head."""
+    return {"layers": two[f"{prefix}layers"] - one[f"{prefix}layers"],
+            "first": one[f"{prefix}first"], "last": one[f"{prefix}last"],
+            "tied": one[f"{prefix}tied"]}  # fmt: skip
+
+
+def _optimizer_bytes(step: StepSpec, split: dict[str, int], breakdown: dict[str, int]) -> float:
+    """Optimizer state bytes per trainable parameter element: exact for torch.optim's
+    optimizers (their state tensors take the parameters' dtype), else the traced state of the
+    1-layer model per trainable element of it."""
+    per_fp32 = OPTIMIZER_STATE_BYTES.get(step.optimizer)
+    if per_fp32 is not None:
+        return per_fp32 * split["trainable_bytes"] / 4
+    count = split["trainable_layers"] + split["trainable_first"] + split["trainable_last"]
+    return breakdown.get("optimizer_state", 0) / max(count, 1)
+
+
+def _recipe_key(step: StepSpec) -> list[Any]:
+    """The step's fields that change the parameters (dtype, what LoRA adds and freezes)."""
+    return [step.params_dtype, step.finetune_method, step.lora_r, step.lora_targets,
+            step.double_quant]  # fmt: skip
+
+
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
-    """Parameters per layer, of the embedding (first stage) and of the rest (last stage)."""
-    key = _key("params", raw, tp)  # the step does not change the parameters
+    """Parameters per layer, of the embedding (first stage) and of the rest (last stage), the
+    same prefixed ``trainable_``, and bytes per element of each (``param_split``)."""
+    key = _key("params", raw, tp, _recipe_key(step))  # batch and sequence change nothing
     if key in _MEMO:
         return _MEMO[key]
     hit = _disk_get("params", key)
     if hit is None:
         (_, one), (_, two) = _graphs(raw, tp, step)
-        hit = {"layers": two["layers"] - one["layers"], "first": one["first"],
-               "last": one["last"], "tied": one["tied"]}  # fmt: skip
+        trainable = _roles(one, two, "trainable_")
+        hit = {**_roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
+               "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
         _disk_put("params", key, hit)
     _MEMO[key] = hit
     return hit

@@ -70,10 +70,11 @@ def candidate_layouts(
     return out
 
 
-def _valid(raw: dict[str, Any], layout: Layout, cluster: Cluster) -> bool:
-    """Whether ``predict_raw`` takes ``layout`` (heads, hidden size, layers, whole nodes)."""
+def _valid(raw: dict[str, Any], layout: Layout, cluster: Cluster, step: StepSpec) -> bool:
+    """Whether ``predict_raw`` takes ``layout`` (heads, hidden size, layers, whole nodes, the
+    recipe)."""
     try:
-        validate(layout, cluster, **check_model(raw, layout))
+        validate(layout, cluster, **check_model(raw, layout), finetune_method=step.finetune_method)
     except InvalidInputError:
         return False
     return True
@@ -151,7 +152,7 @@ def search_layouts_many(
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     layouts = candidate_layouts(raw, step, cluster, max_gpus)
     searched, valid = len(layouts), 0
-    layouts = [lay for lay in layouts if _valid(raw, lay, cluster)]
+    layouts = [lay for lay in layouts if _valid(raw, lay, cluster, step)]
     if gpus:  # the small traces every layout is arithmetic on, side by side in workers
         prefetch(raw, sorted({lay.tp for lay in layouts}), step, gpus[0])
     for layout in layouts:

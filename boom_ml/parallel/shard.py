@@ -153,21 +153,28 @@ def param_split(module: Any) -> dict[str, int]:
     """Parameter counts of a built (meta) module: layers, embedding (first stage), rest (last).
 
     Tied weights appear once (under the embedding); ``tied`` says whether the LM head is tied,
-    because a pipeline's last stage then holds its own copy (Megatron's layout).
+    because a pipeline's last stage then holds its own copy (Megatron's layout). The same
+    counts prefixed ``trainable_`` hold the parameters that get gradients and optimizer state
+    (all of them unless a recipe froze some: LoRA). ``bytes`` and ``trainable_bytes``: bytes
+    per element of the parameters as held (``params_dtype``; fp32 by default) and of the
+    trainable ones, hence of their gradients.
     """
     counts = {"layers": 0, "first": 0, "last": 0, "tied": 0, "bytes": 4}
+    counts |= {f"trainable_{k}": 0 for k in ("layers", "first", "last", "tied")}
+    counts["trainable_bytes"] = 4
     for name, param in module.named_parameters():
-        counts["bytes"] = param.element_size()  # the zoo builds fp32 master weights
-        if LAYER_PATH.search(name):
-            counts["layers"] += param.numel()
-        elif EMBEDDING_PATH.search(name):
-            counts["first"] += param.numel()
-        else:
-            counts["last"] += param.numel()
+        role = "layers" if LAYER_PATH.search(name) else (
+            "first" if EMBEDDING_PATH.search(name) else "last")  # fmt: skip
+        counts[role] += param.numel()
+        counts["bytes"] = param.element_size()
+        if param.requires_grad:
+            counts[f"trainable_{role}"] += param.numel()
+            counts["trainable_bytes"] = param.element_size()
     out_emb = getattr(module, "get_output_embeddings", lambda: None)()
     in_emb = getattr(module, "get_input_embeddings", lambda: None)()
     if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
         counts["tied"] = int(in_emb.weight.numel())
+        counts["trainable_tied"] = counts["tied"] if in_emb.weight.requires_grad else 0
     return counts
 
 

@@ -85,6 +85,20 @@ class Shape:
     param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
     overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
     full_recompute: bool = False  # Megatron's checkpoint recomputes the whole layer (2 more AR)
+    # of params_layer / _first / _last, those with gradients (None: all; fewer under LoRA)
+    trainable_layer: int | None = None
+    trainable_first: int | None = None
+    trainable_last: int | None = None
+
+    def trainable(self, role: str) -> int:
+        """Trainable parameters per layer ('layer'), of the embedding ('first') or the rest."""
+        own = getattr(self, f"trainable_{role}")
+        return getattr(self, f"params_{role}") if own is None else own
+
+    def stage_params(self, layers: int, first: bool, last: bool, prefix: str = "params") -> int:
+        """Parameters (``prefix='trainable'``: trainable ones) of a stage's layers and ends."""
+        get = self.trainable if prefix == "trainable" else (lambda r: getattr(self, f"params_{r}"))
+        return layers * get("layer") + (get("first") if first else 0) + (get("last") if last else 0)
 
 
 def tp_collectives(
@@ -142,17 +156,22 @@ def dp_collectives(
     shape: Shape, layout: Layout, params: int, backward_ms: float, compute_mb_ms: float,
     group: GroupLink, embed_group: GroupLink | None, tied_params: int,
     layer_params: int | None = None, last_ready_bytes: int = 0,
+    trainable: int | None = None, layer_trainable: int | None = None,
 ) -> list[Collective]:  # fmt: skip
     """Gradient reduction (and ZeRO-3 / FSDP parameter gathers) over dp for one step.
 
     ``layer_params``: of ``params``, those in the layers (FSDP units; the rest, embedding, final
-    norm and head, is the root unit; default: all). ``last_ready_bytes``: the gradient that
-    becomes ready last (the embedding's on the first stage), which DDP's last bucket holds.
+    norm and head, is the root unit; default: all). ``trainable`` / ``layer_trainable``: the
+    same for the parameters that have gradients (default: all; LoRA's adapters only): only
+    their gradients are reduced and only they are updated, while FSDP gathers every parameter.
+    ``last_ready_bytes``: the gradient that becomes ready last (the embedding's on the first
+    stage), which DDP's last bucket holds. ``tied_params``: the tied head's trainable ones.
     """
     out: list[Collective] = []
     m = layout.microbatches
+    trainable = params if trainable is None else trainable
     if group.size > 1:
-        grads = params * shape.grad_bytes
+        grads = trainable * shape.grad_bytes
         if layout.zero_stage == 0:
             ms = all_reduce_ms(grads, group)
             if shape.overlap_grad_reduce:
@@ -174,7 +193,7 @@ def dp_collectives(
             out.append(
                 Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, 1, rs, exposed)
             )
-            pbytes = params * shape.param_bytes
+            pbytes = trainable * shape.param_bytes
             ag = all_gather_ms(pbytes, group)
             out.append(
                 Collective("all_gather", "dp", "updated parameters (ZeRO)", pbytes, 1, ag, ag)
@@ -185,14 +204,17 @@ def dp_collectives(
             # forward; a checkpointed layer's recompute reuses the backward gather), the root
             # once (not resharded after forward); every unit's gradient is reduce-scattered
             layer_params = params if layer_params is None else layer_params
+            layer_trainable = trainable if layer_trainable is None else layer_trainable
             units = max(1, round(layer_params / shape.params_layer)) if layer_params else 0
             unit_p = layer_params // units if units else 0
-            root_p = params - layer_params
+            unit_g = layer_trainable // units if units else 0
+            root_p, root_g = params - layer_params, trainable - layer_trainable
             unit_ag = all_gather_ms(unit_p * shape.param_bytes, group)
             root_ag = all_gather_ms(root_p * shape.param_bytes, group)
+            unit_rs = reduce_scatter_ms(unit_g * shape.grad_bytes, group) if unit_g else 0.0
+            root_rs = reduce_scatter_ms(root_g * shape.grad_bytes, group) if root_g else 0.0
             ag = (2 * units * unit_ag + root_ag) * m
-            rs = (units * reduce_scatter_ms(unit_p * shape.grad_bytes, group)
-                  + reduce_scatter_ms(root_p * shape.grad_bytes, group)) * m  # fmt: skip
+            rs = (units * unit_rs + root_rs) * m
             # prefetch hides the gathers and reductions behind compute, except the first ones
             # (the root's, then the first layer's); what compute cannot hide is split by ms
             first = (root_ag + unit_ag) * m
@@ -203,17 +225,17 @@ def dp_collectives(
                 out.append(Collective("all_gather", "dp", "layer parameters (FSDP unit, forward and backward)",
                                       unit_p * shape.param_bytes, 2 * units * m,
                                       2 * units * unit_ag * m, exposed))  # fmt: skip
+            if unit_g:
                 out.append(Collective("reduce_scatter", "dp", "layer gradients (FSDP unit)",
-                                      unit_p * shape.grad_bytes, units * m,
-                                      units * reduce_scatter_ms(unit_p * shape.grad_bytes, group) * m,
+                                      unit_g * shape.grad_bytes, units * m, units * unit_rs * m,
                                       0.0))  # fmt: skip
             if root_p:
                 exposed = root_ag * m + rest * (root_ag * m / ag if ag > 0 else 1.0)
                 out.append(Collective("all_gather", "dp", "root parameters (embedding, norm, head: not resharded after forward)",
                                       root_p * shape.param_bytes, m, root_ag * m, exposed))  # fmt: skip
+            if root_g:
                 out.append(Collective("reduce_scatter", "dp", "root gradients (FSDP root unit)",
-                                      root_p * shape.grad_bytes, m,
-                                      reduce_scatter_ms(root_p * shape.grad_bytes, group) * m, 0.0))  # fmt: skip
+                                      root_g * shape.grad_bytes, m, root_rs * m, 0.0))  # fmt: skip
     if embed_group is not None and tied_params:
         nbytes = tied_params * shape.grad_bytes
         ms = all_reduce_ms(nbytes, embed_group)
@@ -267,16 +289,14 @@ def step_time(
             c.calls *= m
             c.ms *= m
             c.exposed_ms *= m
-        params = (
-            n * shape.params_layer
-            + (shape.params_first if first else 0)
-            + (shape.params_last if last else 0)
-        )
+        params = shape.stage_params(n, first, last)
+        trainable = shape.stage_params(n, first, last, "trainable")
         opt = compute_scale * (n * prof.opt_layer_ms + (prof.opt_ends_ms if first or last else 0))
         if layout.zero_stage >= 1:
             opt /= layout.dp  # each rank steps its shard
         stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
                        "micro_ms": compute + crit, "optimizer_ms": opt, "params": params,
+                       "trainable": trainable,
                        "collectives": colls, "first": first, "last": last})  # fmt: skip
     p2p = 0.0
     if pp > 1:
@@ -298,7 +318,8 @@ def step_time(
         shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
         worst["compute_ms"], groups["dp"], embed, tied,
         layer_params=worst["layers"] * shape.params_layer,
-        last_ready_bytes=shape.params_first * shape.grad_bytes if worst["first"] else 0,
+        last_ready_bytes=shape.trainable("first") * shape.grad_bytes if worst["first"] else 0,
+        trainable=worst["trainable"], layer_trainable=worst["layers"] * shape.trainable("layer"),
     )  # fmt: skip
     colls = worst["collectives"] + dp
     for c in colls:  # what NCCL's tuner runs for one call (nccl.py); the tied embedding: pp's link

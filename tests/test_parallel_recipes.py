@@ -1,0 +1,133 @@
+"""Parallel layouts with training recipes: 16-bit parameters and LoRA.
+
+Sharding divides what each parameter carries: its bytes in ``params_dtype``, and, for the
+trainable ones only, a gradient and optimizer state. Data parallelism reduces only the
+trainable parameters' gradients. The model is test_parallel's synthetic tiny Llama (2 layers,
+hidden 64); peft's default LoRA targets for Llama are q_proj and v_proj, each H -> H here, so
+an r = 8 adapter pair adds r * (H + H) parameters per projection.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.time import Shape, step_time
+from tests.test_parallel import LAYERS, SYNTHETIC_TINY_LLAMA, VOCAB, H, _groups, _profile
+from tests.test_parallel import layer_params as base_layer_params
+
+R = 8
+LORA_LAYER = 2 * R * (H + H)  # q_proj and v_proj adapters of one layer
+HELD = LAYERS * base_layer_params(1) + 2 * VOCAB * H + H  # embedding, layers, head, norm
+
+
+def _memory(**step_fields):
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", grad_accum=2, **step_fields)
+    return memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+
+
+@pytest.fixture(scope="module")
+def lora_memory():
+    return _memory(amp="bf16", finetune_method="lora", lora_r=R)
+
+
+@pytest.fixture(scope="module")
+def bf16_memory():
+    return _memory(params_dtype="bf16")
+
+
+def test_lora_split_counts_adapters_as_the_only_trainable_parameters(lora_memory):
+    assert lora_memory.params["layers"] == base_layer_params(1) + LORA_LAYER
+    assert lora_memory.trainable == {"layers": LORA_LAYER, "first": 0, "last": 0, "tied": 0}
+    assert lora_memory.param_bytes == 4.0 and lora_memory.optimizer_bytes == 8.0
+
+
+def test_bf16_parameters_carry_two_bytes_and_bf16_adam_state(bf16_memory):
+    assert bf16_memory.params["layers"] == base_layer_params(1)
+    assert bf16_memory.param_bytes == 2.0 and bf16_memory.optimizer_bytes == 4.0  # m, v in bf16
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero2", "fsdp"])
+def test_lora_shards_only_the_adapters_state(lora_memory, sharding):
+    from boom_ml.parallel.memory import stage_memory
+
+    dp = 4
+    out = stage_memory(lora_memory, Layout(dp=dp, sharding=sharding, microbatches=2), 0,
+                       LAYERS, 2)  # fmt: skip
+    terms = out["parallel_terms"]
+    adapters = LAYERS * LORA_LAYER
+    assert terms["zero_optimizer_state"] == pytest.approx(-8 * adapters * (dp - 1) / dp, abs=1)
+    grads = lora_memory.breakdowns[1]["gradient"]  # every adapter's gradient (accumulation)
+    assert 4 * adapters <= grads <= 4 * adapters + 512 * 4 * LAYERS  # allocator rounding
+    if sharding == "fsdp":  # every parameter is sharded, frozen or not
+        assert terms["zero_parameters"] == pytest.approx(
+            -4 * (HELD + adapters) * (dp - 1) / dp, abs=1
+        )
+    # nothing goes below zero: the state that ZeRO removes is the state the trace holds
+    assert all(v >= 0 for v in out["breakdown"].values())
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "fsdp"])
+def test_bf16_shards_two_byte_parameters(bf16_memory, sharding):
+    from boom_ml.parallel.memory import stage_memory
+
+    dp = 4
+    out = stage_memory(bf16_memory, Layout(dp=dp, sharding=sharding, microbatches=2), 0,
+                       LAYERS, 2)  # fmt: skip
+    terms = out["parallel_terms"]
+    assert terms["zero_optimizer_state"] == pytest.approx(-4 * HELD * (dp - 1) / dp, abs=1)
+    if sharding == "fsdp":
+        assert terms["zero_parameters"] == pytest.approx(-2 * HELD * (dp - 1) / dp, abs=1)
+        assert terms["fsdp_allgather_buffers"] == 2 * (2 * base_layer_params(1) + HELD
+                                                       - LAYERS * base_layer_params(1))  # fmt: skip
+    assert all(v >= 0 for v in out["breakdown"].values())
+
+
+def _lora_shape() -> Shape:
+    return Shape(batch_size=2, seq_len=32, hidden=H, act_bytes=2, checkpointing=False,
+                 params_layer=base_layer_params(1) + LORA_LAYER, params_first=VOCAB * H,
+                 params_last=VOCAB * H + H, trainable_layer=LORA_LAYER, trainable_first=0,
+                 trainable_last=0)  # fmt: skip
+
+
+def test_ddp_reduces_only_the_adapters_gradients():
+    out = step_time(_profile(), _lora_shape(), Layout(dp=4), [LAYERS], _groups(dp=4))
+    (ddp,) = [c for c in out["collectives"] if c["group"] == "dp"]
+    assert (ddp["op"], ddp["bytes"]) == ("all_reduce", 4 * LAYERS * LORA_LAYER)
+
+
+def test_fsdp_gathers_every_parameter_and_reduces_the_adapters():
+    m = 2
+    out = step_time(_profile(), _lora_shape(), Layout(dp=4, sharding="fsdp", microbatches=m),
+                    [LAYERS], _groups(dp=4))  # fmt: skip
+    got = {(c["op"], c["what"].split()[0]): (c["bytes"], c["calls"]) for c in out["collectives"]}
+    assert got == {
+        ("all_gather", "layer"): (4 * (base_layer_params(1) + LORA_LAYER), 2 * LAYERS * m),
+        ("all_gather", "root"): (4 * (2 * VOCAB * H + H), m),
+        ("reduce_scatter", "layer"): (4 * LORA_LAYER, LAYERS * m),  # no frozen root gradient
+    }
+
+
+def test_traced_counts_follow_the_recipe():
+    from boom_ml.parallel.profile import param_counts
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, finetune_method="lora", lora_r=R)
+    counts = param_counts(SYNTHETIC_TINY_LLAMA, 2, step)
+    assert counts["layers"] == base_layer_params(2) + 2 * R * (H + H // 2)  # q, v: H -> H / 2
+    assert counts["trainable_layers"] == 2 * R * (H + H // 2)
+    assert counts["trainable_first"] == counts["trainable_last"] == 0
+    assert param_counts(SYNTHETIC_TINY_LLAMA, 2, StepSpec(params_dtype="fp16"))["bytes"] == 2
+
+
+@pytest.mark.parametrize("layout", [Layout(dp=2, sharding="fsdp"), Layout(pp=2)])
+def test_qlora_with_sharded_or_staged_weights_is_one_line(layout):
+    with pytest.raises(InvalidInputError) as err:
+        validate(layout, Cluster(), finetune_method="qlora")
+    assert "finetune.method=qlora" in str(err.value) and "\n" not in str(err.value)
+    validate(Layout(dp=2, sharding="zero2"), Cluster(), finetune_method="qlora")  # modelled
