@@ -20,6 +20,7 @@ GIB = 2**30
 RECIPES = [
     ("full", "AMP bf16 (fp32 params)", {"amp": "bf16"}),
     ("full", "bf16-true", {"params_dtype": "bf16"}),
+    ("full", "bf16 + fp32 master", {"params_dtype": "bf16", "master_weights": True}),
     ("lora", "AMP bf16 (fp32 params)", {"amp": "bf16", "finetune": {"method": "lora"}}),
     ("lora", "bf16-true", {"params_dtype": "bf16", "finetune": {"method": "lora"}}),
     ("qlora", "AMP bf16 (fp32 params)", {"amp": "bf16", "finetune": {"method": "qlora"}}),

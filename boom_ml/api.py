@@ -48,6 +48,7 @@ def predict(
     parallel: dict[str, Any] | None = None,
     cluster: dict[str, Any] | None = None,
     params_dtype: str = "fp32",
+    master_weights: bool = False,
     finetune: dict[str, Any] | None = None,
     checkpointing_every: int = 1,
     max_batch: str | bool = "auto",
@@ -66,7 +67,9 @@ def predict(
     around tensor-core convolutions). ``attention`` is the HF attention implementation
     (sdpa or eager); ``moe`` holds ``imbalance`` (>= 1: the busiest expert's share of
     tokens relative to even routing). ``params_dtype`` (fp32 | bf16 | fp16) is the dtype of
-    the parameters, gradients and optimizer state; ``finetune`` holds ``method`` (full |
+    the parameters, gradients and optimizer state; ``master_weights`` (16-bit
+    ``params_dtype``, ``amp="none"``): the optimizer steps fp32 copies of them (Megatron-LM,
+    DeepSpeed); ``finetune`` holds ``method`` (full |
     lora | qlora), ``r``, ``alpha``, ``dropout``, ``targets`` and ``double_quant``;
     ``checkpointing_every`` checkpoints every K-th block.
     ``tf32_matmul`` / ``tf32_cudnn`` are PyTorch's TF32 switches (None: on with ``tf32``,
@@ -93,12 +96,13 @@ def predict(
         zero_grad=zero_grad,
         channels_last=channels_last,
         params_dtype=params_dtype,
+        master_weights=master_weights,
         checkpointing_every=checkpointing_every,
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     layout, nodes = Layout(**(parallel or {})), Cluster(**(cluster or {}))
-    validate_layout(layout, nodes)
+    validate_layout(layout, nodes, finetune_method=step.finetune_method)
     if not layout.is_single:
         return _predict_parallel(model, gpus, step, layout, nodes, software)
     if plot is not None:

@@ -33,7 +33,7 @@ from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 OUTPUTS = ("table", "json")
-BOOL_KEYS = ("explain", "advice", "tf32", "channels_last")
+BOOL_KEYS = ("explain", "advice", "tf32", "channels_last", "master_weights")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
 LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)

@@ -88,6 +88,9 @@ class StepSpec:
     # cuDNN's layout transforms around tensor-core convolutions (timing/conv_layout.py). The
     # trace stays NCHW: the layout changes no shape, FLOP or byte count of the ops traced.
     channels_last: bool = False
+    # 16-bit parameters (params_dtype bf16/fp16, amp none) stepped through fp32 master copies
+    # held by the optimizer (Megatron-LM, DeepSpeed, apex O2); fp16 adds a loss scale
+    master_weights: bool = False
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -119,6 +122,16 @@ class StepSpec:
             raise InvalidInputError(
                 f"channels_last must be true or false, got {self.channels_last!r}"
             )
+        if not isinstance(self.master_weights, bool):
+            raise InvalidInputError(
+                f"master_weights must be true or false, got {self.master_weights!r}"
+            )
+        if self.master_weights and (self.params_dtype == "fp32" or self.amp != "none"):
+            raise InvalidInputError(
+                "master_weights=true keeps fp32 copies of 16-bit parameters: it needs "
+                f"params_dtype=bf16|fp16 and amp=none (got params_dtype={self.params_dtype}, "
+                f"amp={self.amp})"
+            )
         targets = self.lora_targets
         if targets is not None:
             if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
@@ -144,9 +157,11 @@ class StepSpec:
         if self.image_size:
             parts.append(f"image {self.image_size}")
         default = StepSpec()
-        for key in ("amp", "params_dtype", "checkpointing", "optimizer", "finetune_method"):
-            if getattr(self, key) != getattr(default, key):
-                parts.append(f"{key}={getattr(self, key)}")
+        for key in ("amp", "params_dtype", "master_weights", "checkpointing", "optimizer",
+                    "finetune_method"):  # fmt: skip
+            value = getattr(self, key)
+            if value != getattr(default, key):
+                parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
         return ", ".join(parts)
 
     def tf32_switches(self) -> tuple[bool, bool]:

@@ -2,6 +2,7 @@
 
     nice python -m training.validate_parallel              # every row
     nice python -m training.validate_parallel --limit 50   # a quick look
+    nice python -m training.validate_parallel --precision amp   # as traced before (AMP)
 
 Data: ``shared/data/vtrain/`` (SOURCE.md). Megatron-DeepSpeed GPT, fp16 mixed precision,
 activation checkpointing, 1F1B, Adam, A100 (variant not recorded; an 8-GPU NVLink node implies
@@ -13,8 +14,13 @@ The model of each row: a Megatron GPT layer as an HF ``nemotron`` config (LayerN
 GELU MLP of 4 x hidden, biases, head_dim = hidden / heads; the closest HF architecture whose
 heads can be divided without the hidden size), vocabulary 50,257 padded to a multiple of
 128 x tp (Megatron's ``make-vocab-size-divisible-by``), tied embeddings, no dropout inside
-attention (so the flash kernel runs). Gradients are all-reduced in fp16 (2 bytes, Megatron's
-fp16 default without ``accumulate-allreduce-grads-in-fp32``; an assumption, not recorded), and
+attention (so the flash kernel runs). Precision is Megatron's ``--fp16``: the model's
+parameters, activations and gradients in fp16, an fp32 master copy of every parameter stepped
+by the optimizer, a dynamic loss scale (``Float16OptimizerWithFloat16Params``:
+``params_dtype=fp16 master_weights=true``); ``--precision amp`` traces PyTorch autocast over
+fp32 parameters instead, as this validation did before ``master_weights`` existed (per-op
+casts Megatron does not run). Gradients are all-reduced in fp16 (2 bytes, Megatron's fp16
+default without ``accumulate-allreduce-grads-in-fp32``; an assumption, not recorded), and
 Adam is one fused kernel (``optimizer_impl=fused``; Megatron uses apex's FusedAdam).
 
 Held out means held out. Two results are printed: ``raw`` (nothing fitted on vTrain) and
@@ -90,12 +96,19 @@ def megatron_gpt(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+PRECISIONS = {
+    "master": {"params_dtype": "fp16", "master_weights": True},  # Megatron --fp16
+    "amp": {"amp": "fp16"},  # PyTorch autocast over fp32 parameters
+}
+
+
 def predict_row(
     row: dict[str, Any],
     gpu: Any,
     compute_scale: float = 1.0,
     dispatch_us: float | None = None,
     other_scale: float = 1.0,
+    precision: str = "master",
 ) -> dict[str, Any]:
     from boom_ml.parallel.layout import Cluster, Layout
     from boom_ml.parallel.predict import predict_raw
@@ -104,8 +117,9 @@ def predict_row(
     micro = row["global"] // (row["micro"] * row["dp"])
     layout = Layout(dp=row["dp"], tp=row["tp"], pp=row["pp"], microbatches=micro)
     # Megatron steps Adam with apex's FusedAdam: one fused kernel, as torch's fused Adam
-    step = StepSpec(batch_size=row["micro"], seq_len=row["seq"], optimizer="adam", amp="fp16",
-                    optimizer_impl="fused", checkpointing="full")  # fmt: skip
+    step = StepSpec(batch_size=row["micro"], seq_len=row["seq"], optimizer="adam",
+                    optimizer_impl="fused", checkpointing="full",
+                    **PRECISIONS[precision])  # fmt: skip
     out = predict_raw(megatron_gpt(row), [gpu], step, layout, Cluster(gpus_per_node=8),
                       memory=False, compute_scale=compute_scale, other_scale=other_scale,
                       grad_bytes=2, full_recompute=True,  # Megatron recomputes whole layers
@@ -118,16 +132,20 @@ def mape(pairs: list[tuple[float, float]]) -> float:
     return 100 * sum(abs(p - m) / m for p, m in pairs) / len(pairs) if pairs else float("nan")
 
 
-def fit_constants(rows: list[dict[str, Any]], gpu: Any) -> dict[str, float]:
+def fit_constants(
+    rows: list[dict[str, Any]], gpu: Any, precision: str = "master"
+) -> dict[str, float]:
     """Compute multiplier, memory-bound multiplier and host us per op minimising MAPE on
     ``rows``: coordinate descent over one grid per constant, three rounds."""
 
     def score(c: dict[str, float]) -> float:
-        return mape([(predict_row(r, gpu, **c)["step_ms"], r["measured_ms"]) for r in rows])
+        pairs = [(predict_row(r, gpu, **c, precision=precision)["step_ms"], r["measured_ms"])
+                 for r in rows]  # fmt: skip
+        return mape(pairs)
 
     grids = {
         "compute_scale": [k / 20 for k in range(10, 31)],  # 0.5 .. 1.5
-        "other_scale": [k / 20 for k in range(2, 31)],  # 0.1 .. 1.5
+        "other_scale": [k / 20 for k in range(2, 61)],  # 0.1 .. 3.0
         "dispatch_us": [2.5 * k for k in range(1, 17)],  # 2.5 .. 40
     }
     best = {"compute_scale": 1.0, "other_scale": 1.0, "dispatch_us": 5.0}
@@ -162,6 +180,9 @@ def table(rows: list[dict[str, Any]], key: str, fit_label: str) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=0, help="every n-th row only (0: all)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="master",
+                        help="master: Megatron's fp16 with fp32 master weights (default); "
+                             "amp: PyTorch autocast over fp32 parameters")  # fmt: skip
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -175,17 +196,17 @@ def main(argv: list[str] | None = None) -> None:
         step = max(len(rows) // args.limit, 1)
         rows = rows[::step]
     for i, r in enumerate(rows):
-        r["raw_ms"] = predict_row(r, gpu)["step_ms"]
+        r["raw_ms"] = predict_row(r, gpu, precision=args.precision)["step_ms"]
         if i % 100 == 0:
             print(f"  {i}/{len(rows)} rows, {time.perf_counter() - started:.0f} s", flush=True)
     fit_rows = [r for r in rows if r["gpus"] == FIT_GPUS]
-    fitted = fit_constants(fit_rows, gpu) if fit_rows else {}
+    fitted = fit_constants(fit_rows, gpu, args.precision) if fit_rows else {}
     for r in rows:
-        r["cal_ms"] = predict_row(r, gpu, **fitted)["step_ms"]
+        r["cal_ms"] = predict_row(r, gpu, **fitted, precision=args.precision)["step_ms"]
         r["nodes"] = "multi-node" if r["multi"] else "single node"
         r["tp_pp"] = f"tp{r['tp']} pp{r['pp']}"
     consts = ", ".join(f"{k}={v:g}" for k, v in fitted.items())
-    print(f"\nvTrain, {len(rows)} rows, {GPU}; raw: nothing fitted (host floor {DISPATCH_US:g} us"
+    print(f"\nvTrain, {len(rows)} rows, {GPU}, precision={args.precision}; raw: nothing fitted (host floor {DISPATCH_US:g} us"
           f"/op); calibrated: {consts}, fitted on the {len(fit_rows)} {FIT_GPUS}-GPU rows only"
           f" (the rest held out)\n")  # fmt: skip
     print("\n".join(table(rows, "gpus", "mixed")))

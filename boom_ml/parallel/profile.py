@@ -323,9 +323,12 @@ def _roles(one: dict[str, int], two: dict[str, int], prefix: str = "") -> dict[s
 
 def _optimizer_bytes(step: StepSpec, split: dict[str, int], breakdown: dict[str, int]) -> float:
     """Optimizer state bytes per trainable parameter element: exact for torch.optim's
-    optimizers (their state tensors take the parameters' dtype), else the traced state of the
-    1-layer model per trainable element of it."""
+    optimizers (their state tensors take the parameters' dtype; with master weights, fp32
+    state and the fp32 copy itself), else the traced state of the 1-layer model per
+    trainable element of it."""
     per_fp32 = OPTIMIZER_STATE_BYTES.get(step.optimizer)
+    if per_fp32 is not None and step.master_weights:  # the fp32 copy and fp32 state
+        return 4 + per_fp32
     if per_fp32 is not None:
         return per_fp32 * split["trainable_bytes"] / 4
     count = split["trainable_layers"] + split["trainable_first"] + split["trainable_last"]
@@ -335,7 +338,7 @@ def _optimizer_bytes(step: StepSpec, split: dict[str, int], breakdown: dict[str,
 def _recipe_key(step: StepSpec) -> list[Any]:
     """The step's fields that change the parameters (dtype, what LoRA adds and freezes)."""
     return [step.params_dtype, step.finetune_method, step.lora_r, step.lora_targets,
-            step.double_quant]  # fmt: skip
+            step.double_quant, step.master_weights]  # fmt: skip
 
 
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:

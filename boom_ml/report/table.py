@@ -24,6 +24,8 @@ def _title(prediction: Prediction) -> str:
         + (f"  seq={step['seq_len']}" if step.get("seq_len") else "")
         + (f"  image={step['image_size']}" if step.get("image_size") else "")
         + f"  opt={step['optimizer']}  amp={step['amp']}  ckpt={step['checkpointing']}"
+        + (f"  params={step['params_dtype']}" if step.get("params_dtype", "fp32") != "fp32" else "")
+        + ("+fp32 master" if step.get("master_weights") else "")
         + ("  tf32" if step.get("tf32") else "")
         + (f"  accum={step['grad_accum']}" if step.get("grad_accum", 1) > 1 else "")
     )

@@ -63,7 +63,11 @@ class _StepRunner:
         self.step = step
         self.module = built.module
         self.optimizer = make_optimizer(
-            step.optimizer, list(self.module.parameters()), step.optimizer_impl
+            step.optimizer,
+            list(self.module.parameters()),
+            step.optimizer_impl,
+            master_weights=step.master_weights,
+            loss_scaling=step.params_dtype == "fp16",
         )
         self.scaler = torch.amp.GradScaler("cpu") if step.amp == "fp16" else None
         self.recorder: OpRecorder | None = None
@@ -71,6 +75,7 @@ class _StepRunner:
         self.grad_blocks: set[int] = set()
         self.state_blocks: set[int] = set()
         self.sdpa: dict = {}  # the SDPA calls' backends (attention.SdpaLog), graph meta "sdpa"
+        self.with_grad: set[int] = set()  # ids of the parameters backward gave a gradient
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -146,8 +151,12 @@ class _StepRunner:
         with self.phase("backward"):
             if self.scaler is not None:
                 loss = self.scaler.scale(loss)
+            elif self.step.master_weights:  # fp16: the master-weight optimizer's loss scale
+                loss = self.optimizer.scale_loss(loss)
             loss.backward()
         del loss, inputs
+        # parameters that got a gradient (a master-weight optimizer drops them in its step)
+        self.with_grad = {id(p) for p in self.module.parameters() if p.grad is not None}
         if self.recorder is not None:
             self.grad_blocks = {
                 self.recorder.block_of(p.grad)
@@ -172,6 +181,14 @@ class _StepRunner:
                 for key, t in state.items()
                 if isinstance(t, torch.Tensor) and key != "step"
             }
+            # master weights: the fp32 copies' gradients, made in the optimizer phase
+            self.grad_blocks |= {self.recorder.block_of(g) for g in self.gradients()}
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Gradients alive now: the parameters', and a master-weight optimizer's fp32 ones."""
+        extra = getattr(self.optimizer, "gradients", None)
+        own = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return own + (extra() if callable(extra) else [])
 
     def host_tensors(self) -> list[torch.Tensor]:
         """Tensors that live on the host in a CUDA run: Adam's non-capturable step counts,
@@ -234,7 +251,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             recorder.adopt(
                 list(built.module.parameters()) + list(built.module.buffers()), "parameter"
             )
-            recorder.adopt([p.grad for p in built.module.parameters()], "gradient")
+            recorder.adopt(runner.gradients(), "gradient")
             host = {id(t.untyped_storage()) for t in runner.host_tensors()}
             recorder.adopt(_state_tensors(runner, host), "optimizer_state")
             recorder.adopt(runner.host_tensors(), "host")
@@ -248,7 +265,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             recorder.recording = False
         # A parameter without a gradient after a real step (unused by this model's
         # forward) never had a gradient or optimizer state in a real run either.
-        unused = {b for p in params if p.grad is None for b in owned_blocks[id(p)]}
+        unused = {b for p in params if id(p) not in runner.with_grad for b in owned_blocks[id(p)]}
         recorder.events = canonical_free_order(
             [e for e in recorder.events if e["block"] not in unused]
         )
@@ -323,7 +340,8 @@ def _state_tensors(runner: _StepRunner, host: set[int]) -> list[torch.Tensor]:
         tensors += [
             t for t in (runner.scaler._scale, runner.scaler._growth_tracker) if t is not None
         ]
-    return tensors
+    loose = getattr(runner.optimizer, "loose_tensors", None)  # a master-weight loss scale
+    return tensors + (loose() if callable(loose) else [])
 
 
 def _recipe_bytes(built: BuiltModel, runner: _StepRunner) -> dict[str, int]:

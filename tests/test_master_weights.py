@@ -1,0 +1,90 @@
+"""master_weights=true: 16-bit parameters stepped through fp32 copies (Megatron-LM's --fp16 /
+--bf16, DeepSpeed, apex O2).
+
+The model is test_finetune's synthetic tiny Llama (2 layers, hidden 64, untied vocab 1000).
+Bytes are exact: a parameter costs 2 bytes, its fp32 copy 4 and AdamW's two fp32 moments 8;
+the fp32 gradients of the copies live from one step to the next ``zero_grad``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from boom_ml.errors import InvalidInputError
+from boom_ml.specs import StepSpec
+from tests.test_finetune import TINY_LLAMA, adopted_bytes, trace
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("synthetic_tiny_llama") / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return f"hf:{path}"
+
+
+@pytest.fixture(scope="module")
+def fp16_master(tiny_llama: str):
+    return trace(tiny_llama, params_dtype="fp16", master_weights=True, optimizer="adamw")
+
+
+def _ops(graph, phase: str) -> pd.Series:
+    nodes = graph.nodes
+    return nodes[nodes["phase"] == phase]["op"].value_counts()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_bytes_per_parameter(tiny_llama: str, dtype: str) -> None:
+    graph = trace(tiny_llama, params_dtype=dtype, master_weights=True, optimizer="adamw")
+    plain = trace(tiny_llama, params_dtype=dtype, optimizer="adamw")
+    n = graph.meta["num_trainable_parameters"]
+    # the model's weights stay 16-bit (the rest of "parameter" is the rotary buffer)
+    assert adopted_bytes(graph, "parameter") == adopted_bytes(plain, "parameter") < 2 * n + 64
+    assert adopted_bytes(plain, "gradient") == 2 * n
+    assert adopted_bytes(graph, "gradient") == 4 * n  # the copies' fp32 gradients
+    assert adopted_bytes(plain, "optimizer_state") == 2 * 2 * n  # 16-bit moments
+    scale = 2 * 4 if dtype == "fp16" else 0  # fp16: the loss scale and the inf flag
+    assert adopted_bytes(graph, "optimizer_state") == (4 + 8) * n + scale
+
+
+def test_the_step_casts_unscales_and_copies_back(fp16_master) -> None:
+    tensors = 3 + 9 * 2  # embedding, final norm, head; 7 linears and 2 norms per layer
+    ops = _ops(fp16_master, "optimizer")
+    assert ops["_to_copy"] == tensors  # one fp32 gradient per 16-bit one
+    assert ops["_amp_foreach_non_finite_check_and_unscale_"] == 1
+    assert ops["_foreach_copy_"] == 1  # the copies back into the fp16 parameters
+    # the 16-bit gradients are dropped as their fp32 copies are made
+    events = pd.DataFrame(fp16_master.mem_events)
+    dropped = events[(events.action == "free") & (events.phase == "optimizer")
+                     & (events.category == "gradient")]  # fmt: skip
+    n = fp16_master.meta["num_trainable_parameters"]
+    assert dropped.bytes.sum() == 2 * n
+    # the loss is scaled before backward (fp16 only)
+    assert "mul" in _ops(fp16_master, "backward")
+
+
+def test_bf16_has_no_loss_scale(tiny_llama: str) -> None:
+    graph = trace(tiny_llama, params_dtype="bf16", master_weights=True, optimizer="adamw")
+    assert "_amp_foreach_non_finite_check_and_unscale_" not in _ops(graph, "optimizer")
+
+
+@pytest.mark.parametrize(
+    "fields", [{"params_dtype": "fp32"}, {"params_dtype": "bf16", "amp": "bf16"}]
+)
+def test_master_weights_need_16_bit_parameters_without_autocast(fields) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        StepSpec(master_weights=True, **fields)
+    assert "master_weights=true" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_label_and_parallel_state_bytes() -> None:
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.profile import memory_profile
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)
+    assert step.label() == "batch 2, seq 32, params_dtype=bf16, master_weights=true"
+    prof = memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+    assert (prof.param_bytes, prof.optimizer_bytes) == (2.0, 12.0)  # ZeRO's K = 12
