@@ -88,3 +88,17 @@ def test_label_and_parallel_state_bytes() -> None:
     assert step.label() == "batch 2, seq 32, params_dtype=bf16, master_weights=true"
     prof = memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
     assert (prof.param_bytes, prof.optimizer_bytes) == (2.0, 12.0)  # ZeRO's K = 12
+
+
+@pytest.mark.parametrize(
+    "fields", [{"params_dtype": "fp16"}, {"params_dtype": "bf16", "master_weights": True}]
+)
+def test_advice_for_16_bit_parameters_proposes_no_autocast(fields) -> None:
+    from boom_ml.gpus import get_gpu
+    from boom_ml.report.advisor import single_changes
+
+    gpu = get_gpu("v100-sxm2-16gb")  # no bf16: fp32 steps are offered amp=fp16
+    assert single_changes(StepSpec(batch_size=4), gpu)[0][0] == "amp=fp16"
+    labels = [label for label, _, _ in single_changes(StepSpec(batch_size=4, **fields), gpu)]
+    # autocast over 16-bit parameters was offered, and raised for fp16 parameters
+    assert labels[0] == "checkpointing=full" and not [x for x in labels if x.startswith("amp")]

@@ -76,7 +76,9 @@ def _amp_for(gpu: GpuSpec) -> str:
 def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
     """(label, changed step, accumulation) for every lever still available."""
     out: list[tuple[str, StepSpec, int]] = []
-    if step.amp == "none":
+    if step.amp == "none" and step.params_dtype == "fp32":
+        # autocast halves fp32 weights' activations; 16-bit parameters already compute in 16
+        # bits (and an fp16 GradScaler cannot unscale fp16 gradients)
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
     if step.checkpointing == "none":
