@@ -5,7 +5,7 @@
 
 Rows: full fine-tuning, LoRA (peft's default targets, r=8) and QLoRA (NF4 base weights),
 each with AMP (bf16 autocast over fp32 parameters) and bf16-true (bf16 parameters, no
-autocast), AdamW (``--optimizer``), no checkpointing (``--checkpointing``). Predictions
+autocast), and full fine-tuning with bf16 parameters and fp32 master weights, AdamW (``--optimizer``), no checkpointing (``--checkpointing``). Predictions
 only: nothing here is a measurement.
 """
 
