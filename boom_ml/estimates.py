@@ -30,6 +30,8 @@ class MemoryEstimate:
     stack: dict[str, Any] = field(default_factory=dict)  # the software stack assumed
     terms: list[dict[str, Any]] = field(default_factory=list)  # each overhead, with source
     capacity_source: str = ""  # where capacity_bytes (usable memory) comes from
+    # of breakdown["temporary"]: bytes by the phase that allocated them
+    temporary_by_phase: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

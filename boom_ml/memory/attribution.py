@@ -32,6 +32,9 @@ class PeakAttribution:
     phase: str = ""
     module: str = ""
     step: int = 0  # which replayed step the peak falls in (1 = first)
+    # of by_category["temporary"]: bytes by the phase that allocated them (the optimizer's own
+    # temporaries are what ZeRO / FSDP shard with its state)
+    temporary_by_phase: dict[str, int] = field(default_factory=dict)
 
 
 def live_at(replay: Replay, index: int) -> dict[int, int]:
@@ -55,6 +58,8 @@ def attribute_peak(
         return PeakAttribution({c: 0 for c in CATEGORIES})
     ev = graph.mem_events
     categories = ev["category"].to_numpy().astype(str)
+    phases = ev["phase"].to_numpy().astype(str)
+    temporary_by_phase: dict[str, int] = {}
     ev_nodes = ev["node_id"].to_numpy()
     node_module = graph.nodes["module"].astype(str).to_numpy() if len(graph.nodes) else np.array([])
     by_cat = dict.fromkeys(CATEGORIES, 0)
@@ -72,6 +77,8 @@ def attribute_peak(
             else:
                 module = str(node_module[nid]) if 0 <= nid < len(node_module) else ""
         by_cat[cat] = by_cat.get(cat, 0) + size
+        if cat == "temporary" and src >= 0:
+            temporary_by_phase[phases[src]] = temporary_by_phase.get(phases[src], 0) + size
         entry = by_mod.setdefault(module or "(top level)", {})
         entry[cat] = entry.get(cat, 0) + size
     by_cat["fragmentation"] = max(peak_reserved - sum(by_cat.values()), 0)
@@ -89,6 +96,7 @@ def attribute_peak(
         phase=phase,
         module=module,
         step=int(replay.step[index]),
+        temporary_by_phase=temporary_by_phase,
     )
 
 

@@ -217,4 +217,5 @@ def estimate_memory(
         stack=stack.to_dict(),
         terms=terms,
         capacity_source=gpu.capacity_source,
+        temporary_by_phase=dict(att.temporary_by_phase),
     )

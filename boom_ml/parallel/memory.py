@@ -7,7 +7,9 @@ allocator's fragmentation, which stays within the two traces' values. Then:
 * a stage that does not hold the embedding (or the LM head) loses their parameters, gradients
   and optimizer state (the 1-layer trace holds both); a tied head is held again by the last
   stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient);
-* ZeRO-1 divides optimizer state by dp, ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
+* ZeRO-1 divides optimizer state by dp, and with it the optimizer's own temporaries (each
+  rank steps its shard; the larger of that peak and the replay's peak without them is kept),
+  ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
   and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit, plus
   the root's parameters (embedding, final norm, head): FSDP2 does not reshard the root after
   forward, so they stay gathered through the backward (``_fsdp_state.py``, "For the root, do
@@ -51,13 +53,13 @@ def _extrapolate(values: list[float], layers: int) -> float:
     return values[0] + (values[1] - values[0]) * (layers - 1)
 
 
-def _fragmentation(prof: MemoryProfile, linear: int) -> int:
+def _fragmentation(breakdowns: list[dict[str, int]], linear: int) -> int:
     """What to add to the linearly extrapolated fragmentation: it is kept within the range
     of the 1- and 2-layer traces. Reserved-but-unused bytes come from the caching allocator's
     rounding and segment reuse; a repeated layer reuses the blocks its predecessor freed, so
     the waste does not grow by a fixed amount per layer, and a line through two noisy points
     went negative (Llama-3-8B dp8 FSDP: -3.5 GiB) or ten times the traced value."""
-    lo, hi = sorted(b.get("fragmentation", 0) for b in prof.breakdowns[:2])
+    lo, hi = sorted(b.get("fragmentation", 0) for b in breakdowns[:2])
     return int(min(max(linear, lo), hi) - linear)
 
 
@@ -91,15 +93,41 @@ def _held(p: dict[str, int], layers: int, first: bool, last: bool, pp: int) -> t
 def stage_memory(
     prof: MemoryProfile, layout: Layout, stage: int, layers: int, microbatches: int
 ) -> dict[str, Any]:
-    """Per-rank memory of pipeline stage ``stage`` holding ``layers`` layers (JSON-able)."""
+    """Per-rank memory of pipeline stage ``stage`` holding ``layers`` layers (JSON-able).
+
+    Under ZeRO / FSDP each rank steps only its shard, so the optimizer's own temporaries
+    (foreach AdamW's square roots: the size of every parameter it steps) shrink by dp too.
+    Two peaks are then compared: the traced peak with those temporaries sharded, and the
+    peak of the replay without them (``MemoryProfile.lean``: where the step peaks once the
+    optimizer's share is small, in the backward say); the larger is the rank's.
+    """
+    full = _stage_at(prof, _peak_view(prof), layout, stage, layers, microbatches)
+    if prof.lean and layout.zero_stage >= 1 and layout.dp > 1:
+        lean = _stage_at(prof, prof.lean, layout, stage, layers, microbatches)
+        if lean["total_bytes"] > full["total_bytes"]:
+            return lean
+    return full
+
+
+def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
+    return {"totals": prof.totals, "p10": prof.p10, "p90": prof.p90,
+            "breakdowns": prof.breakdowns, "optimizer_transient": prof.optimizer_transient}  # fmt: skip
+
+
+def _stage_at(
+    prof: MemoryProfile, view: dict[str, Any], layout: Layout, stage: int, layers: int,
+    microbatches: int,
+) -> dict[str, Any]:  # fmt: skip
+    """``stage_memory`` at one peak (``view``: totals, p10, p90, breakdowns of the 1- and
+    2-layer replays, and the optimizer-phase temporaries alive at it)."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero_stage
     first, last = stage == 0, stage == pp - 1
-    bd = {k: int(_extrapolate([prof.breakdowns[0].get(k, 0), prof.breakdowns[1].get(k, 0)],
-                              layers))
-          for k in set(prof.breakdowns[0]) | set(prof.breakdowns[1])}  # fmt: skip
-    frag_fix = _fragmentation(prof, bd.get("fragmentation", 0))
+    breakdowns = view["breakdowns"]
+    bd = {k: int(_extrapolate([breakdowns[0].get(k, 0), breakdowns[1].get(k, 0)], layers))
+          for k in set(breakdowns[0]) | set(breakdowns[1])}  # fmt: skip
+    frag_fix = _fragmentation(breakdowns, bd.get("fragmentation", 0))
     bd["fragmentation"] = bd.get("fragmentation", 0) + frag_fix
-    total = _extrapolate(prof.totals, layers) + frag_fix
+    total = _extrapolate(view["totals"], layers) + frag_fix
     terms: dict[str, float] = {}
 
     # Parameters this stage holds; the traced 1-layer model holds embedding and head.
@@ -119,6 +147,9 @@ def stage_memory(
     opt_b = held_t * prof.optimizer_bytes
     if zero >= 1 and dp > 1:
         terms["zero_optimizer_state"] = -opt_b * (1 - 1 / dp)
+        transient = _extrapolate(view.get("optimizer_transient") or [0, 0], layers) * ratio
+        if transient > 0:
+            terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
     if zero >= 2 and dp > 1 and grad_peak > 0:
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     if zero >= 3 and dp > 1:
@@ -147,12 +178,13 @@ def stage_memory(
     if grad_peak > 0:
         adjusted["gradient"] = int(grad_peak + terms.get("zero_gradients", 0))
     adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0))
+    adjusted["temporary"] = int(bd.get("temporary", 0) + terms.get("zero_optimizer_temporaries", 0))
     for name in ("fsdp_allgather_buffers", "ddp_bucket", "nccl_buffers"):
         if terms.get(name):
             adjusted[name] = int(terms[name])
     total_b = int(total + delta)
-    p10 = int(_extrapolate(prof.p10, layers) + frag_fix + delta)
-    p90 = int(_extrapolate(prof.p90, layers) + frag_fix + delta)
+    p10 = int(_extrapolate(view["p10"], layers) + frag_fix + delta)
+    p90 = int(_extrapolate(view["p90"], layers) + frag_fix + delta)
     cap = prof.capacity_bytes
     fit = "yes" if p90 <= cap else ("tight" if p10 <= cap else "no")
     return {

@@ -21,11 +21,12 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
-CACHE_VERSION = 4  # 4: recipes (params_dtype, LoRA) in the parameter split
+CACHE_VERSION = 5  # 4: recipes in the parameter split; 5: optimizer temporaries, lean peak
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -103,6 +104,12 @@ class MemoryProfile:
     terms: list[dict[str, Any]] = field(default_factory=list)
     # of ``params``, those with gradients and optimizer state (fewer under LoRA)
     trainable: dict[str, int] = field(default_factory=dict)
+    # per trace: bytes of the optimizer phase's own temporaries alive at the peak (0 when the
+    # step peaks elsewhere), which ZeRO / FSDP shard with the state they are made from
+    optimizer_transient: list[int] = field(default_factory=lambda: [0, 0])
+    # the same replays without those temporaries: totals, p10, p90, breakdowns (None: no
+    # such temporaries)
+    lean: dict[str, Any] | None = None
 
 
 def _key(*parts: Any) -> str:
@@ -289,9 +296,14 @@ def memory_profile(
     if hit is not None:
         _MEMO[key] = MemoryProfile(**hit)
         return _MEMO[key]
-    ests, splits = [], []
+    ests, leans, splits = [], [], []
     for graph, params in _graphs(raw, tp, step):
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
+        lean = _without_optimizer_temporaries(graph)
+        leans.append(
+            None if lean is None
+            else estimate_memory(lean, gpu, stack=stack, grad_accum=step.grad_accum)
+        )  # fmt: skip
         splits.append(params)
     one, two = splits
     trainable = _roles(one, two, "trainable_")
@@ -308,10 +320,37 @@ def memory_profile(
         method=ests[0].method,
         terms=list(ests[0].terms),
         trainable=trainable,
+        optimizer_transient=[e.temporary_by_phase.get("optimizer", 0) for e in ests],
+        lean=None if None in leans else {
+            "totals": [e.total_bytes for e in leans], "p10": [e.p10_bytes for e in leans],
+            "p90": [e.p90_bytes for e in leans],
+            "breakdowns": [dict(e.breakdown) for e in leans],
+        },
     )  # fmt: skip
     _disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof
     return prof
+
+
+_LEAN: IdentityCache[Any] = IdentityCache(16)  # per trace: the copy without temporaries
+
+
+def _without_optimizer_temporaries(graph: Any) -> Any:
+    """``graph`` without the temporaries its optimizer phase allocates and frees (None when
+    it has none); the same object for the same graph, so GPUs share its replay."""
+    return _LEAN.get(graph, (), lambda: _lean(graph))
+
+
+def _lean(graph: Any) -> Any:
+    ev = graph.mem_events
+    in_opt = (ev["phase"] == "optimizer") & (ev["category"] == "temporary")
+    allocs = set(ev.loc[in_opt & (ev["action"] == "alloc"), "block"])
+    transient = allocs & set(ev.loc[in_opt & (ev["action"] == "free"), "block"])
+    if not transient:
+        return None
+    kept = ev[~ev["block"].isin(transient)].reset_index(drop=True)
+    kept["seq"] = range(len(kept))
+    return replace(graph, mem_events=kept)
 
 
 def _roles(one: dict[str, int], two: dict[str, int], prefix: str = "") -> dict[str, int]:
