@@ -16,6 +16,11 @@ that copy with fp32 state. One step of it, as Megatron writes it:
 
 The fp32 copies are optimizer state (what ZeRO counts as 12 bytes per parameter with Adam's
 two moments); their gradients live from the step until the next ``zero_grad``.
+
+Not modelled: gradient accumulation into persistent fp32 buffers, which Megatron-LM turns on
+for ``--bf16`` (``accumulate_allreduce_grads_in_fp32``: a ``main_grad`` of 4 bytes per
+parameter alive all step, reduced in fp32) and DeepSpeed's bf16 optimizer keeps too; here the
+gradients are 16-bit until the step, as in Megatron's ``--fp16`` default and apex O2.
 """
 
 from __future__ import annotations
