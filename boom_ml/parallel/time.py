@@ -90,15 +90,18 @@ class Shape:
     trainable_first: int | None = None
     trainable_last: int | None = None
 
-    def trainable(self, role: str) -> int:
-        """Trainable parameters per layer ('layer'), of the embedding ('first') or the rest."""
-        own = getattr(self, f"trainable_{role}")
+    def count(self, role: str, trainable: bool = False) -> int:
+        """Parameters per layer ('layer'), of the embedding ('first') or of the rest ('last');
+        with ``trainable``, those of them that have gradients."""
+        own = getattr(self, f"trainable_{role}") if trainable else None
         return getattr(self, f"params_{role}") if own is None else own
 
-    def stage_params(self, layers: int, first: bool, last: bool, prefix: str = "params") -> int:
-        """Parameters (``prefix='trainable'``: trainable ones) of a stage's layers and ends."""
-        get = self.trainable if prefix == "trainable" else (lambda r: getattr(self, f"params_{r}"))
-        return layers * get("layer") + (get("first") if first else 0) + (get("last") if last else 0)
+    def stage_params(self, layers: int, first: bool, last: bool, trainable: bool = False) -> int:
+        """Parameters (or trainable ones) of a stage's layers and ends."""
+        ends = (self.count("first", trainable) if first else 0) + (
+            self.count("last", trainable) if last else 0
+        )
+        return layers * self.count("layer", trainable) + ends
 
 
 def tp_collectives(
@@ -290,7 +293,7 @@ def step_time(
             c.ms *= m
             c.exposed_ms *= m
         params = shape.stage_params(n, first, last)
-        trainable = shape.stage_params(n, first, last, "trainable")
+        trainable = shape.stage_params(n, first, last, trainable=True)
         opt = compute_scale * (n * prof.opt_layer_ms + (prof.opt_ends_ms if first or last else 0))
         if layout.zero_stage >= 1:
             opt /= layout.dp  # each rank steps its shard
@@ -318,8 +321,8 @@ def step_time(
         shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
         worst["compute_ms"], groups["dp"], embed, tied,
         layer_params=worst["layers"] * shape.params_layer,
-        last_ready_bytes=shape.trainable("first") * shape.grad_bytes if worst["first"] else 0,
-        trainable=worst["trainable"], layer_trainable=worst["layers"] * shape.trainable("layer"),
+        last_ready_bytes=shape.count("first", True) * shape.grad_bytes if worst["first"] else 0,
+        trainable=worst["trainable"], layer_trainable=worst["layers"] * shape.count("layer", True),
     )  # fmt: skip
     colls = worst["collectives"] + dp
     for c in colls:  # what NCCL's tuner runs for one call (nccl.py); the tied embedding: pp's link
