@@ -11,13 +11,13 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import Prediction
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.search import search_layouts_many
 from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.session import Session
-from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec, search_max_batch
+from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec, max_batch_setting, search_max_batch
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 
 __all__ = ["Session", "finetune_fields", "predict"]
@@ -102,6 +102,8 @@ def predict(
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     layout, nodes = Layout(**(parallel or {})), Cluster(**(cluster or {}))
+    layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
+                               max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
     if not layout.is_single:
         return _predict_parallel(model, gpus, step, layout, nodes, software)

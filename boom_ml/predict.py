@@ -25,7 +25,7 @@ from typing import Any
 
 from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
 from boom_ml.gpus import parse_gpu_list
-from boom_ml.parallel.layout import Cluster, Layout
+from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec, max_batch_setting
@@ -167,8 +167,15 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     stack = resolve_stack(options.get("stack"))  # stacks.csv, read without torch
     if "optimizer_impl" in options:
         resolve_optimizer_impl(options.get("optimizer", "adamw"), options["optimizer_impl"], stack)
-    check_layout(
+    layout = for_parallel_step(
         Layout(**(options.get("parallel") or {})),
+        grad_accum=options.get("grad_accum", 1),
+        plot=options.get("plot"),
+        explain=bool(options.get("explain", False)),
+        max_batch_on=options.get("max_batch") == "on",
+    )
+    check_layout(
+        layout,
         Cluster(**(options.get("cluster") or {})),
         finetune_method=options.get("finetune_method"),
     )

@@ -10,7 +10,7 @@ sharding, which shards what ZeRO-3 shards, so it is modelled as ``zero3``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from boom_ml.errors import InvalidInputError, suggest
@@ -179,3 +179,34 @@ def validate(
                 f"global batch {global_batch} is not divisible by batch_size={batch_size} x "
                 f"parallel.dp={layout.dp}"
             )
+
+
+def for_parallel_step(
+    layout: Layout,
+    *,
+    grad_accum: int = 1,
+    plot: str | None = None,
+    explain: bool = False,
+    max_batch_on: bool = False,
+) -> Layout:
+    """``layout`` with ``grad_accum`` folded in as its micro-batches (the same thing under a
+    layout: micro-batches per optimizer step), and one-line errors for the single-GPU outputs
+    a layout prediction does not produce. A single-GPU layout is returned as it is."""
+    if layout.is_single:
+        return layout
+    asked = [name for name, on in (("plot=", plot is not None), ("explain=true", explain),
+                                   ("max_batch=on", max_batch_on)) if on]  # fmt: skip
+    if asked:
+        raise InvalidInputError(
+            f"{', '.join(asked)}: produced for one GPU only, not for parallel layouts yet"
+            " (a layout prints its worst rank, step time and top collectives)"
+        )
+    if grad_accum > 1:
+        if layout.microbatches > 1:
+            raise InvalidInputError(
+                f"grad_accum={grad_accum} and parallel.microbatches={layout.microbatches}: with a"
+                " parallel layout the micro-batches per optimizer step are parallel.microbatches"
+                " (grad_accum is its one-GPU name); give one of them"
+            )
+        layout = replace(layout, microbatches=grad_accum)
+    return layout

@@ -219,26 +219,26 @@ def dp_collectives(
             ag = (2 * units * unit_ag + root_ag) * m
             rs = (units * unit_rs + root_rs) * m
             # prefetch hides the gathers and reductions behind compute, except the first ones
-            # (the root's, then the first layer's); what compute cannot hide is split by ms
+            # (the root's, then the first layer's); what compute cannot hide is shared out in
+            # proportion to each collective's hideable time, so none is exposed beyond its own
             first = (root_ag + unit_ag) * m
             rest = max(0.0, ag + rs - first - m * compute_mb_ms)
-            if units:
-                share = 2 * units * unit_ag * m / ag if ag > 0 else 1.0
-                exposed = unit_ag * m + rest * share
-                out.append(Collective("all_gather", "dp", "layer parameters (FSDP unit, forward and backward)",
-                                      unit_p * shape.param_bytes, 2 * units * m,
-                                      2 * units * unit_ag * m, exposed))  # fmt: skip
-            if unit_g:
-                out.append(Collective("reduce_scatter", "dp", "layer gradients (FSDP unit)",
-                                      unit_g * shape.grad_bytes, units * m, units * unit_rs * m,
-                                      0.0))  # fmt: skip
-            if root_p:
-                exposed = root_ag * m + rest * (root_ag * m / ag if ag > 0 else 1.0)
-                out.append(Collective("all_gather", "dp", "root parameters (embedding, norm, head: not resharded after forward)",
-                                      root_p * shape.param_bytes, m, root_ag * m, exposed))  # fmt: skip
-            if root_g:
-                out.append(Collective("reduce_scatter", "dp", "root gradients (FSDP root unit)",
-                                      root_g * shape.grad_bytes, m, root_rs * m, 0.0))  # fmt: skip
+            rows = [  # (op, what, bytes per call, calls, ms, ms that could not be hidden)
+                ("all_gather", "layer parameters (FSDP unit, forward and backward)",
+                 unit_p * shape.param_bytes, 2 * units * m, 2 * units * unit_ag * m,
+                 unit_ag * m, units),
+                ("reduce_scatter", "layer gradients (FSDP unit)", unit_g * shape.grad_bytes,
+                 units * m, units * unit_rs * m, 0.0, unit_g),
+                ("all_gather", "root parameters (embedding, norm, head: not resharded after "
+                 "forward)", root_p * shape.param_bytes, m, root_ag * m, root_ag * m, root_p),
+                ("reduce_scatter", "root gradients (FSDP root unit)", root_g * shape.grad_bytes,
+                 m, root_rs * m, 0.0, root_g),
+            ]  # fmt: skip
+            hideable = sum(ms - fixed for *_, ms, fixed, _ in rows)
+            for op, what, nbytes, calls, ms, fixed, present in rows:
+                if present:
+                    share = (ms - fixed) / hideable if hideable > 0 else 0.0
+                    out.append(Collective(op, "dp", what, nbytes, calls, ms, fixed + rest * share))
     if embed_group is not None and tied_params:
         nbytes = tied_params * shape.grad_bytes
         ms = all_reduce_ms(nbytes, embed_group)
