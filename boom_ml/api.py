@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -17,7 +18,13 @@ from boom_ml.parallel.search import search_layouts_many
 from boom_ml.report.advisor import advise, advise_layouts
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.session import Session
-from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec, max_batch_setting, search_max_batch
+from boom_ml.specs import (
+    MAX_BATCH_AUTO_GPUS,
+    StepSpec,
+    check_number,
+    max_batch_setting,
+    search_max_batch,
+)
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
 
 __all__ = ["Session", "finetune_fields", "predict"]
@@ -101,15 +108,15 @@ def predict(
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
-    layout, nodes = Layout(**(parallel or {})), Cluster(**(cluster or {}))
+    layout, nodes = _layout(Layout, parallel, "parallel"), _layout(Cluster, cluster, "cluster")
     layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
+    options = {"attn_implementation": attention, "moe_imbalance": _moe_imbalance(moe)}
     if not layout.is_single:
-        return _predict_parallel(model, gpus, step, layout, nodes, software)
+        return _predict_parallel(model, gpus, step, layout, nodes, software, options)
     if plot is not None:
         check_plot_dir(plot)
-    options = {"attn_implementation": attention, "moe_imbalance": (moe or {}).get("imbalance", 1.0)}
     session = Session(model, cache=cache, options=options)
     search = search_max_batch(max_batch, len(gpus))
     results = session.evaluate(step, gpus, software, max_batch=search)
@@ -130,7 +137,8 @@ def predict(
             prefetch=partial(session.prefetch_for, stack=software),
         )
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
-        search = partial(search_layouts_many, model, cluster=nodes, stack=software)
+        search = partial(search_layouts_many, model, cluster=nodes, stack=software,
+                         options=options)  # fmt: skip
         checkpointed = replace(resolved, checkpointing="full")
         layout_advice = advise_layouts(
             advised,
@@ -187,18 +195,41 @@ def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
     return fields
 
 
+def _moe_imbalance(moe: dict[str, Any] | None) -> float:
+    """``moe={"imbalance": x}`` (the only key), checked as the CLI's ``moe.imbalance``."""
+    moe = dict(moe or {})
+    unknown = sorted(set(moe) - {"imbalance"})
+    if unknown:
+        raise InvalidInputError(f"unknown moe option(s): {', '.join(unknown)}; known: imbalance")
+    value = moe.get("imbalance", 1.0)
+    check_number("moe.imbalance", value, 1.0, None)
+    return float(value)
+
+
+def _layout(kind: type, fields: dict[str, Any] | None, prefix: str) -> Any:
+    """``Layout`` / ``Cluster`` from the API's mapping, unknown keys as one line."""
+    known = {f.name for f in dataclasses.fields(kind)}
+    unknown = sorted(set(fields or {}) - known)
+    if unknown:
+        raise InvalidInputError(
+            f"unknown {prefix} option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    return kind(**(fields or {}))
+
+
 def _impl(optimizer: str, impl: str, stack: Stack) -> str:
     resolved = resolve_optimizer_impl(optimizer, impl, stack)
     return "auto" if resolved == "none" else resolved
 
 
 def _predict_parallel(
-    model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, nodes: Cluster, stack: Stack
-) -> Prediction:
+    model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, nodes: Cluster,
+    stack: Stack, options: dict[str, Any],
+) -> Prediction:  # fmt: skip
     """A multi-GPU layout: worst-rank memory and step time per GPU (``boom_ml.parallel``)."""
     from boom_ml.parallel.predict import predict_parallel
 
-    out = predict_parallel(model, gpus, step, layout, nodes, stack=stack)
+    out = predict_parallel(model, gpus, step, layout, nodes, stack=stack, options=options)
     return Prediction(
         model=model,
         batch_size=step.batch_size,

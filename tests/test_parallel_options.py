@@ -54,3 +54,40 @@ def test_no_fsdp_collective_is_exposed_beyond_its_time() -> None:
     hidden = layout.microbatches * LAYERS * 0.001
     total = sum(c["ms"] for c in dp) - hidden
     assert sum(c["exposed_ms"] for c in dp) == pytest.approx(total, abs=4e-4)  # 4 decimals
+
+
+def test_build_options_reach_the_rank_model() -> None:
+    """attention=eager (and moe.imbalance) change the rank's trace as they change one GPU's."""
+    import json
+
+    from boom_ml.parallel.profile import _graphs
+    from boom_ml.parallel.shard import rank_config, rank_model, with_build_options
+    from boom_ml.specs import StepSpec
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    options = {"attn_implementation": "eager", "moe_imbalance": 1.0}
+    raw = with_build_options(SYNTHETIC_TINY_LLAMA, options)
+    model = rank_model(json.dumps(rank_config(raw, 1, 1)))
+    assert model.options == options and "_boom" not in open(model.name).read()
+    step = StepSpec(batch_size=2, seq_len=32)
+    ops = {k: set(g.nodes["op"]) for k, g in (("sdpa", _graphs(SYNTHETIC_TINY_LLAMA, 1, step)[0][0]),
+                                              ("eager", _graphs(raw, 1, step)[0][0]))}  # fmt: skip
+    assert not [op for op in ops["eager"] if "attention" in op] and "_softmax" in ops["eager"]
+    assert [op for op in ops["sdpa"] if "attention" in op]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"parallel": {"dpp": 2}}, "unknown parallel option(s): dpp"),
+        ({"cluster": {"gpu_per_node": 2}}, "unknown cluster option(s): gpu_per_node"),
+        ({"moe": {"imbalanse": 3}}, "unknown moe option(s): imbalanse"),
+        ({"moe": {"imbalance": 0.5}}, "moe.imbalance must be a number >= 1.0"),
+    ],  # fmt: skip
+)
+def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
+    import boom_ml
+
+    with pytest.raises(InvalidInputError) as err:
+        boom_ml.predict("hf:gpt2", gpu="l4", **kwargs)
+    assert words in str(err.value) and "\n" not in str(err.value)

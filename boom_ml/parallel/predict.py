@@ -15,7 +15,13 @@ from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.links import inter_link, intra_link
 from boom_ml.parallel.memory import rank_memory
 from boom_ml.parallel.profile import memory_profile, param_counts, time_profiles
-from boom_ml.parallel.shard import check_model, chunk_layers, load_raw, stage_layers
+from boom_ml.parallel.shard import (
+    check_model,
+    chunk_layers,
+    load_raw,
+    stage_layers,
+    with_build_options,
+)
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
 from boom_ml.timing.basis import basis, measured_gpus
@@ -117,9 +123,11 @@ def predict_raw(
 
 def predict_parallel(
     model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, cluster: Cluster,
-    stack: Any = None,
+    stack: Any = None, options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Per GPU: ``parallel`` (layout, links), ``memory`` (worst rank, ``per_stage`` when
     pp > 1), ``time`` (step over the global batch, compute / comm / exposed / bubble and
-    per-collective attributions) and ``fits``. ``model`` is ``hf:<id or config path>``."""
-    return predict_raw(load_raw(model), gpus, step, layout, cluster, stack=stack)
+    per-collective attributions) and ``fits``. ``model`` is ``hf:<id or config path>``;
+    ``options`` the zoo's build options (attention implementation, MoE imbalance)."""
+    raw = with_build_options(load_raw(model), options)
+    return predict_raw(raw, gpus, step, layout, cluster, stack=stack)

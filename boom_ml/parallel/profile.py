@@ -22,7 +22,7 @@ from typing import Any
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
-from boom_ml.parallel.shard import cache_dir, config_file, module_role, param_split, rank_config
+from boom_ml.parallel.shard import cache_dir, module_role, param_split, rank_config, rank_model
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
@@ -143,7 +143,7 @@ def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
-    model = ModelSpec(f"hf:{config_file(json.loads(config_json))}")
+    model = rank_model(config_json)
     built = build_model(model)
     params = _recipe_split(model, built, step)
     graph = take_or_trace(model, step, lambda: trace_step(built, step))
@@ -192,7 +192,7 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
         except InvalidInputError:
             continue
         for config in configs:
-            model = ModelSpec(f"hf:{config_file(json.loads(config))}")
+            model = rank_model(config)
             pool = shared_pool(model)
             if pool is not None and (config, step) not in _TRACED:
                 pool.submit(model, step)

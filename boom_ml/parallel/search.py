@@ -36,7 +36,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.predict import predict_raw
 from boom_ml.parallel.profile import prefetch
-from boom_ml.parallel.shard import check_model, load_raw, model_facts
+from boom_ml.parallel.shard import check_model, load_raw, model_facts, with_build_options
 from boom_ml.specs import StepSpec
 
 MAX_GPUS = 64
@@ -142,12 +142,14 @@ def search_layouts_many(
     stack: Any = None,
     max_gpus: int = MAX_GPUS,
     top: int = TOP,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`search_layouts` for each GPU (by id): every layout is predicted for all GPUs
-    in one call, so the per-op timing of the profiles runs once for all of them."""
+    in one call, so the per-op timing of the profiles runs once for all of them. ``options``:
+    the zoo's build options of the model (attention implementation, MoE imbalance)."""
     started = time.perf_counter()
     cluster = cluster or Cluster()
-    raw = load_raw(model) if isinstance(model, str) else model
+    raw = with_build_options(load_raw(model) if isinstance(model, str) else model, options)
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     layouts = candidate_layouts(raw, step, cluster, max_gpus)

@@ -124,6 +124,26 @@ def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     return out
 
 
+# Under this key a config carries the zoo's build options for its model (attention
+# implementation, MoE imbalance): they change the trace, so every cache keyed on the config
+# keys on them too; ``rank_model`` hands them to the ModelSpec, not to the config file.
+BUILD_OPTIONS = "_boom_build_options"
+
+
+def with_build_options(raw: dict[str, Any], options: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` carrying the zoo's build ``options`` of its model (none: ``raw`` itself)."""
+    return {**raw, BUILD_OPTIONS: dict(options)} if options else raw
+
+
+def rank_model(config_json: str) -> Any:
+    """The ModelSpec of a rank config given as json: the config file and the build options."""
+    from boom_ml.specs import ModelSpec
+
+    config = json.loads(config_json)
+    options = config.pop(BUILD_OPTIONS, None) or {}
+    return ModelSpec(f"hf:{config_file(config)}", options)
+
+
 def config_file(raw: dict[str, Any]) -> Path:
     """Write ``raw`` once to the cache (named by its content) and return the path."""
     text = json.dumps(raw, sort_keys=True)
