@@ -358,7 +358,7 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
     gib = 2**30
     bds = [{**b, "fragmentation": f} for b, f in zip(tiny_memory.breakdowns, (gib, gib // 2),
                                                       strict=True)]  # fmt: skip
-    shrinking = dataclasses.replace(tiny_memory, breakdowns=bds)
+    shrinking = dataclasses.replace(tiny_memory, breakdowns=bds, windows={})  # one peak
     out = stage_memory(shrinking, Layout(), 0, 12, 1)
     assert out["breakdown"]["fragmentation"] == gib // 2  # the line gives 1 - 11/2 GiB
     linear = tiny_memory.totals[0] + (tiny_memory.totals[1] - tiny_memory.totals[0]) * 11

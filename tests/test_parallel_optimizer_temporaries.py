@@ -1,10 +1,11 @@
-"""ZeRO / FSDP ranks step only their shard: the optimizer's own temporaries shrink by dp.
+"""A rank's peak inside and outside the optimizer step, each extrapolated and sharded.
 
 PyTorch's foreach AdamW allocates the square roots of every second moment at once (one
 tensor per parameter, the size of all parameters it steps). The traced step holds them for
-the whole per-rank model; a sharded rank holds 1/dp of them. The rank's memory is then the
-larger of two peaks: the traced one with those temporaries sharded, and the one of the replay
-without them (``MemoryProfile.lean``).
+the whole per-rank model; a ZeRO / FSDP rank steps only its shard and holds 1/dp of them.
+The 1- and 2-layer models a profile traces can peak in the backward pass where the whole
+model peaks in the optimizer step, so each window is extrapolated on its own and the rank's
+memory is the larger (``MemoryProfile.windows``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _round(nbytes: int) -> int:
 
 def test_the_traced_optimizer_temporaries_are_foreach_adamws_square_roots() -> None:
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import _graphs, _lean, memory_profile
+    from boom_ml.parallel.profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", optimizer_impl="foreach")
@@ -33,34 +34,45 @@ def test_the_traced_optimizer_temporaries_are_foreach_adamws_square_roots() -> N
     # the 1-layer model's tensors: embedding, q k v o, gate up down, two norms, final norm,
     # head; one fp32 square root each, all alive at the optimizer's peak
     shapes = [VOCAB * H] + [H * H] * 4 + [H * 128] * 3 + [H] * 3 + [VOCAB * H]
-    assert prof.optimizer_transient[0] == sum(_round(4 * n) for n in shapes)
-    graph = _graphs(SYNTHETIC_TINY_LLAMA, 1, step)[0][0]
-    lean = _lean(graph).mem_events
-    left = lean[(lean.phase == "optimizer") & (lean.category == "temporary")]
-    assert left.empty and len(lean) < len(graph.mem_events)
-    assert prof.lean is not None and len(prof.lean["totals"]) == 2
+    opt = prof.windows["optimizer"]
+    assert opt["optimizer_transient"][0] == sum(_round(4 * n) for n in shapes)
+    assert prof.windows["rest"]["optimizer_transient"] == [0, 0]
+    # the window that holds the step's peak reports the step's total
+    assert max(opt["totals"][0], prof.windows["rest"]["totals"][0]) == prof.totals[0]
 
 
-def _synthetic_profile(transient: int, lean_total: int) -> MemoryProfile:
+def _synthetic_profile(transient: int, rest_total: int) -> MemoryProfile:
     """Synthetic numbers: a 1-layer trace of 10 GiB peaking in the optimizer with
-    ``transient`` bytes of its temporaries; 2 layers add 1 GiB and as much again."""
+    ``transient`` bytes of its temporaries (2 layers: 1 GiB and as many temporaries more),
+    and ``rest_total`` at its peak outside the optimizer step (2 layers: 1 GiB more)."""
     per_layer = layer_params(1)
-    bd = [{"temporary": transient, "optimizer_state": 0}, {"temporary": 2 * transient}]
+    opt = {
+        "totals": [10 * GIB, 11 * GIB],
+        "p10": [10 * GIB, 11 * GIB],
+        "p90": [10 * GIB, 11 * GIB],
+        "breakdowns": [{"temporary": transient}, {"temporary": 2 * transient}],
+        "optimizer_transient": [transient, 2 * transient],
+    }
+    rest = {
+        "totals": [rest_total, rest_total + GIB],
+        "p10": [rest_total, rest_total + GIB],
+        "p90": [rest_total, rest_total + GIB],
+        "breakdowns": [{}, {}],
+        "optimizer_transient": [0, 0],
+    }
     return MemoryProfile(
-        totals=[10 * GIB, 11 * GIB], p10=[10 * GIB, 11 * GIB], p90=[10 * GIB, 11 * GIB],
-        breakdowns=bd, capacity_bytes=80 * GIB,
+        totals=opt["totals"], p10=opt["p10"], p90=opt["p90"], breakdowns=opt["breakdowns"],
+        capacity_bytes=80 * GIB,
         params={"layers": per_layer, "first": VOCAB * H, "last": VOCAB * H + H, "tied": 0},
         param_bytes=4.0, optimizer_bytes=8.0, method="synthetic",
-        optimizer_transient=[transient, 2 * transient],
-        lean={"totals": [lean_total, lean_total + GIB], "p10": [lean_total, lean_total + GIB],
-              "p90": [lean_total, lean_total + GIB], "breakdowns": [{}, {}]},
+        windows={"optimizer": opt, "rest": rest},
     )  # fmt: skip
 
 
-def test_sharded_temporaries_shrink_by_dp_and_the_lean_peak_bounds_them() -> None:
+def test_sharded_temporaries_shrink_by_dp_and_the_other_window_bounds_them() -> None:
     dp = 4
     layout = Layout(dp=dp, sharding="zero1")
-    prof = _synthetic_profile(transient=4 * GIB, lean_total=2 * GIB)
+    prof = _synthetic_profile(transient=4 * GIB, rest_total=2 * GIB)
     out = stage_memory(prof, layout, 0, LAYERS, 1)
     # LAYERS = 2: the 2-layer trace's 8 GiB of temporaries, 3/4 of them gone
     assert out["parallel_terms"]["zero_optimizer_temporaries"] == -8 * GIB * (dp - 1) / dp
@@ -71,8 +83,19 @@ def test_sharded_temporaries_shrink_by_dp_and_the_lean_peak_bounds_them() -> Non
     assert unsharded["total_bytes"] - out["total_bytes"] == pytest.approx(
         sharded + DDP_BUCKET_BYTES, abs=2
     )
-    # a lean peak above the sharded one is the rank's peak
-    high = _synthetic_profile(transient=4 * GIB, lean_total=9 * GIB)
+    # a peak outside the optimizer above the sharded one is the rank's peak
+    high = _synthetic_profile(transient=4 * GIB, rest_total=9 * GIB)
     chosen = stage_memory(high, layout, 0, LAYERS, 1)
     assert "zero_optimizer_temporaries" not in chosen["parallel_terms"]
     assert chosen["total_bytes"] > out["total_bytes"]
+
+
+def test_a_window_that_grows_faster_takes_over_at_depth() -> None:
+    """1 and 2 layers peak outside the optimizer (12 > 10, 13 > 11 GiB), but the optimizer
+    window grows by 3 GiB a layer against 1: at 8 layers it is the rank's peak."""
+    prof = _synthetic_profile(transient=0, rest_total=12 * GIB)
+    prof.windows["optimizer"]["totals"] = [10 * GIB, 13 * GIB]
+    prof.windows["optimizer"]["p10"] = prof.windows["optimizer"]["p90"] = [10 * GIB, 13 * GIB]
+    deep = stage_memory(prof, Layout(), 0, 8, 1)
+    nccl = deep["parallel_terms"]["nccl_buffers"]
+    assert deep["total_bytes"] - nccl == 10 * GIB + 7 * 3 * GIB  # not the rest's 12 + 7

@@ -31,7 +31,15 @@ from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
-__all__ = ["DEFAULT_STEPS", "StepMemory", "estimate_memory", "simulate_step", "step_fits"]
+__all__ = [
+    "DEFAULT_STEPS",
+    "StepMemory",
+    "WindowPeaks",
+    "estimate_memory",
+    "simulate_step",
+    "step_fits",
+    "window_peaks",
+]
 
 
 @dataclass
@@ -219,3 +227,47 @@ def estimate_memory(
         capacity_source=gpu.capacity_source,
         temporary_by_phase=dict(att.temporary_by_phase),
     )
+
+
+@dataclass
+class WindowPeaks:
+    """The peak of allocated bytes inside one phase (``inside``) and outside it
+    (``outside``), each as (allocated bytes at it, what holds them: ``PeakAttribution``).
+
+    A step's peak moves between phases as a model grows: the 1- and 2-layer models a
+    multi-GPU profile traces may peak in the backward pass where the whole model peaks in
+    the optimizer step, whose memory grows with the parameters. Extrapolating each window on
+    its own and taking the larger keeps that peak (``parallel/profile.py``).
+    """
+
+    inside: tuple[int, Any]
+    outside: tuple[int, Any]
+
+
+def window_peaks(
+    graph: OpGraph, gpu: GpuSpec, phase: str, stack: Stack | None = None, grad_accum: int = 1,
+    top_n: int = 10,
+) -> WindowPeaks:  # fmt: skip
+    """:class:`WindowPeaks` of the p50 replay :func:`estimate_memory` makes (the same
+    replay, shared: asked after it, this costs the attribution only)."""
+    stack = stack if stack is not None else resolve_stack()
+    _, sm = step_fits(graph, gpu, level="p50", stack=stack, table=load_overheads(),
+                      accumulate=grad_accum > 1)  # fmt: skip
+    res, replay = sm.result, sm.replay
+    timeline = np.asarray(res.timeline_allocated)
+    phases = graph.mem_events["phase"].to_numpy().astype(str)
+    src = replay.src[: len(timeline)]
+    # a synthetic event (a workspace) belongs to the phase of the traced event before it
+    last = np.maximum.accumulate(np.where(src >= 0, np.arange(len(src)), -1))
+    in_phase = (last >= 0) & (phases[src[np.maximum(last, 0)]] == phase)
+    gap = res.peak_reserved - res.peak_allocated  # reserved above allocated at the peak
+
+    def peak(mask: np.ndarray) -> tuple[int, Any]:
+        if not mask.any():
+            return 0, None
+        at = int(np.flatnonzero(mask)[np.argmax(timeline[mask])])
+        allocated = int(timeline[at])
+        return allocated, attribute_peak(graph, replay, at, allocated + gap, top_n)
+
+    return WindowPeaks(inside=peak(in_phase), outside=peak(~in_phase))
+

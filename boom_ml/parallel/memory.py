@@ -8,8 +8,7 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   and optimizer state (the 1-layer trace holds both); a tied head is held again by the last
   stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient);
 * ZeRO-1 divides optimizer state by dp, and with it the optimizer's own temporaries (each
-  rank steps its shard; the larger of that peak and the replay's peak without them is kept),
-  ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
+  rank steps its shard), ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
   and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit, plus
   the root's parameters (embedding, final norm, head): FSDP2 does not reshard the root after
   forward, so they stay gathered through the backward (``_fsdp_state.py``, "For the root, do
@@ -95,18 +94,16 @@ def stage_memory(
 ) -> dict[str, Any]:
     """Per-rank memory of pipeline stage ``stage`` holding ``layers`` layers (JSON-able).
 
-    Under ZeRO / FSDP each rank steps only its shard, so the optimizer's own temporaries
-    (foreach AdamW's square roots: the size of every parameter it steps) shrink by dp too.
-    Two peaks are then compared: the traced peak with those temporaries sharded, and the
-    peak of the replay without them (``MemoryProfile.lean``: where the step peaks once the
-    optimizer's share is small, in the backward say); the larger is the rank's.
+    The 1- and 2-layer replays' peaks inside the optimizer step and outside it are each
+    extrapolated to the stage's layers and sharded; the larger is the rank's. (A small
+    model peaks in its backward pass; the whole one may peak in its optimizer step, whose
+    memory grows with the parameters.) Under ZeRO / FSDP each rank steps only its shard, so
+    the optimizer's own temporaries (foreach AdamW's square roots: the size of every
+    parameter it steps) shrink by dp too.
     """
-    full = _stage_at(prof, _peak_view(prof), layout, stage, layers, microbatches)
-    if prof.lean and layout.zero_stage >= 1 and layout.dp > 1:
-        lean = _stage_at(prof, prof.lean, layout, stage, layers, microbatches)
-        if lean["total_bytes"] > full["total_bytes"]:
-            return lean
-    return full
+    views = list(prof.windows.values()) or [_peak_view(prof)]
+    stages = [_stage_at(prof, view, layout, stage, layers, microbatches) for view in views]
+    return max(stages, key=lambda st: st["total_bytes"])
 
 
 def _peak_view(prof: MemoryProfile) -> dict[str, Any]:

@@ -21,12 +21,11 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.identity_cache import IdentityCache
 from boom_ml.parallel.shard import cache_dir, module_role, param_split, rank_config, rank_model
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
-CACHE_VERSION = 5  # 4: recipes in the parameter split; 5: optimizer temporaries, lean peak
+CACHE_VERSION = 6  # 4: recipes in the parameter split; 6: peaks per window (optimizer, rest)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -107,10 +106,10 @@ class MemoryProfile:
     # per trace: bytes of the optimizer phase's own temporaries alive at the peak (0 when the
     # step peaks elsewhere), which ZeRO / FSDP shard with the state they are made from
     optimizer_transient: list[int] = field(default_factory=lambda: [0, 0])
-    # the same replays without those temporaries: totals, p10, p90, breakdowns (None: no
-    # such temporaries)
-    lean: dict[str, Any] | None = None
-
+    # the same (totals, p10, p90, breakdowns, optimizer_transient) at the peak inside the
+    # optimizer step ("optimizer") and outside it ("rest"): extrapolated in layers apart,
+    # since a model's peak moves from the backward to the optimizer as it grows
+    windows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 def _key(*parts: Any) -> str:
     text = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str)
@@ -287,7 +286,7 @@ def _profile(one: dict[str, Any], two: dict[str, Any]) -> TimeProfile:
 def memory_profile(
     raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec, stack: Any = None
 ) -> MemoryProfile:
-    from boom_ml.memory.estimate import estimate_memory
+    from boom_ml.memory.estimate import estimate_memory, window_peaks
 
     key = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack), memory_identity())
     if key in _MEMO:  # a layout search asks once per layout
@@ -296,14 +295,11 @@ def memory_profile(
     if hit is not None:
         _MEMO[key] = MemoryProfile(**hit)
         return _MEMO[key]
-    ests, leans, splits = [], [], []
+    ests, peaks, splits = [], [], []
     for graph, params in _graphs(raw, tp, step):
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
-        lean = _without_optimizer_temporaries(graph)
-        leans.append(
-            None if lean is None
-            else estimate_memory(lean, gpu, stack=stack, grad_accum=step.grad_accum)
-        )  # fmt: skip
+        peaks.append(window_peaks(graph, gpu, "optimizer", stack=stack,
+                                  grad_accum=step.grad_accum))  # fmt: skip
         splits.append(params)
     one, two = splits
     trainable = _roles(one, two, "trainable_")
@@ -321,36 +317,36 @@ def memory_profile(
         terms=list(ests[0].terms),
         trainable=trainable,
         optimizer_transient=[e.temporary_by_phase.get("optimizer", 0) for e in ests],
-        lean=None if None in leans else {
-            "totals": [e.total_bytes for e in leans], "p10": [e.p10_bytes for e in leans],
-            "p90": [e.p90_bytes for e in leans],
-            "breakdowns": [dict(e.breakdown) for e in leans],
-        },
+        windows=_windows(ests, peaks),
     )  # fmt: skip
     _disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof
     return prof
 
 
-_LEAN: IdentityCache[Any] = IdentityCache(16)  # per trace: the copy without temporaries
+def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
+    """Each window's peak of the 1- and 2-layer replays as the estimate reports a peak:
+    nvidia-smi's total less the allocated bytes the window lacks against the step's peak,
+    the window's own breakdown and the terms outside the allocator."""
+    from boom_ml.memory.attribution import CATEGORIES
 
-
-def _without_optimizer_temporaries(graph: Any) -> Any:
-    """``graph`` without the temporaries its optimizer phase allocates and frees (None when
-    it has none); the same object for the same graph, so GPUs share its replay."""
-    return _LEAN.get(graph, (), lambda: _lean(graph))
-
-
-def _lean(graph: Any) -> Any:
-    ev = graph.mem_events
-    in_opt = (ev["phase"] == "optimizer") & (ev["category"] == "temporary")
-    allocs = set(ev.loc[in_opt & (ev["action"] == "alloc"), "block"])
-    transient = allocs & set(ev.loc[in_opt & (ev["action"] == "free"), "block"])
-    if not transient:
-        return None
-    kept = ev[~ev["block"].isin(transient)].reset_index(drop=True)
-    kept["seq"] = range(len(kept))
-    return replace(graph, mem_events=kept)
+    out: dict[str, dict[str, Any]] = {}
+    for name, side in (("optimizer", "inside"), ("rest", "outside")):
+        found = [getattr(p, side) for p in peaks]
+        if any(att is None for _, att in found):
+            continue  # no such window (no optimizer step)
+        view: dict[str, Any] = {"totals": [], "p10": [], "p90": [], "breakdowns": [],
+                                "optimizer_transient": []}  # fmt: skip
+        for est, (allocated, att) in zip(ests, found, strict=True):
+            short = est.peak_allocated_bytes - allocated
+            view["totals"].append(est.total_bytes - short)
+            view["p10"].append(est.p10_bytes - short)
+            view["p90"].append(est.p90_bytes - short)
+            outside = {k: v for k, v in est.breakdown.items() if k not in CATEGORIES}
+            view["breakdowns"].append({**att.by_category, **outside})
+            view["optimizer_transient"].append(att.temporary_by_phase.get("optimizer", 0))
+        out[name] = view
+    return out
 
 
 def _roles(one: dict[str, int], two: dict[str, int], prefix: str = "") -> dict[str, int]:
