@@ -196,3 +196,20 @@ def test_a_gpu_below_parameters_and_gradients_gets_the_floor_and_no_traces(model
     assert (got.change, got.total_bytes, got.lower_bound) == (floor.change, floor.total_bytes, True)
     line = advice_lines(replace(p, advice=advised, gpus=[small]))[0]
     assert line.startswith(f"{gpu.id}: no single-GPU change fits: parameters and gradients alone")
+
+
+def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> None:
+    from boom_ml.gpus import get_gpu
+    from boom_ml.report.advisor import RECIPE_LEVELS, recipe_changes, single_changes
+    from boom_ml.specs import StepSpec
+
+    gpu = get_gpu("rtx-4090")
+    lora = StepSpec(batch_size=8, params_dtype="bf16", finetune_method="lora")
+    offered = [[c.finetune_method for _, c, _ in recipe_changes(lora, gpu, lv)]
+               for lv in RECIPE_LEVELS]  # fmt: skip
+    assert offered == [[], ["qlora"], ["qlora"]]  # the last at one sample per micro-batch
+    assert recipe_changes(replace(lora, finetune_method="qlora"), gpu, RECIPE_LEVELS[1]) == []
+    labels = [label for label, _, _ in single_changes(lora, gpu)]
+    assert not [x for x in labels if x.startswith("optimizer=")]
+    full = [label for label, _, _ in single_changes(replace(lora, finetune_method="full"), gpu)]
+    assert [x for x in full if x.startswith("optimizer=adafactor")]

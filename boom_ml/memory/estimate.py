@@ -270,4 +270,3 @@ def window_peaks(
         return allocated, attribute_peak(graph, replay, at, allocated + gap, top_n)
 
     return WindowPeaks(inside=peak(in_phase), outside=peak(~in_phase))
-

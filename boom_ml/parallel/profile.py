@@ -111,6 +111,7 @@ class MemoryProfile:
     # since a model's peak moves from the backward to the optimizer as it grows
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+
 def _key(*parts: Any) -> str:
     text = json.dumps([CACHE_VERSION, *parts], sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:20]

@@ -83,7 +83,8 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
     if step.checkpointing == "none":
         out.append(("checkpointing=full", replace(step, checkpointing="full"), 1))
-    if step.optimizer in LIGHTER_OPTIMIZER:
+    if step.optimizer in LIGHTER_OPTIMIZER and step.finetune_method == "full":
+        # (adapters' optimizer state is a few MiB: a lighter optimizer saves nothing)
         name, why = LIGHTER_OPTIMIZER[step.optimizer]
         out.append((f"optimizer={name} ({why})", replace(step, optimizer=name), 1))
     accumulation = 2
@@ -139,9 +140,12 @@ def recipe_changes(
 ) -> list[tuple[str, StepSpec, int]]:
     """Fine-tuning instead of full training: LoRA on half-precision frozen weights, QLoRA on
     4-bit ones, both with activation checkpointing (what people run when nothing else fits);
-    ``level`` names the methods and whether each runs one sample per micro-batch."""
-    if step.finetune_method != "full":
+    for a LoRA step, QLoRA (its frozen weights in 4 bits). ``level`` names the methods and
+    whether each runs one sample per micro-batch."""
+    if step.finetune_method == "qlora":
         return []
+    if step.finetune_method == "lora":  # adapters already: what is left is 4-bit base weights
+        level = tuple((method, micro) for method, micro in level if method == "qlora")
     # one sample per micro-batch only means something when the batch has more than one
     return [
         _recipe(step, gpu, method, micro)

@@ -95,8 +95,11 @@ def advice_lines(prediction: Prediction) -> list[str]:
         else:
             lines.append(f"{gpu}: to fit, change")
             lines += [_advice_line(a) for a in items]
-        if recipes:
+        if recipes and prediction.step.get("finetune_method", "full") == "full":
             lines.append("    or fine-tune adapters instead of training every weight:")
+            lines += ["  " + _advice_line(a) for a in recipes]
+        elif recipes:  # LoRA that does not fit: its base weights in 4 bits
+            lines.append("    or quantise the frozen base weights to 4 bits:")
             lines += ["  " + _advice_line(a) for a in recipes]
     stuck = [g for g, items in prediction.advice.items() if nothing_fits(items)]
     if (
