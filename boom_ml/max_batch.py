@@ -175,7 +175,12 @@ class BatchSearch:
             return self.traced[batch]
         scaling = self.scaling()
         if scaling is not None and batch >= scaling.low:
-            return scaling.graph_at(batch)
+            try:
+                return scaling.graph_at(batch)
+            except ValueError:
+                # a size that shrinks with the batch (a MoE's routing, say) is not affine:
+                # the model does not hold this far, so trace from here on
+                self._scaling = None
         return self._traced(batch)
 
     def _unbounded_peaks(self, batch: int, gpu: GpuSpec) -> tuple[int, int, int]:

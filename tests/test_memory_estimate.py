@@ -218,3 +218,26 @@ def test_batch_one_scales_from_batches_two_and_four(tmp_path):
     traced.clear()
     found = max_batch_size(base, gpu, trace_at=trace_at)
     assert found.scaled and sorted(traced) == [2, 4] and found.batch_size >= 15
+
+
+def test_a_size_that_shrinks_with_the_batch_is_traced_not_scaled():
+    """An event that shrinks as the batch grows (a MoE's per-expert buffers can) would go
+    negative far out: the search traces from there on instead of losing its answer."""
+    traced: list[int] = []
+
+    def trace_at(b: int) -> OpGraph:
+        traced.append(b)
+        return cnn(b)
+
+    g2, g4 = cnn(2), cnn(4)
+    shrinking = dataclasses.replace(g4, mem_events=g4.mem_events.copy())
+    first = shrinking.mem_events.index[0]
+    shrinking.mem_events.loc[first, "bytes"] = g2.mem_events.loc[first, "bytes"] // 2
+    search = BatchSearch(g2, 2, trace_at)
+    search.traced[4] = shrinking
+    search._scaling, search._scaling_tried = BatchScaling(g2, 2, shrinking, 4), True
+    with pytest.raises(ValueError, match="negative event sizes"):
+        search._scaling.graph_at(64)
+    graph = search.graph_at(64)
+    assert traced == [64] and search._scaling is None
+    assert np.array_equal(graph.mem_events["bytes"], cnn(64).mem_events["bytes"])
