@@ -350,3 +350,13 @@ def test_cli_prints_table_and_details(capsys):
     assert "NeuSight" in out and "hypothetical-x1" in out
     assert cli_main(["h100-sxn"]) == 2
     assert "did you mean" in capsys.readouterr().out
+
+
+def test_bf16_matmul_peak_needs_ampere_tensor_cores() -> None:
+    from boom_ml.gpus import get_gpu
+
+    v100, a10g, a100 = get_gpu("v100-sxm2-16gb"), get_gpu("a10g"), get_gpu("a100-80gb-sxm")
+    assert v100.bf16_tflops is None and v100.peak_flops("bfloat16") == v100.fp32_tflops * 1e12
+    assert v100.peak_flops("float16") == v100.fp16_tflops * 1e12  # fp16 tensor cores: Volta
+    assert a10g.bf16_tflops is None and a10g.peak_flops("bfloat16") == a10g.fp16_tflops * 1e12
+    assert a100.peak_flops("bfloat16") == a100.bf16_tflops * 1e12

@@ -41,13 +41,24 @@ class GpuSpec:
     price_source: str | None = None
     source: str = ""
 
+    @property
+    def bf16_peak_tflops(self) -> float:
+        """bf16 matrix peak: the sheet's; else fp16's on Ampere and later, whose tensor cores
+        run bf16 at the fp16 rate; else fp32's: bf16 tensor cores came with Ampere (NVIDIA
+        A100 Tensor Core GPU Architecture whitepaper), so older GPUs run bf16 GEMMs without
+        them."""
+        if self.bf16_tflops:
+            return float(self.bf16_tflops)
+        ampere = self.sm_version >= 80
+        return float(self.fp16_tflops if ampere and self.fp16_tflops else self.fp32_tflops)
+
     def peak_flops(self, dtype: str, tf32: bool = False) -> float:
         """Peak FLOP/s for matrix work in ``dtype`` ('float32', 'float16', 'bfloat16', ...)."""
         dtype = dtype.replace("torch.", "")
         if dtype in ("float16", "half"):
             value = self.fp16_tflops
         elif dtype == "bfloat16":
-            value = self.bf16_tflops or self.fp16_tflops
+            value = self.bf16_peak_tflops
         elif dtype.startswith("float8"):
             value = self.fp8_tflops or self.fp16_tflops
         elif dtype in ("float32", "float") and tf32 and self.tf32_tflops:

@@ -150,7 +150,7 @@ def gpu_table(specs: Mapping[str, GpuSpec]) -> pd.DataFrame:
                 "fp32": s.fp32_tflops * 1e12,
                 "tf32": (s.tf32_tflops or s.fp32_tflops) * 1e12,
                 "fp16": (s.fp16_tflops or s.fp32_tflops) * 1e12,
-                "bf16": (s.bf16_tflops or s.fp16_tflops or s.fp32_tflops) * 1e12,
+                "bf16": s.bf16_peak_tflops * 1e12,
                 "bw": s.bandwidth_bytes_per_s,
                 "g_sm": float(s.sm_count),
                 "g_clock": clock,
