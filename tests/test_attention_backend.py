@@ -318,3 +318,11 @@ def test_a_cnn_cached_for_one_group_is_not_traced_again_for_another(tmp_path, mo
     for first in (["a100-80gb-sxm"], ["p100-pcie-16gb", "h100-sxm"]):  # sm80; sm50 first
         api.Session(f"file:{path}:make").evaluate(step, parse_gpu_list(first))
     assert len(calls) == 1
+
+
+def test_a_stack_before_torch_2_has_no_fused_attention() -> None:
+    from boom_ml.stack import resolve_stack
+    from boom_ml.trace.sdpa_select import sdpa_group
+
+    assert sdpa_group(80, resolve_stack({"torch": "1.13"})) == "math"
+    assert sdpa_group(80, resolve_stack({"torch": "2.6"})) == "sm80"

@@ -353,4 +353,3 @@ def test_cli_prints_table_and_details(capsys):
     assert "NeuSight" in out and "hypothetical-x1" in out
     assert cli_main(["h100-sxn"]) == 2
     assert "did you mean" in capsys.readouterr().out
-

@@ -90,12 +90,21 @@ def sdpa_group(sm_version: int, stack: Any = None) -> str:
     """The attention architecture group of a GPU: GPUs of one group select the same kernels.
 
     ``stack`` (a :class:`boom_ml.stack.Stack`) gives the CUDA and cuDNN releases, which
-    decide whether cuDNN attention comes first on sm90/sm100; None: torch 2.14's default
-    wheel (CUDA 13.0, cuDNN 9.24.0.43), the release these rules are transcribed from.
+    decide whether cuDNN attention comes first on sm90/sm100, and the torch release: before
+    2.0 there is no fused attention (the math group); None: torch 2.14's default wheel (CUDA
+    13.0, cuDNN 9.24.0.43), the release these rules are transcribed from.
     """
     cuda, cudnn = (DEFAULT_CUDA, DEFAULT_CUDNN) if stack is None else (stack.cuda, stack.cudnn)
+    if stack is not None and _before_2_0(stack.torch):
+        # scaled_dot_product_attention came with torch 2.0: code for 1.x multiplies, softmaxes
+        # and multiplies again, the math path's kernels and saved tensors
+        return "math"
     traits = sdpa_traits(sm_version, cuda, cudnn)
     return next(name for name, t in GROUPS.items() if t == traits)
+
+
+def _before_2_0(release: str) -> bool:
+    return int(str(release).split(".")[0]) < 2
 
 
 def check_group(group: str | None) -> None:
