@@ -341,8 +341,10 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         if graph.get("trace_from_cache")
         else f"traced in {graph['trace_seconds']:.1f} s"
     )
+    # the traced graph is one micro-batch (and one optimizer step)
+    per = "micro-batch" if prediction.step.get("grad_accum", 1) > 1 else "step"
     console.print(
-        f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per step, "
+        f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per {per}, "
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
