@@ -108,7 +108,7 @@ def predict(
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
-    layout, nodes = _layout(Layout, parallel, "parallel"), _layout(Cluster, cluster, "cluster")
+    layout, nodes = _checked(Layout, parallel, "parallel"), _checked(Cluster, cluster, "cluster")
     layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
@@ -206,7 +206,7 @@ def _moe_imbalance(moe: dict[str, Any] | None) -> float:
     return float(value)
 
 
-def _layout(kind: type, fields: dict[str, Any] | None, prefix: str) -> Any:
+def _checked(kind: type, fields: dict[str, Any] | None, prefix: str) -> Any:
     """``Layout`` / ``Cluster`` from the API's mapping, unknown keys as one line."""
     known = {f.name for f in dataclasses.fields(kind)}
     unknown = sorted(set(fields or {}) - known)

@@ -107,8 +107,9 @@ def stage_memory(
 
 
 def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
+    """The step's own peak (a profile without windows)."""
     return {"totals": prof.totals, "p10": prof.p10, "p90": prof.p90,
-            "breakdowns": prof.breakdowns, "optimizer_transient": prof.optimizer_transient}  # fmt: skip
+            "breakdowns": prof.breakdowns}  # fmt: skip
 
 
 def _stage_at(

@@ -45,8 +45,9 @@ def predict_raw(
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
     ``grad_bytes`` is the size of one gradient element on the wire (default: the trainable
-    parameters' element, 4 under PyTorch AMP, which keeps fp32 parameters and gradients); ``overlap_grad_reduce=False`` reduces all gradients after the
-    backward (Megatron without gradient buckets); ``compute_scale`` multiplies compute times;
+    parameters' element, 4 under PyTorch AMP, which keeps fp32 parameters and gradients);
+    ``overlap_grad_reduce=False`` reduces all gradients after the backward (Megatron without
+    gradient buckets); ``compute_scale`` multiplies compute times;
     ``full_recompute``: checkpointing re-runs whole layers (Megatron), so their recompute repeats
     both tensor-parallel all-reduces (PyTorch's non-reentrant checkpoint stops before the last).
     """

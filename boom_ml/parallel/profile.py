@@ -25,7 +25,7 @@ from boom_ml.parallel.shard import cache_dir, module_role, param_split, rank_con
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
-CACHE_VERSION = 6  # 4: recipes in the parameter split; 6: peaks per window (optimizer, rest)
+CACHE_VERSION = 7  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -103,12 +103,10 @@ class MemoryProfile:
     terms: list[dict[str, Any]] = field(default_factory=list)
     # of ``params``, those with gradients and optimizer state (fewer under LoRA)
     trainable: dict[str, int] = field(default_factory=dict)
-    # per trace: bytes of the optimizer phase's own temporaries alive at the peak (0 when the
-    # step peaks elsewhere), which ZeRO / FSDP shard with the state they are made from
-    optimizer_transient: list[int] = field(default_factory=lambda: [0, 0])
-    # the same (totals, p10, p90, breakdowns, optimizer_transient) at the peak inside the
-    # optimizer step ("optimizer") and outside it ("rest"): extrapolated in layers apart,
-    # since a model's peak moves from the backward to the optimizer as it grows
+    # totals, p10, p90 and breakdowns at the peak inside the optimizer step ("optimizer") and
+    # outside it ("rest"), extrapolated in layers apart (a model's peak moves from the
+    # backward to the optimizer as it grows), with ``optimizer_transient``: the optimizer
+    # phase's own temporaries alive at that peak, which ZeRO / FSDP shard with the state
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -317,7 +315,6 @@ def memory_profile(
         method=ests[0].method,
         terms=list(ests[0].terms),
         trainable=trainable,
-        optimizer_transient=[e.temporary_by_phase.get("optimizer", 0) for e in ests],
         windows=_windows(ests, peaks),
     )  # fmt: skip
     _disk_put("memory", key, asdict(prof))

@@ -1,9 +1,10 @@
 """16-bit parameters stepped through fp32 master copies (``master_weights=true``).
 
-What Megatron-LM's ``Float16OptimizerWithFloat16Params`` (its ``--fp16`` / ``--bf16``
-training), DeepSpeed's fp16/bf16 optimizers and apex's O2 level do: the model's parameters and
-gradients are 16-bit; the optimizer holds an fp32 copy of every trainable parameter and steps
-that copy with fp32 state. One step of it, as Megatron writes it:
+What Megatron-LM's ``Float16OptimizerWithFloat16Params`` (its ``--fp16`` training; ``--bf16``
+adds fp32 gradient buffers, below), DeepSpeed's fp16 optimizer and apex's O2 level do: the
+model's parameters and gradients are 16-bit; the optimizer holds an fp32 copy of every
+trainable parameter and steps that copy with fp32 state. One step of it, as Megatron writes
+it:
 
 1. each 16-bit gradient is cast to an fp32 gradient of the master copy, and the 16-bit one is
    dropped (``_copy_model_grads_to_main_grads``: "Safe to deallocate model's grad");
