@@ -86,6 +86,16 @@ def test_bad_input_exits_2_with_one_line_before_torch(arg, words):
     assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
 
 
+def test_malformed_gpu_yaml_exits_2_with_one_line(tmp_path):
+    path = tmp_path / "my_gpu.yaml"
+    path.write_text("name: X\narchitecture: [hopper\nsm_count: 3\n")
+    proc, _, lines = run_with_importtime("-m", "boom_ml.predict", f"gpu={path}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert lines == [
+        f"error: {path}: not valid YAML (line 3, column 9: expected ',' or ']', but got ':')"
+    ]
+
+
 def test_help_and_gpu_table_do_not_import_torch():
     proc, imported, _ = run_with_importtime("-m", "boom_ml.predict", "--help")
     assert proc.returncode == 0 and "cache=on|off" in proc.stdout

@@ -19,7 +19,7 @@ from boom_ml.gpus import (
     resolve_gpu_id,
 )
 from boom_ml.gpus.__main__ import main as cli_main
-from boom_ml.gpus.spec import GIB
+from boom_ml.gpus.spec import ARCHITECTURES, GIB
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_YAML = REPO / "configs" / "gpus" / "example_unreleased.yaml"
@@ -334,6 +334,68 @@ def test_bad_yaml_errors(tmp_path: Path, text: str, message: str):
     path.write_text(text)
     with pytest.raises(InvalidInputError, match=message):
         get_gpu(str(path))
+
+
+REQUIRED_BUT_ARCH = "sm_count: 4\nmemory_gb: 1\nmemory_bandwidth_gbs: 1\nfp32_tflops: 1\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "name: X\narchitecture: [hopper\nsm_count: 3\n",
+            "not valid YAML (line 3, column 9: expected ',' or ']', but got ':')",
+        ),
+        (
+            "name: X\n\tarchitecture: ada\n",
+            "not valid YAML (line 2, column 1: found character '\\t' that cannot start any token)",
+        ),
+        (
+            "name: X\narchitecture: ada\ncompute_capability: '8.9'\nsm_count: 4\n"
+            "memory_gb: .inf\nmemory_bandwidth_gbs: 1\nfp32_tflops: 1\n",
+            "field 'memory_gb' must be a finite number, got inf",
+        ),
+        (
+            "name: X\narchitecture: hoper\ncompute_capability: '9.0'\n" + REQUIRED_BUT_ARCH,
+            "unknown architecture 'hoper' (did you mean: hopper?); choose one of: pascal, volta, "
+            "turing, ampere, ada, hopper, blackwell",
+        ),
+        (
+            "name: X\narchitecture: hopper\ncompute_capability: '8.0'\n" + REQUIRED_BUT_ARCH,
+            "compute_capability 8.0 does not match architecture hopper (9.0); known: pascal "
+            "6.0-6.2, volta 7.0-7.2, turing 7.5, ampere 8.0-8.7, ada 8.9, hopper 9.0, "
+            "blackwell 10.0-12.1",
+        ),
+    ],
+)
+def test_malformed_yaml_is_one_line_naming_the_file(tmp_path: Path, text: str, message: str):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidInputError) as err:
+        get_gpu(str(path))
+    assert str(err.value) == f"{path}: {message}"
+
+
+def test_binary_yaml_is_one_line(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"\xff\xfe\x00bin")
+    with pytest.raises(InvalidInputError) as err:
+        get_gpu(str(path))
+    assert str(err.value) == f"{path}: not a UTF-8 text file"
+
+
+def test_yaml_architecture_is_case_insensitive(tmp_path: Path):
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        "name: X\narchitecture: Hopper\ncompute_capability: '9.0'\n" + REQUIRED_BUT_ARCH
+    )
+    assert get_gpu(str(path)).architecture == "hopper"
+
+
+def test_packaged_architectures_and_capabilities_are_known():
+    for gpu in all_gpus():
+        lo, hi = ARCHITECTURES[gpu.architecture]
+        assert lo <= gpu.sm_version <= hi, gpu.id
 
 
 def test_missing_yaml_file(tmp_path: Path):

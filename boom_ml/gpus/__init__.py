@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from boom_ml.errors import InvalidInputError, UnknownGpuError, suggest
-from boom_ml.gpus.spec import GIB, GpuSpec
+from boom_ml.gpus.spec import ARCHITECTURES, GIB, GpuSpec
 
 __all__ = [
     "GpuSpec",
@@ -115,9 +116,12 @@ def _convert(field: str, raw: Any, where: str) -> Any:
                 raise ValueError
             return int(value)
         if field in _FLOAT_FIELDS:
-            return float(raw)
-    except (TypeError, ValueError):
-        kind = "an integer" if field in _INT_FIELDS else "a number"
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+    except (TypeError, ValueError, OverflowError):
+        kind = "an integer" if field in _INT_FIELDS else "a finite number"
         raise InvalidInputError(f"{where}: field '{field}' must be {kind}, got {raw!r}") from None
     return str(raw).strip()
 
@@ -263,8 +267,10 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
         raise InvalidInputError(f"GPU spec file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidInputError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as err:
-        raise InvalidInputError(f"{path}: not valid YAML ({err})") from None
+        raise InvalidInputError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
     if not isinstance(data, dict):
         raise InvalidInputError(
             f"{path}: expected a mapping of GpuSpec fields, got {type(data).__name__}"
@@ -291,10 +297,44 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
         raise InvalidInputError(
             f"{path}: compute_capability must look like '9.0', got {values['compute_capability']!r}"
         )
+    _check_architecture(values, path)
     if values["memory_bytes"] is None:
         values["memory_bytes"] = int(values["memory_gb"] * GIB)
     values["source"] = values["source"] or f"user spec {path}"
     return GpuSpec(**values)
+
+
+def _yaml_problem(err: Exception) -> str:
+    """PyYAML's message on one line: where, then what (its own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return (f"line {mark.line + 1}, column {mark.column + 1}: " if mark else "") + problem
+
+
+def _check_architecture(values: dict[str, Any], path: Path) -> None:
+    """The memory and timing models pick workspaces, kernels and links by architecture and
+    compute capability: both must be ones the package knows, and agree."""
+    arch = values["architecture"].lower()
+    if arch not in ARCHITECTURES:
+        raise InvalidInputError(
+            f"{path}: unknown architecture {values['architecture']!r}"
+            f"{suggest(arch, ARCHITECTURES, n=1)}; choose one of: {', '.join(ARCHITECTURES)}"
+        )
+    values["architecture"] = arch
+    major, _, minor = values["compute_capability"].partition(".")
+    lo, hi = ARCHITECTURES[arch]
+    if not lo <= int(major) * 10 + int(minor or 0) <= hi:
+        known = ", ".join(f"{a} {_capabilities(a)}" for a in ARCHITECTURES)
+        raise InvalidInputError(
+            f"{path}: compute_capability {values['compute_capability']} does not match "
+            f"architecture {arch} ({_capabilities(arch)}); known: {known}"
+        )
+
+
+def _capabilities(arch: str) -> str:
+    """``ARCHITECTURES[arch]`` as compute capabilities: "8.0-8.7", or "9.0" alone."""
+    lo, hi = (f"{v // 10}.{v % 10}" for v in ARCHITECTURES[arch])
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _norm_id(stem: str) -> str:

@@ -6,6 +6,17 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 GIB = 1024**3
+# The architectures the package models, each with the compute capabilities NVIDIA's CUDA GPUs
+# list gives it (as sm_version: 8.6 is 86), lowest and highest.
+ARCHITECTURES = {
+    "pascal": (60, 62),
+    "volta": (70, 72),
+    "turing": (75, 75),
+    "ampere": (80, 87),
+    "ada": (89, 89),
+    "hopper": (90, 90),
+    "blackwell": (100, 121),
+}
 
 
 @dataclass(frozen=True)
