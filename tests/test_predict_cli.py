@@ -18,8 +18,10 @@ from boom_ml.errors import (
     UnknownGpuError,
     UnknownModelError,
 )
+from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction, TimeEstimate
 from boom_ml.predict import run
 
+GIB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
 BASE = {
     "model": "torchvision:resnet18",
@@ -137,6 +139,31 @@ def test_cli_prints_valid_json():
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert {g["gpu"] for g in doc["gpus"]} == {"l4", "t4"}
+
+
+def _prediction(step_ms: float, p10_ms: float, p90_ms: float, **memory) -> Prediction:
+    """A hand-made one-GPU prediction (no trace) for the report's formatting."""
+    mem = MemoryEstimate(GIB, GIB, GIB, 16 * GIB, True, "allocator-sim", **memory)
+    time = TimeEstimate(step_ms, "per-op", p10_ms=p10_ms, p90_ms=p90_ms)
+    step = {"optimizer": "adamw", "amp": "none", "checkpointing": "none"}
+    return Prediction("m", 2, step, {}, [GpuPrediction("l4", "NVIDIA L4", mem, time)])
+
+
+def _gpu_row(prediction: Prediction) -> list[str]:
+    from rich.console import Console
+
+    from boom_ml.report.table import gpu_table
+
+    console = Console(width=200, force_terminal=False)
+    with console.capture() as out:
+        console.print(gpu_table(prediction))
+    row = next(line for line in out.get().splitlines() if line.startswith("│ l4"))
+    return [cell.strip() for cell in row.strip("│").split("│")]
+
+
+def test_sub_millisecond_time_range_keeps_the_central_values_precision():
+    assert _gpu_row(_prediction(0.84, 0.62, 1.23))[3] == "0.8 (0.6–1.2)"
+    assert _gpu_row(_prediction(4403.94, 3490.04, 4965.26))[3] == "4403.9 (3490.0–4965.3)"
 
 
 def test_every_error_is_a_boom_error():

@@ -56,7 +56,7 @@ def gpu_table(prediction: Prediction) -> Table:
     samples = prediction.batch_size * int(prediction.step.get("grad_accum", 1))
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
-        interval = f" ({t.p10_ms:.0f}–{t.p90_ms:.0f})" if t.p10_ms and t.p90_ms else ""
+        interval = f" ({t.p10_ms:.1f}–{t.p90_ms:.1f})" if t.p10_ms and t.p90_ms else ""
         cost = cost_per_1000_steps(g)
         table.add_row(
             g.gpu,
