@@ -20,6 +20,9 @@ class MemoryEstimate:
     peak_phase: str = ""
     fragmentation: float = 0.0
     max_batch_size: int | None = None
+    # True: the search stopped at its cap (max_batch.MAX_BATCH) with the step still fitting,
+    # so max_batch_size is a lower bound
+    max_batch_lower_bound: bool = False
     by_module: list[dict[str, Any]] = field(default_factory=list)  # top modules at the peak
     by_module_group: list[dict[str, Any]] = field(default_factory=list)  # same, blocks summed
     peak_module: str = ""  # module of the op running at the peak

@@ -15,7 +15,7 @@ from typing import Any
 from boom_ml import progress
 from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.max_batch import TraceFn, max_batch_size, scaling_pairs
+from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_stack
@@ -180,8 +180,10 @@ class Session:
             for k in members:
                 spec, graphs[k] = gpus[k], graph
                 memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
-                if max_batch:
-                    memory.max_batch_size = _largest_batch(graph, spec, trace_at, stack, step)
+                found = _largest_batch(graph, spec, trace_at, stack, step) if max_batch else None
+                if found is not None:
+                    memory.max_batch_size = found.batch_size
+                    memory.max_batch_lower_bound = found.capped
                 memories[k] = memory
             # Time for the bucket's GPUs in one call (one GNN pass, one LightGBM call per head).
             timed = [k for k in members if memories[k].fits or not time_unless_oom]
@@ -247,10 +249,10 @@ def _uses_sdpa(graph: OpGraph) -> bool:
 
 def _largest_batch(
     graph: OpGraph, gpu: GpuSpec, trace_at: TraceFn, stack: Stack, step: StepSpec
-) -> int | None:
+) -> MaxBatch | None:
     try:
         with progress.task(f"searching the largest batch that fits on {gpu.id}"):
-            return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1).batch_size
+            return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1)
     except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
         logging.getLogger(__name__).warning("max batch size search failed: %s", err)
         return None

@@ -166,6 +166,33 @@ def test_sub_millisecond_time_range_keeps_the_central_values_precision():
     assert _gpu_row(_prediction(4403.94, 3490.04, 4965.26))[3] == "4403.9 (3490.0–4965.3)"
 
 
+TINY = """
+import torch
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.lin(x)
+    def example_inputs(self, batch_size, device):
+        return {"x": torch.randn(batch_size, 4, device=device)}
+def make():
+    return Tiny()
+"""
+
+
+def test_max_batch_at_the_search_cap_is_a_lower_bound(tmp_path):
+    # 4x4 linear: 65536 samples are a few MiB, so the search stops at its cap still fitting
+    options = {"model": _factory_file(tmp_path, TINY), "image_size": None, "gpu": "h100-sxm",
+               "max_batch": "on", "advice": False}  # fmt: skip
+    memory = json.loads(run({**BASE, **options}))["gpus"][0]["memory"]
+    assert (memory["max_batch_size"], memory["max_batch_lower_bound"]) == (65536, True)
+    assert json.loads(run(BASE))["gpus"][0]["memory"]["max_batch_lower_bound"] is False
+    assert _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=65536))[6] == "65536"
+    row = _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=65536, max_batch_lower_bound=True))
+    assert row[6] == "≥ 65536"
+
+
 def test_every_error_is_a_boom_error():
     for cls in (UnknownModelError, UnknownGpuError, InvalidInputError, TraceError, ArtifactError):
         assert issubclass(cls, BoomError) and cls.exit_code == 2

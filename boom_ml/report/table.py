@@ -40,6 +40,12 @@ def _peak(m: MemoryEstimate) -> str:
     return f"{text} / {m.capacity_bytes / GIB:.1f}"
 
 
+def _max_batch(m: MemoryEstimate) -> str:
+    if m.max_batch_size is None:
+        return "-"
+    return f"≥ {m.max_batch_size}" if m.max_batch_lower_bound else str(m.max_batch_size)
+
+
 def cost_per_1000_steps(result: GpuPrediction) -> float | None:
     if result.price_usd_per_hour is None:
         return None
@@ -65,7 +71,7 @@ def gpu_table(prediction: Prediction) -> Table:
             f"{t.step_ms:.1f}{interval}",
             f"{samples / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
             f"{cost:.2f}" if cost is not None else "-",
-            str(m.max_batch_size) if m.max_batch_size is not None else "-",
+            _max_batch(m),
         )
     return table
 
