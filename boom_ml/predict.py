@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import types
@@ -206,11 +207,27 @@ def run(cfg: Any) -> str:
         raise InvalidInputError(f"unknown option(s): {', '.join(unknown)}")
     prediction = predict(**options)
     if output == "json":
-        return json.dumps(prediction.to_dict(), indent=2)
+        return to_json(prediction.to_dict())
     text = render_table(prediction, explain=explain)
     if prediction.plots:
         text += "\nplots: " + ", ".join(prediction.plots)
     return text
+
+
+def to_json(doc: Any) -> str:
+    """``doc`` as strict JSON: NaN and infinities (a value the models could not give) become
+    null, since JSON has no spelling for them and Python's bare ``NaN`` breaks other parsers."""
+    return json.dumps(_finite(doc), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _fail(err: BoomError) -> None:

@@ -19,7 +19,7 @@ from boom_ml.errors import (
     UnknownModelError,
 )
 from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction, TimeEstimate
-from boom_ml.predict import run
+from boom_ml.predict import run, to_json
 
 GIB = 1024**3
 REPO = Path(__file__).resolve().parent.parent
@@ -191,6 +191,16 @@ def test_max_batch_at_the_search_cap_is_a_lower_bound(tmp_path):
     assert _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=65536))[6] == "65536"
     row = _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=65536, max_batch_lower_bound=True))
     assert row[6] == "≥ 65536"
+
+
+def test_json_has_null_for_nan_and_infinity():
+    prediction = _prediction(float("nan"), 0.5, float("inf"))
+    prediction.graph = {"flops": float("-inf"), "shapes": (1.0, float("nan"))}
+    text = to_json(prediction.to_dict())
+    doc = json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name} in the JSON"))
+    assert doc["gpus"][0]["time"]["step_ms"] is None
+    assert (doc["gpus"][0]["time"]["p10_ms"], doc["gpus"][0]["time"]["p90_ms"]) == (0.5, None)
+    assert doc["graph"] == {"flops": None, "shapes": [1.0, None]}
 
 
 def test_every_error_is_a_boom_error():
