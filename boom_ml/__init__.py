@@ -18,4 +18,6 @@ def __getattr__(name: str) -> Any:
     # keeps `python -m boom_ml.predict` from finding it half-imported.
     if name == "predict":
         return importlib.import_module("boom_ml.predict")
+    if name == "Session":  # lazily too: the session imports torch
+        return importlib.import_module("boom_ml.session").Session
     raise AttributeError(f"module 'boom_ml' has no attribute {name!r}")

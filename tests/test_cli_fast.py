@@ -105,6 +105,15 @@ def test_help_and_gpu_table_do_not_import_torch():
     assert imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
 
 
+def test_session_is_exported_without_importing_torch_at_import_boom_ml():
+    proc, imported, _ = run_with_importtime("-c", "import boom_ml")
+    assert proc.returncode == 0 and imported.isdisjoint(HEAVY), sorted(imported & set(HEAVY))
+    check = "import boom_ml, boom_ml.session; print(boom_ml.Session is boom_ml.session.Session)"
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    assert proc.stdout == "True\n", proc.stderr[-2000:]
+
+
 def test_config_keys_are_read_from_the_yaml_with_nested_keys(tmp_path, monkeypatch):
     (tmp_path / "nested.yaml").write_text(
         "defaults: [_self_]\nmodel: x\nstack:\n  torch: null\n  cuda: '12.4'\nhydra:\n  run: {}\n"
