@@ -17,10 +17,13 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 
 The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` (``per-op``: a
 learned head; ``gemm-tiles``: the tile/wave GEMM model; ``roofline-calibrated``: no head
-covers the op) and ``basis`` (``measured``, ``architecture measured`` or ``architecture not
-measured``: whether the GPU, or its architecture, has kernel rows in the model's training data;
-empty for a model that does not record them). A ``latency_ms`` column, if given, is
-passed through (handy to score the predictions).
+covers the op; ``empty``: the output has no elements, so nothing runs and the time is 0) and
+``basis`` (``measured``, ``architecture measured`` or ``architecture not measured``: whether the
+GPU, or its architecture, has kernel rows in the model's training data; empty for a model that
+does not record them). A GEMM with ``N`` 0 (nothing to sum over) only zero-fills its output, so
+it is timed as a ``fill`` of ``B*M*K`` elements. Other ops are ``empty`` only forward (a
+backward can fill a gradient that has elements). A ``latency_ms`` column, if given, is passed
+through (handy to score the predictions).
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "fp16": "
           "float16": "float16", "half": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "tf32": "tf32"}  # fmt: skip
 OUTPUT_COLUMNS = ("pred_ms", "p10_ms", "p90_ms", "method")
+TIME_COLUMNS = ("pred_ms", "p10_ms", "p90_ms")
+# A zero in any of these leaves the op's output without elements: no kernel is launched
+# (PyTorch returns before cuBLAS for an empty GEMM). GEMMs: (B,M,N) x (B,N,K) -> (B,M,K).
+EMPTY_IF_ZERO = {"gemm": ("b", "m", "k"), "conv": ("batch", "out_channels"),
+                 "attention": ("batch", "heads", "seq_q", "head_dim"), "norm": ("numel",),
+                 "softmax": ("numel",), "embedding": ("numel",), "elementwise": ("numel",)}  # fmt: skip
+EMPTY = "empty"
 
 
 def _family(op: str) -> str | None:
@@ -166,6 +176,39 @@ def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) ->
     return override_gemm(rows, spec, pred, gemm_model_for(per_op))
 
 
+def empty_rows(rows: pd.DataFrame) -> np.ndarray:
+    """Canonical rows whose output has no elements (backward ones only for GEMMs, which time
+    one GEMM kernel either way: another op's backward can fill a gradient with elements)."""
+    forward = (rows["direction"] == "forward").to_numpy()
+    out = np.zeros(len(rows), dtype=bool)
+    for family, columns in EMPTY_IF_ZERO.items():
+        zero = np.zeros(len(rows), dtype=bool)
+        for col in columns:
+            if col in rows.columns:
+                zero |= (rows[col] == 0).to_numpy()
+        out |= (rows["family"] == family).to_numpy() & zero & (forward | (family == "gemm"))
+    return out
+
+
+def as_fill(rows: pd.DataFrame, empty: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """``rows`` with each GEMM whose N is 0 (a sum over nothing; not in ``empty``) turned into
+    the ``fill`` of its B*M*K output elements, all PyTorch launches for it; and those rows."""
+    sel = np.zeros(len(rows), dtype=bool)
+    if "n" in rows.columns:
+        sel = ((rows["family"] == "gemm") & (rows["n"] == 0)).to_numpy() & ~empty
+    if not sel.any():
+        return rows, sel
+    rows = rows.copy()
+    for col in ("numel", "rows", "cols"):
+        if col not in rows.columns:
+            rows[col] = np.nan
+    numel = (rows["b"] * rows["m"] * rows["k"])[sel]
+    rows.loc[sel, ["family", "op"]] = ["elementwise", "fill"]
+    rows.loc[sel, "numel"] = rows.loc[sel, "cols"] = numel
+    rows.loc[sel, "rows"] = 1.0
+    return rows, sel
+
+
 def predict_ops(
     table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
 ) -> pd.DataFrame:
@@ -173,11 +216,20 @@ def predict_ops(
     from boom_ml.gpus import get_gpu
     from boom_ml.timing.basis import basis, measured_gpus
 
-    pred = predict_canonical(canonical_rows(table, where), gpu, model)
+    # the rows as plain numpy values (NaN where missing), whatever dtypes the table carries
+    rows = canonical_rows(table.astype(object).where(table.notna(), np.nan), where)
+    empty = empty_rows(rows)
+    rows, fill = as_fill(rows, empty)
+    pred = pd.DataFrame({c: 0.0 for c in TIME_COLUMNS} | {"method": EMPTY}, index=rows.index)
+    if not empty.all():
+        timed = predict_canonical(rows[~empty], gpu, model)
+        for col in OUTPUT_COLUMNS:
+            pred.loc[~empty, col] = timed[col].to_numpy()
+        pred.loc[fill, "method"] += " (fill: N is 0)"
     out = table.copy()
     for col in OUTPUT_COLUMNS:
         out[col] = pred[col].to_numpy()
-    for col in ("pred_ms", "p10_ms", "p90_ms"):
+    for col in TIME_COLUMNS:
         out[col] = out[col].astype(float).round(6)
     measured = measured_gpus(model)
     out["basis"] = basis(get_gpu(gpu), measured) if measured else ""
@@ -197,7 +249,8 @@ def run(cfg: Any) -> str | None:
     if not path.exists():
         raise InvalidInputError(f"input file not found: {path}")
     try:
-        table = pd.read_csv(path)
+        # nullable dtypes: an integer column with empty cells stays integer in the output
+        table = pd.read_csv(path, dtype_backend="numpy_nullable")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from exc
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))

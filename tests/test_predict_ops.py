@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,45 @@ def test_packaged_predictions_say_whether_the_gpu_was_measured():
     assert list(predict_ops(table, "a100-80gb-pcie")["basis"]) == ["measured"]
     assert list(predict_ops(table, "a100-80gb-sxm")["basis"]) == ["architecture measured"]
     assert list(predict_ops(table, "h100-sxm")["basis"]) == ["architecture not measured"]
+
+
+@pytest.mark.skipif(not PACKAGED.exists(), reason="no packaged per-op model")
+def test_zero_size_rows_launch_nothing_and_warn_nothing():
+    table = pd.DataFrame({
+        "op": ["mm", "mm", "bmm", "mm", "mm", "conv2d"],
+        "B": [1, 1, 0, 2, 1, None], "M": [0, 64, 64, 64, 64, None],
+        "N": [64, 64, 64, 0, 64, None], "K": [64, 0, 64, 32, 64, None],
+        "batch": [None] * 5 + [0], "in_channels": [None] * 5 + [3],
+        "out_channels": [None] * 5 + [8], "kernel_size": [None] * 5 + [3],
+        "input_h": [None] * 5 + [32],
+    })  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's divide-by-zero would fail the test
+        out = predict_ops(table, "l4")
+        fill = predict_ops(pd.DataFrame({"op": ["fill"], "numel": [2 * 64 * 32]}), "l4")
+    assert list(out["method"]) == [
+        "empty",
+        "empty",
+        "empty",
+        f"{fill['method'].iloc[0]} (fill: N is 0)",
+        "gemm-tiles",
+        "empty",
+    ]
+    assert list(out["pred_ms"].iloc[[0, 1, 2, 5]]) == [0.0] * 4
+    # N = 0 sums over nothing: PyTorch zero-fills the B*M*K output
+    assert out.loc[3, ["pred_ms", "p10_ms", "p90_ms"]].tolist() == (
+        fill.loc[0, ["pred_ms", "p10_ms", "p90_ms"]].tolist()
+    )
+    assert out.loc[4, "pred_ms"] > 0
+
+
+def test_cli_keeps_integer_columns_with_empty_cells_integer(tmp_path):
+    src = tmp_path / "ops.csv"
+    src.write_text("op,B,M,N,K,latency_ms\nmm,1,64,64,64,0.5\nmm,,64,64,64,\nbmm,2,64,64,64,1\n")
+    lines = run({"input": str(src), "gpu": "l4"}).splitlines()
+    assert [line.split(",")[:6] for line in lines] == [
+        ["op", "B", "M", "N", "K", "latency_ms"],
+        ["mm", "1", "64", "64", "64", "0.5"],
+        ["mm", "", "64", "64", "64", ""],
+        ["bmm", "2", "64", "64", "64", "1.0"],
+    ]
