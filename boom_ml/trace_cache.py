@@ -68,12 +68,13 @@ def library_versions() -> dict[str, str]:
 
 @cache
 def code_digest() -> str:
-    """Hash of the tracer's and zoo's sources and shipped configs, plus TRACE_VERSION."""
+    """Hash of the tracer's and zoo's sources, shipped configs and tables (the RNN reserve),
+    plus TRACE_VERSION."""
     from boom_ml.trace import TRACE_VERSION  # the package's __init__ is torch-free
 
     digest = hashlib.sha256(f"trace_version={TRACE_VERSION}".encode())
     for folder in _CODE_DIRS:
-        for path in sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".json")):
+        for path in sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".json", ".csv")):
             digest.update(str(path.relative_to(_PACKAGE)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -104,8 +104,11 @@ HEAD_FEATURES: dict[str, list[str]] = {
 
 # Sources whose latency is GPU kernel time only (vidur: profiler CUDA time; DeepBench: mean
 # of back-to-back launches), where NeuSight times one eager call with CUDA events, launch gap
-# included. A covariate for training; at inference it is 0, i.e. "an eager op's wall time".
-KERNEL_ONLY_SOURCES = ("vidur", "deepbench")
+# included. A covariate for training; at inference it is 0, i.e. "an eager op's wall time",
+# except for the kernels a library call issues back to back from C++ (a cuDNN RNN's per-step
+# GEMMs and gate kernels: per_op marks their rows with the LIBRARY source), as DeepBench's are.
+LIBRARY = "library"
+KERNEL_ONLY_SOURCES = ("vidur", "deepbench", LIBRARY)
 MEASUREMENT_FEATURES = ["kernel_only"]
 
 

@@ -27,8 +27,10 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
+from boom_ml.timing.features import LIBRARY
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
+from boom_ml.trace import rnn_kernels
 from boom_ml.trace.graph import OpGraph
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -40,6 +42,8 @@ NORM_OPS = {"native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
             "cudnn_batch_norm": "batch_norm", "native_batch_norm": "batch_norm",
             "native_group_norm": "group_norm", "group_norm": "group_norm",
             "_fused_rms_norm": "rms_norm", "rms_norm": "rms_norm"}  # fmt: skip
+REPEAT = "repeat"  # a row's kernel runs this many times (default 1)
+RNN_METHOD = "cudnn-rnn kernels (gemm-tiles + elementwise-head)"
 TRANSCENDENTAL_HINTS = ("exp", "log", "tanh", "gelu", "sigmoid", "silu", "erf", "pow", "sqrt",
                         "sin", "cos", "softplus", "mish", "elu")  # fmt: skip
 
@@ -137,10 +141,12 @@ def node_rows(
         outs = [s for s in json.loads(node.output_shapes) if s]
         in_dt, out_dt = json.loads(node.input_dtypes), json.loads(node.output_dtypes)
         matrix = family in ("gemm", "conv", "attention")
+        # cuDNN's RNNs follow the cuDNN switch (RNN.cpp: allowTF32CuDNN(Float32Op::RNN))
+        tf32 = flags.cudnn if op.removesuffix("_backward") in RNN_OPS else flags.for_family(family)
         base = {
             "node_pos": pos,
             "family": family,
-            "dtype": _dtype(in_dt + out_dt, matrix and flags.for_family(family)),
+            "dtype": _dtype(in_dt + out_dt, matrix and tf32),
             "direction": "backward" if node.phase == "backward" else "forward",
         }
         convs = _conv_rows(op, shapes, outs) if family == "conv" else []
@@ -157,7 +163,45 @@ def node_rows(
     return pd.DataFrame(out)
 
 
+RNN_OPS = {f"cudnn_{m}": m for m in rnn_kernels.MODES}
+
+
+def _rnn_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[dict[str, Any]]:
+    """A cuDNN RNN call as the kernels it runs, each with how many times (``repeat``)."""
+    backward = op.endswith("_backward")
+    mode = RNN_OPS[op.removesuffix("_backward")]
+    output = shapes[3] if backward else outs[0]  # backward's inputs: x, hx, cx, output, ...
+    shape = rnn_kernels.shape_of(mode, shapes[0], shapes[1], shapes[2], output)
+    # issued back to back inside cuDNN: timed as kernels, without an eager op's launch gap
+    return [{**row, "source": LIBRARY} for row in rnn_kernels.kernel_rows(shape, backward)]
+
+
+def library_rows(kernels: list[dict[str, Any]], dtype: str, direction: str) -> pd.DataFrame:
+    """Kernel rows of kernels a library call issues back to back (timed without an eager op's
+    launch gap: ``features.LIBRARY``), in ``dtype`` and ``direction``."""
+    return pd.DataFrame([{**k, "dtype": dtype, "direction": direction, "source": LIBRARY}
+                         for k in kernels])  # fmt: skip
+
+
+def rows_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> np.ndarray:
+    """Median ms of each kernel row on ``gpu``, times its ``repeat``: the models a step's
+    nodes are timed with (``model``: as in :func:`predict_nodes_many`)."""
+    from boom_ml.timing import gemm as gemm_tiles
+    from boom_ml.timing.features import kernel_features
+    from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
+    from boom_ml.timing.heads import load_model
+
+    gemm = gemm_model_for(model) if gemm_tiles.STEP_TIMES else None
+    model = model if model is not None else load_model()
+    base = rows.drop(columns=[REPEAT], errors="ignore")
+    pred = model.predict_features(kernel_features(base.assign(gpu_id="0"), {"0": gpu}), True)
+    ms = retime_gemm_many(base, [gpu], pred, gemm)["pred_ms"].to_numpy()
+    return ms * (rows[REPEAT].fillna(1).to_numpy(dtype=float) if REPEAT in rows else 1.0)
+
+
 def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]]:
+    if op.removesuffix("_backward") in RNN_OPS:
+        return _rnn_rows(op, shapes, outs)
     counted = {"flops": float(node.flops), "bytes": float(node.bytes_read + node.bytes_written)}
     big = max([_numel(s) for s in outs + shapes] or [1])
     generic = [{"op": _base(op), "numel": big, **counted, "family": family}]
@@ -226,7 +270,7 @@ _UNIQUE_CACHE: IdentityCache[tuple[pd.DataFrame, np.ndarray]] = IdentityCache(40
 def _distinct_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """The distinct kernel rows (node position and layout mark left out) and, for each row
     of ``rows``, the index of its distinct row."""
-    base = rows.drop(columns=["node_pos", conv_layout.MARK], errors="ignore")
+    base = rows.drop(columns=["node_pos", conv_layout.MARK, REPEAT], errors="ignore")
     if base.empty:
         return base, np.zeros(0, dtype=np.int64)
     # groups numbered in order of first appearance: group j's first row is distinct row j
@@ -308,6 +352,8 @@ def predict_nodes_many(
     pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
     pos = rows["node_pos"].to_numpy()
     keep = _layout_gate(rows, gpus)
+    if REPEAT in rows:  # kernels a node runs many times (an RNN's per-step GEMMs)
+        keep = keep * rows[REPEAT].fillna(1).to_numpy(dtype=float)
     for col, src in (("ms", "pred_ms"), ("p10", "p10_ms"), ("p90", "p90_ms")):
         values = pred[src].to_numpy().reshape(len(gpus), len(base))[:, same] * keep
         for k in range(len(gpus)):
@@ -316,6 +362,8 @@ def predict_nodes_many(
     own = ~rows[conv_layout.MARK].notna().to_numpy() if conv_layout.MARK in rows else slice(None)
     for k in range(len(gpus)):  # a conv node is named by its kernel, not its transforms
         method[k, pos[own]] = methods[k][own]
+    if REPEAT in rows:  # a library call's many kernels (rnn_kernels), each by its own model
+        method[:, pos[rows[REPEAT].notna().to_numpy()]] = RNN_METHOD
     return {**out, "method": method}
 
 

@@ -31,6 +31,7 @@ from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.trace.recorder import OpRecorder
+from boom_ml.trace.rnn import cuda_rnn
 from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
@@ -210,7 +211,14 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
     attention = cuda_attention(step.sdpa_group or DEFAULT_GROUP)  # the target GPUs' kernels
-    with fake_mode, torch.device("cpu"), attention as sdpa, cuda_dropout(), cuda_autocast_policy():
+    with (
+        fake_mode,
+        torch.device("cpu"),
+        attention as sdpa,
+        cuda_dropout(),
+        cuda_rnn(),
+        cuda_autocast_policy(),
+    ):
         built.materialize("cpu")
         built.module.train()
         if step.checkpointing != "none":
