@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(tab.to_string())
     for name, df in scored.items():
-        print(f"{name}: all {len(df)} rows: forward MAPE {_ape(df.fwd_pred, df.fwd_ms).mean():.1f} %, "
-              f"backward {_ape(df.bwd_pred, df.bwd_ms).mean():.1f} %")  # fmt: skip
+        for label, part in (("all", df), ("fp32", df[df["precision"] == "fp32"])):
+            print(f"{name}: {label} {len(part)} rows: forward MAPE "
+                  f"{_ape(part.fwd_pred, part.fwd_ms).mean():.1f} %, backward "
+                  f"{_ape(part.bwd_pred, part.bwd_ms).mean():.1f} %")  # fmt: skip
 
 
 if __name__ == "__main__":
