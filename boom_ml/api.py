@@ -158,6 +158,12 @@ def predict(
             "recipe": graph.meta.get("recipe", {}),
             "trace_seconds": graph.meta["trace_seconds"],
             "trace_from_cache": bool(graph.meta.get("from_cache", False)),
+            # sizes the user set that the model's inputs never read (seq_len for a CNN)
+            "unread": {
+                k: getattr(step, k)
+                for k in ("seq_len", "image_size")
+                if getattr(step, k) and graph.meta["step"].get(k) is None
+            },  # fmt: skip
             "unknown_ops": graph.unknown_ops,
         },
         gpus=results,

@@ -56,6 +56,8 @@ class BuiltModel:
     enable_checkpointing: Callable[[nn.Module], None]
     default_seq_len: int | None = None
     default_image_size: int | None = None
+    # the step sizes make_inputs reads ("seq_len", "image_size"); None: not known
+    reads: frozenset[str] | None = None
     source: str = ""  # "torchvision", "timm", "hf", "file"
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -92,11 +94,13 @@ class BuiltModel:
         return self.module
 
     def resolve_step(self, step: StepSpec) -> StepSpec:
-        """Fill seq_len / image_size from the model's defaults when the user left them out."""
+        """Fill seq_len / image_size from the model's defaults when the user left them out;
+        drop the ones its inputs never read (a sequence length given to a CNN)."""
         from dataclasses import replace
 
-        return replace(
-            step,
-            seq_len=step.seq_len or self.default_seq_len,
-            image_size=step.image_size or self.default_image_size,
-        )
+        seq = step.seq_len or self.default_seq_len
+        image = step.image_size or self.default_image_size
+        if self.reads is not None:
+            seq = seq if "seq_len" in self.reads else None
+            image = image if "image_size" in self.reads else None
+        return replace(step, seq_len=seq, image_size=image)

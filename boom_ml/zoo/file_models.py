@@ -111,6 +111,14 @@ def _call_example_inputs(module: nn.Module, step: StepSpec, dev: torch.device) -
     return fn(step.batch_size, dev, **extra)
 
 
+def _sizes_read(module: nn.Module) -> frozenset[str] | None:
+    """The step sizes ``example_inputs`` takes (None: it takes ``**kwargs``, so any)."""
+    params = inspect.signature(module.example_inputs).parameters  # type: ignore[attr-defined]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(k for k in ("seq_len", "image_size") if k in params)
+
+
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
     path, factory_name = parse(name)
     what = f"file:{name}"
@@ -168,6 +176,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         make_inputs=make_inputs,
         compute_loss=compute_loss,
         enable_checkpointing=checkpoint_generic(what),
+        reads=_sizes_read(module) if has_example else frozenset({"image_size"}),
         source="file",
         info={"name": name, "path": str(path), "factory": factory_name},
     )

@@ -287,6 +287,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         enable_checkpointing=enable_checkpointing,
         default_seq_len=seq_default,
         default_image_size=image_size,
+        reads=frozenset({"image_size" if vision else "seq_len"}),
         source="hf",
         info={
             "name": name,

@@ -123,6 +123,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         compute_loss=classification_loss,
         enable_checkpointing=enable_checkpointing,
         default_image_size=image_size,
+        reads=frozenset({"image_size"}),
         source="torchvision",
         info={"name": name, "num_classes": num_classes},
     )

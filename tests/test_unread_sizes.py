@@ -1,0 +1,61 @@
+"""A size the model's inputs never read (a sequence length given to a CNN) is not part of the
+step: the title leaves it out and a line says it was not used."""
+
+from __future__ import annotations
+
+from boom_ml.specs import StepSpec
+
+SYNTHETIC_FILE_MODELS = """
+import torch
+import torch.nn as nn
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, x):
+        return self.emb(x)
+
+    def example_inputs(self, batch_size, device, seq_len=8):
+        return {"x": torch.zeros(batch_size, seq_len, dtype=torch.long, device=device)}
+
+class Anything(Tokens):
+    def example_inputs(self, batch_size, device, **kw):
+        return {"x": torch.zeros(batch_size, kw.get("seq_len", 8), dtype=torch.long, device=device)}
+
+def tokens():
+    return Tokens()
+
+def anything():
+    return Anything()
+"""
+
+
+def test_file_models_read_the_sizes_example_inputs_takes(tmp_path) -> None:
+    from boom_ml.zoo import build_model
+
+    path = tmp_path / "m.py"
+    path.write_text(SYNTHETIC_FILE_MODELS)
+    step = StepSpec(batch_size=2, seq_len=16, image_size=32)
+    tokens = build_model(f"file:{path}:tokens")
+    assert tokens.reads == frozenset({"seq_len"})
+    resolved = tokens.resolve_step(step)
+    assert (resolved.seq_len, resolved.image_size) == (16, None)
+    anything = build_model(f"file:{path}:anything")
+    assert anything.reads is None  # **kwargs: any size may be read, both are kept
+    resolved = anything.resolve_step(step)
+    assert (resolved.seq_len, resolved.image_size) == (16, 32)
+
+
+def test_a_cnn_given_a_sequence_length_says_it_was_not_used() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    pred = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+                           seq_len=512, advice=False, max_batch="off", cache=False)  # fmt: skip
+    assert pred.step["seq_len"] is None and pred.step["image_size"] == 32
+    assert pred.graph["unread"] == {"seq_len": 512}
+    text = render_table(pred)
+    assert "seq=512" not in text.splitlines()[0]
+    assert "Not used: seq_len=512 (this model's inputs do not read it)" in text
