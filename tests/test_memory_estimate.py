@@ -129,6 +129,14 @@ def test_cublas_workspace_two_handles_sized_by_architecture(graph):
     assert all(x.persistent for x in small + big)
 
 
+def test_the_cublas_term_says_it_holds_two_handles_workspaces(graph):
+    est = estimate_memory(graph, get_gpu("a100-80gb-sxm"))
+    term = next(t for t in est.terms if t["term"] == "cublas_workspace")
+    assert term["bytes"] == 2 * (4096 * 1024 * 2 + 16 * 1024 * 8)
+    assert term["source"].endswith("; x 2 handles (forward on the Python thread, backward on "
+                                   "autograd's)")  # fmt: skip
+
+
 def test_overhead_table_rows_name_their_source():
     table = load_overheads(TABLE_PATH)
     assert {t.term for t in table.terms} >= {"cuda_context", "cublas_workspace", "lazy_kernels"}

@@ -26,7 +26,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
 from boom_ml.memory.attribution import attribute_peak
-from boom_ml.memory.overheads import Amount, OverheadTable, load_overheads
+from boom_ml.memory.overheads import Amount, OverheadTable, Term, load_overheads
 from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
@@ -200,7 +200,7 @@ def estimate_memory(
         for a in sm.outside
     ] + [
         {"term": t.term, "library": t.library, "bytes": sm.inside_bytes.get(t.term, 0),
-         "where": "caching allocator", "source": t.provenance}
+         "where": "caching allocator", "source": t.provenance + _copies(t, sm.inside_bytes)}
         for t in table.inside(gpu, graph, stack, "p50")
     ]  # fmt: skip
     return MemoryEstimate(
@@ -280,3 +280,12 @@ def _window_peaks(graph: OpGraph, sm: StepMemory, phase: str, top_n: int) -> Win
         return allocated, attribute_peak(graph, replay, at, allocated + gap, top_n)
 
     return WindowPeaks(inside=peak(in_phase), outside=peak(~in_phase))
+
+
+def _copies(term: Term, inside_bytes: dict[str, int]) -> str:
+    """How many workspaces a per-handle term's bytes hold, said beside its per-handle source
+    (one for forward's handle on the Python thread, one for backward's on autograd's)."""
+    count = inside_bytes.get(term.term, 0) // term.nbytes if term.nbytes else 0
+    if term.placement != "per_handle" or count <= 1:
+        return ""
+    return f"; x {count} handles (forward on the Python thread, backward on autograd's)"
