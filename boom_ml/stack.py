@@ -30,6 +30,10 @@ MODULE_LOADING = ("lazy", "eager")
 # into the context when its library is loaded.
 LAZY_FROM_TORCH = (1, 13)
 LAZY_FROM_CUDA = (11, 7)
+# The caching allocator's expandable_segments option was merged in April 2023, after 2.0
+# (March 2023): pytorch/pytorch#99933 enables "expandable_segments, now merged from OSS",
+# 2023-04-24; the first release that reads it is 2.1.
+EXPANDABLE_FROM_TORCH = (2, 1)
 # From 2.0 on, PyTorch's optimizers default to their foreach implementation when every
 # parameter is a CUDA tensor (torch/optim/optimizer.py `_default_to_fused_or_foreach`);
 # Adafactor opts out and runs its for-loop unless foreach=True is passed
@@ -171,13 +175,20 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
     split = opts.get("max_split_size_mb")
     if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 20):
         raise InvalidInputError(f"stack.max_split_size_mb must be an integer >= 20, got {split!r}")
+    expandable = _bool("expandable_segments", opts.get("expandable_segments", False))
+    if expandable and version_tuple(torch) < EXPANDABLE_FROM_TORCH:
+        first = ".".join(map(str, EXPANDABLE_FROM_TORCH))
+        raise InvalidInputError(
+            f"stack.expandable_segments needs torch >= {first} (its allocator has no such "
+            f"option in {torch})"
+        )
     return Stack(
         torch=torch,
         cuda=cuda,
         cudnn=cudnn,
         module_loading=loading,
         cudnn_benchmark=_bool("cudnn_benchmark", opts.get("cudnn_benchmark", False)),
-        expandable_segments=_bool("expandable_segments", opts.get("expandable_segments", False)),
+        expandable_segments=expandable,
         max_split_size_mb=split,
         source=row.source,
     )

@@ -177,6 +177,9 @@ def test_stack_defaults_and_errors():
         resolve_stack({"module_loading": "sometimes"})
     with pytest.raises(InvalidInputError, match="unknown stack option"):
         resolve_stack({"pytorch": "2.6"})
+    with pytest.raises(InvalidInputError, match=r"expandable_segments needs torch >= 2\.1"):
+        resolve_stack({"torch": "2.0", "expandable_segments": True})
+    assert resolve_stack({"torch": "2.1", "expandable_segments": True}).expandable_segments
 
 
 def test_optimizer_implementation_follows_the_stack():
