@@ -68,7 +68,8 @@ def load_rows(data: Path = DATA) -> pd.DataFrame:
 
 def predict(rows: pd.DataFrame, model=None) -> pd.DataFrame:  # noqa: ANN001
     """``fwd_pred`` and ``bwd_pred`` (ms) for every row, with ``model`` (None: packaged)."""
-    from boom_ml.timing.per_op import library_rows, rows_ms
+    from boom_ml.timing.library_calls import library_rows
+    from boom_ml.timing.per_op import rows_ms
 
     fwd, bwd = [], []
     for _, row in rows.iterrows():

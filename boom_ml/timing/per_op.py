@@ -27,10 +27,9 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
-from boom_ml.timing.features import LIBRARY
+from boom_ml.timing.library_calls import REPEAT, RNN_METHOD, is_rnn, rnn_rows
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
-from boom_ml.trace import rnn_kernels
 from boom_ml.trace.graph import OpGraph
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -42,8 +41,6 @@ NORM_OPS = {"native_layer_norm": "layer_norm", "layer_norm": "layer_norm",
             "cudnn_batch_norm": "batch_norm", "native_batch_norm": "batch_norm",
             "native_group_norm": "group_norm", "group_norm": "group_norm",
             "_fused_rms_norm": "rms_norm", "rms_norm": "rms_norm"}  # fmt: skip
-REPEAT = "repeat"  # a row's kernel runs this many times (default 1)
-RNN_METHOD = "cudnn-rnn kernels (gemm-tiles + elementwise-head)"
 TRANSCENDENTAL_HINTS = ("exp", "log", "tanh", "gelu", "sigmoid", "silu", "erf", "pow", "sqrt",
                         "sin", "cos", "softplus", "mish", "elu")  # fmt: skip
 
@@ -142,7 +139,7 @@ def node_rows(
         in_dt, out_dt = json.loads(node.input_dtypes), json.loads(node.output_dtypes)
         matrix = family in ("gemm", "conv", "attention")
         # cuDNN's RNNs follow the cuDNN switch (RNN.cpp: allowTF32CuDNN(Float32Op::RNN))
-        tf32 = flags.cudnn if op.removesuffix("_backward") in RNN_OPS else flags.for_family(family)
+        tf32 = flags.cudnn if is_rnn(op) else flags.for_family(family)
         base = {
             "node_pos": pos,
             "family": family,
@@ -163,26 +160,6 @@ def node_rows(
     return pd.DataFrame(out)
 
 
-RNN_OPS = {f"cudnn_{m}": m for m in rnn_kernels.MODES}
-
-
-def _rnn_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[dict[str, Any]]:
-    """A cuDNN RNN call as the kernels it runs, each with how many times (``repeat``)."""
-    backward = op.endswith("_backward")
-    mode = RNN_OPS[op.removesuffix("_backward")]
-    output = shapes[3] if backward else outs[0]  # backward's inputs: x, hx, cx, output, ...
-    shape = rnn_kernels.shape_of(mode, shapes[0], shapes[1], shapes[2], output)
-    # issued back to back inside cuDNN: timed as kernels, without an eager op's launch gap
-    return [{**row, "source": LIBRARY} for row in rnn_kernels.kernel_rows(shape, backward)]
-
-
-def library_rows(kernels: list[dict[str, Any]], dtype: str, direction: str) -> pd.DataFrame:
-    """Kernel rows of kernels a library call issues back to back (timed without an eager op's
-    launch gap: ``features.LIBRARY``), in ``dtype`` and ``direction``."""
-    return pd.DataFrame([{**k, "dtype": dtype, "direction": direction, "source": LIBRARY}
-                         for k in kernels])  # fmt: skip
-
-
 def rows_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> np.ndarray:
     """Median ms of each kernel row on ``gpu``, times its ``repeat``: the models a step's
     nodes are timed with (``model``: as in :func:`predict_nodes_many`)."""
@@ -200,8 +177,8 @@ def rows_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> np.ndarray:
 
 
 def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]]:
-    if op.removesuffix("_backward") in RNN_OPS:
-        return _rnn_rows(op, shapes, outs)
+    if is_rnn(op):
+        return rnn_rows(op, shapes, outs)
     counted = {"flops": float(node.flops), "bytes": float(node.bytes_read + node.bytes_written)}
     big = max([_numel(s) for s in outs + shapes] or [1])
     generic = [{"op": _base(op), "numel": big, **counted, "family": family}]
