@@ -132,6 +132,34 @@ def test_cli_errors_are_one_line_exit_2(args):
     assert proc.stdout == ""
 
 
+SHAPE_BUG = """
+import torch
+class ShapeBug(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.lin(x) * torch.ones(3, device=x.device)  # (b, 8) * (3,): no broadcast
+    def example_inputs(self, batch_size, device):
+        return {"x": torch.randn(batch_size, 8, device=device)}
+def make():
+    return ShapeBug()
+"""
+
+
+def test_cli_shape_error_in_the_model_is_one_line(tmp_path):
+    """A shape error inside the model's forward: torch's fake-tensor logger used to print
+    its own 30-line traceback (``failed while attempting to run meta for aten.mul``) to
+    stderr before boom-ml's one-line error."""
+    path = tmp_path / "shape_bug.py"
+    path.write_text(SHAPE_BUG)
+    proc = cli(f"model=file:{path}:make", "gpu=l4", "batch_size=2", "max_batch=off")
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: could not trace"), proc.stderr
+    assert "broadcast" in lines[0] or "size of tensor" in lines[0]
+
+
 def test_cli_prints_valid_json():
     proc = cli(
         "model=torchvision:resnet18", "gpu=[l4,t4]", "batch_size=2", "image_size=32", "output=json"

@@ -8,6 +8,7 @@ parameters, last step's gradients and optimizer state already allocated.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -206,12 +207,30 @@ class _StepRunner:
 
 
 @contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """No traceback from torch's fake-tensor logger while tracing.
+
+    When an op's meta kernel raises (a shape mismatch in the model), FakeTensorMode logs the
+    whole traceback at ERROR level before re-raising; the trace turns the exception into a
+    one-line TraceError, which the CLI prints alone.
+    """
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
     attention = cuda_attention(step.sdpa_group or DEFAULT_GROUP)  # the target GPUs' kernels
     with (
+        _quiet_fake_tensor_log(),
         fake_mode,
         torch.device("cpu"),
         attention as sdpa,
