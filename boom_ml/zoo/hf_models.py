@@ -24,6 +24,7 @@ from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
+from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
 
 CONFIG_DIR = Path(__file__).with_name("hf_configs")
@@ -214,7 +215,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.
-    moe_layers = patch_moe(module, imbalance) if torch.device(device).type == "meta" else 0
+    on_meta = torch.device(device).type == "meta"
+    moe_layers = patch_moe(module, imbalance) if on_meta else 0
+    if on_meta:  # Longformer / LED: no global attention in the zoo's inputs (hf_longformer)
+        patch_local_attention(module)
 
     params = set(inspect.signature(module.forward).parameters)
     head = cls.__name__
