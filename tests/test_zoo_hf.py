@@ -287,3 +287,34 @@ def test_longformer_encoders_trace_with_local_attention(
     # only the global-attention projections idle, as on a GPU for these inputs
     idle = {n.split(".")[-2] for n, p in built.module.named_parameters() if p.grad is None}
     assert idle == {"query_global", "key_global", "value_global"}
+
+
+def test_whisper_traces_on_log_mel_features(tmp_path: Path) -> None:
+    """Whisper failed in its encoder ('NoneType' object has no attribute 'shape': the zoo
+    gave it input_ids); it now gets 2 x max_source_positions mel frames and seq_len labels."""
+    small = {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "vocab_size": 100}
+    small |= {"encoder_attention_heads": 2, "decoder_attention_heads": 2}
+    small |= {"encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_mel_bins": 8}
+    small |= {"max_source_positions": 16, "max_target_positions": 24}
+    small |= {"decoder_start_token_id": 1, "pad_token_id": 2, "bos_token_id": 1}
+    small |= {"eos_token_id": 2}
+    built = build_model(
+        _tiny_config(tmp_path, "whisper", "WhisperForConditionalGeneration", **small)
+    )
+    batch = fake_step(built, StepSpec(batch_size=2, seq_len=12), checkpointing=True)
+    assert batch["input_features"].shape == (2, 8, 32) and batch["labels"].shape == (2, 12)
+    assert built.default_seq_len == 24  # the decoder's learned positions
+    with pytest.raises(InvalidInputError, match="24 learned positions"):
+        built.make_inputs(StepSpec(batch_size=1, seq_len=25), CPU)
+
+
+def test_raw_audio_model_is_a_one_line_error(tmp_path: Path) -> None:
+    """Wav2Vec2 takes raw audio (input_values): it failed mid-trace with a TypeError about
+    a missing argument; the build now says which input the zoo cannot make."""
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    small |= {"intermediate_size": 64, "vocab_size": 32, "conv_dim": [8], "conv_kernel": [4]}
+    small |= {"conv_stride": [2], "num_conv_pos_embeddings": 4}
+    small |= {"num_conv_pos_embedding_groups": 2}
+    name = _tiny_config(tmp_path, "wav2vec2", "Wav2Vec2ForCTC", **small)
+    with pytest.raises(InvalidInputError, match="takes 'input_values' inputs"):
+        build_model(name)

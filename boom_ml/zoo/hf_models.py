@@ -220,14 +220,25 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     if on_meta:  # Longformer / LED: no global attention in the zoo's inputs (hf_longformer)
         patch_local_attention(module)
 
-    params = set(inspect.signature(module.forward).parameters)
+    signature = inspect.signature(module.forward).parameters
+    params = set(signature)
     head = cls.__name__
     vision = "pixel_values" in params and "input_ids" not in params
+    # Whisper: 30 s of log-mel frames into the encoder, seq_len decoder tokens
+    speech = config.model_type == "whisper" and "input_features" in params
+    if "input_ids" not in params and not vision and not speech:
+        main = next(iter(signature), "?")
+        raise InvalidInputError(
+            f"{what}: {head} takes {main!r} inputs, which the hf zoo cannot make: it makes "
+            "input_ids (text), pixel_values (images) and Whisper's input_features only"
+        )
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     decoder = not seq2seq and (
         head.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(config, "is_decoder", False))
     )
     max_pos = getattr(config, "max_position_embeddings", None)
+    if speech:  # the decoder's learned positions (the encoder's are fixed at 30 s)
+        max_pos = getattr(config, "max_target_positions", None)
     if vision:
         seq_default = None
     elif decoder:
@@ -255,6 +266,15 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             raise InvalidInputError(
                 f"{what}: seq_len {seq} exceeds its {seq_limit} learned positions"
             )
+        if speech:
+            # Whisper's encoder takes exactly 2 x max_source_positions mel frames (two
+            # convolutions, the second of stride 2: 3000 frames, 30 s, for 1500 positions)
+            frames = 2 * int(config.max_source_positions)
+            mels = int(config.num_mel_bins)
+            return {
+                "input_features": torch.randn(b, mels, frames, device=dev),
+                "labels": torch.randint(0, vocab, (b, seq), device=dev),
+            }
         batch = {"input_ids": torch.randint(0, vocab, (b, seq), device=dev)}
         if "labels" in params:
             if head.endswith(("ForSequenceClassification", "ForMultipleChoice")):
