@@ -26,8 +26,8 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
 from boom_ml.memory.attribution import attribute_peak
-from boom_ml.memory.overheads import Amount, OverheadTable, Term, load_overheads
-from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay
+from boom_ml.memory.overheads import Amount, Extra, OverheadTable, Term, load_overheads
+from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay, with_extra_sizes
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
@@ -80,6 +80,22 @@ def allocator_config_of(stack: Stack) -> AllocatorConfig | None:
 # prediction mostly share one replay.
 _REPLAYS: IdentityCache[StepMemory] = IdentityCache(32)
 _ATTRIBUTIONS: IdentityCache[Any] = IdentityCache(32)  # per replay: what is alive at its peak
+# Built event lists, keyed by the extras less their sizes: GPUs whose workspaces differ only
+# in bytes (another architecture or level) and the capped replays share one build (a Python
+# loop over every event of three steps), and each fills in its own sizes.
+_BUILDS: IdentityCache[Replay] = IdentityCache(32)
+
+
+def _built_replay(
+    graph: OpGraph, steps: int, hold_outputs: bool, extras: list[Extra], accumulate: bool
+) -> Replay:
+    """``build_replay(graph, steps, hold_outputs, extras, accumulate)``, shared."""
+    shapes = [replace(x, nbytes=0) for x in extras]
+    key = (steps, hold_outputs, accumulate, tuple(shapes))
+    built = _BUILDS.get(
+        graph, key, lambda: build_replay(graph, steps, hold_outputs, shapes, accumulate)
+    )
+    return with_extra_sizes(built, extras)
 
 
 def simulate_step(
@@ -121,7 +137,7 @@ def simulate_step(
     )
 
     def replay_step() -> StepMemory:
-        replay = build_replay(graph, steps, hold_outputs, extras, accumulate)
+        replay = _built_replay(graph, steps, hold_outputs, extras, accumulate)
         result = simulate(replay.tuples(), limit if capacity else None, config,
                           optional=replay.optional)  # fmt: skip
         inside: dict[str, int] = {}

@@ -244,3 +244,20 @@ def _held_references(
         if not is_alloc[r] and category[r] == "input":
             held[int(blocks[r])] = "start"
     return held
+
+
+def with_extra_sizes(replay: Replay, extras: list[Extra]) -> Replay:
+    """``replay`` (built with extras of the same kinds and rows as ``extras``) with each
+    synthetic event's bytes taken from ``extras``: the only place :func:`build_replay` reads
+    an extra's size, so the result equals ``build_replay`` with ``extras`` itself.
+
+    A synthetic block id is ``-(1 + i + len(extras) * k)`` for extra ``i``, so ``i`` is its
+    id's remainder; the other arrays are shared with ``replay`` (nothing mutates them)."""
+    synthetic = np.fromiter(replay.synthetic, dtype=np.int64, count=len(replay.synthetic))
+    rows = np.flatnonzero((replay.src == -1) & np.isin(replay.block, synthetic))
+    nbytes = replay.nbytes.copy()
+    if len(rows):
+        sizes = np.asarray([x.nbytes for x in extras], dtype=np.int64)
+        nbytes[rows] = sizes[(-replay.block[rows] - 1) % len(extras)]
+    return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
+                  replay.synthetic, replay.optional)  # fmt: skip

@@ -1,0 +1,49 @@
+"""Work shared between the GPUs of one prediction gives what each GPU computed alone.
+
+A replay's events are built once per graph and kind of workspace (``estimate._built_replay``)
+and each GPU fills in its own workspace sizes; the result must equal ``build_replay`` with
+that GPU's workspaces, event for event.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_models import tiny_cnn, tiny_transformer
+
+from boom_ml.gpus import get_gpu
+from boom_ml.memory.estimate import _built_replay
+from boom_ml.memory.overheads import load_overheads
+from boom_ml.memory.replay import build_replay
+from boom_ml.specs import StepSpec
+from boom_ml.stack import resolve_stack
+from boom_ml.trace.step import trace_step
+
+GPUS = ("t4", "v100-sxm2-32gb", "a100-80gb-sxm", "rtx-3060", "h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {
+        "transformer": trace_step(tiny_transformer(), StepSpec(2, seq_len=16)),
+        "cnn": trace_step(tiny_cnn(), StepSpec(4, image_size=16)),  # optional conv workspaces
+    }
+
+
+@pytest.mark.parametrize("name", ["transformer", "cnn"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_shared_build_equals_a_build_per_gpu(graphs, name, accumulate):
+    graph, table, stack = graphs[name], load_overheads(), resolve_stack()
+    sizes = set()
+    for gpu in GPUS:
+        for level in ("p10", "p50", "p90"):
+            extras = table.allocator_extras(get_gpu(gpu), graph, stack, level)
+            assert extras, "the test needs workspaces to fill in"
+            sizes.add(tuple(x.nbytes for x in extras))
+            alone = build_replay(graph, 3, True, extras, accumulate)
+            shared = _built_replay(graph, 3, True, extras, accumulate)
+            for field in ("is_alloc", "block", "nbytes", "src", "step"):
+                np.testing.assert_array_equal(getattr(shared, field), getattr(alone, field))
+            assert shared.synthetic == alone.synthetic
+            assert shared.optional == alone.optional
+    assert len(sizes) > 1  # GPUs with other workspace sizes did share a build
