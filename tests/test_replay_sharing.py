@@ -7,11 +7,14 @@ that GPU's workspaces, event for event.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from tiny_models import tiny_cnn, tiny_transformer
 
 from boom_ml.gpus import get_gpu
+from boom_ml.memory.allocator import simulate
 from boom_ml.memory.estimate import _built_replay
 from boom_ml.memory.overheads import load_overheads
 from boom_ml.memory.replay import build_replay
@@ -47,3 +50,17 @@ def test_shared_build_equals_a_build_per_gpu(graphs, name, accumulate):
             assert shared.synthetic == alone.synthetic
             assert shared.optional == alone.optional
     assert len(sizes) > 1  # GPUs with other workspace sizes did share a build
+
+
+@pytest.mark.parametrize("name", ["transformer", "cnn"])
+def test_allocator_takes_a_replay_as_its_events(graphs, name):
+    """``simulate(replay)`` reads the arrays directly: the same answer as its event tuples."""
+    graph = graphs[name]
+    extras = load_overheads().allocator_extras(get_gpu("t4"), graph, resolve_stack(), "p90")
+    replay = build_replay(graph, 3, True, extras)
+    peak = simulate(replay.tuples()).peak_reserved
+    for capacity in (None, peak, peak // 2):  # unbounded, just enough, out of memory
+        a = simulate(replay, capacity, optional=replay.optional)
+        b = simulate(replay.tuples(), capacity, optional=replay.optional)
+        for field in dataclasses.fields(a):
+            np.testing.assert_array_equal(getattr(a, field.name), getattr(b, field.name))

@@ -138,7 +138,7 @@ def simulate_step(
 
     def replay_step() -> StepMemory:
         replay = _built_replay(graph, steps, hold_outputs, extras, accumulate)
-        result = simulate(replay.tuples(), limit if capacity else None, config,
+        result = simulate(replay, limit if capacity else None, config,
                           optional=replay.optional)  # fmt: skip
         inside: dict[str, int] = {}
         for x in extras:  # persistent buffers add up; transient ones count by the largest
