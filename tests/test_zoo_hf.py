@@ -318,3 +318,18 @@ def test_raw_audio_model_is_a_one_line_error(tmp_path: Path) -> None:
     name = _tiny_config(tmp_path, "wav2vec2", "Wav2Vec2ForCTC", **small)
     with pytest.raises(InvalidInputError, match="takes 'input_values' inputs"):
         build_model(name)
+
+
+def test_layerdrop_is_traced_as_the_step_that_drops_no_layer(tmp_path: Path) -> None:
+    """M2M100 (NLLB-200's type) draws torch.rand([]) per layer for LayerDrop: the branch
+    failed on fake tensors (DataDependentOutputException on aten._local_scalar_dense); the
+    meta build now turns LayerDrop off (every layer runs) and records what it was."""
+    small = {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "vocab_size": 100}
+    small |= {"encoder_attention_heads": 2, "decoder_attention_heads": 2}
+    small |= {"encoder_ffn_dim": 64, "decoder_ffn_dim": 64}
+    small |= {"encoder_layerdrop": 0.05, "decoder_layerdrop": 0.1}
+    name = _tiny_config(tmp_path, "m2m_100", "M2M100ForConditionalGeneration", **small)
+    built = build_model(name)
+    assert built.info["layerdrop_off"] == {"encoder_layerdrop": 0.05, "decoder_layerdrop": 0.1}
+    fake_step(built, StepSpec(batch_size=2, seq_len=16), checkpointing=True)
+    assert build_model("hf:t5-small").info["layerdrop_off"] is None

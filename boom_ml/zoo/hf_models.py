@@ -199,6 +199,22 @@ def _rope(config: Any) -> bool:
     return bool(getattr(config, "rope_parameters", None) or getattr(config, "rope_theta", None))
 
 
+def _no_layerdrop(config: Any) -> dict[str, float]:
+    """Turn LayerDrop off in ``config``; returns the probabilities it had (``{}``: none).
+
+    With LayerDrop (M2M100 / NLLB, Wav2Vec2, XGLM, ...) each layer draws ``torch.rand([])``
+    and is skipped below ``layerdrop``: a branch on a value fake tensors do not have. The
+    trace is the step that skips no layer, every layer's memory and time: the peak a GPU
+    reaches whenever a step drops none (probability ``(1 - p) ** layers``).
+    """
+    dropped = {}
+    for key, value in config.to_dict().items():
+        if key.endswith("layerdrop") and isinstance(value, (int, float)) and value > 0:
+            setattr(config, key, 0.0)
+            dropped[key] = float(value)
+    return dropped
+
+
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
     overrides, attention, imbalance = split_options(spec.options)
     path = config_path(name)
@@ -207,6 +223,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     # graph with and without recomputation.
     if hasattr(config, "use_cache"):
         config.use_cache = False
+    on_meta = torch.device(device).type == "meta"
+    layerdrop = _no_layerdrop(config) if on_meta else {}
     cls, from_arch = model_class(config)
     what = f"hf:{name}"
     try:
@@ -215,7 +233,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.
-    on_meta = torch.device(device).type == "meta"
     moe_layers = patch_moe(module, imbalance) if on_meta else 0
     if on_meta:  # Longformer / LED: no global attention in the zoo's inputs (hf_longformer)
         patch_local_attention(module)
@@ -324,5 +341,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "attn_implementation": getattr(module.config, "_attn_implementation", None),
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
+            "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
         },
     )
