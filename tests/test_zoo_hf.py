@@ -222,6 +222,16 @@ def test_hf_without_architectures_uses_natural_head(tmp_path: Path) -> None:
     assert type(build_model(f"hf:{path}").module).__name__ == "BertForMaskedLM"
 
 
+def test_hf_architectures_null_uses_natural_head(tmp_path: Path) -> None:
+    """``"architectures": [null]`` (a config written by a script) crashed with a traceback
+    (getattr: attribute name must be string); it now means no architecture."""
+    path = tmp_path / "bert.json"
+    path.write_text(
+        json.dumps({"model_type": "bert", "num_hidden_layers": 1, "architectures": [None]})
+    )
+    assert type(build_model(f"hf:{path}").module).__name__ == "BertForMaskedLM"
+
+
 def test_malformed_hf_config(tmp_path: Path) -> None:
     bad = tmp_path / "broken.json"
     bad.write_text("{not json")

@@ -136,7 +136,11 @@ def model_class(config: Any) -> tuple[type, bool]:
     from transformers.models.auto import modeling_auto as auto
 
     archs = getattr(config, "architectures", None) or []
-    if archs and isinstance(getattr(transformers, archs[0], None), type):
+    if (
+        archs
+        and isinstance(archs[0], str)
+        and isinstance(getattr(transformers, archs[0], None), type)
+    ):
         return getattr(transformers, archs[0]), True
     # No (known) architecture: the natural head. Order matters: BERT also has a causal
     # head (BertLMHeadModel), but masked LM is what it is trained with.
