@@ -83,3 +83,17 @@ def test_layout_search_keys_are_the_json_of_their_parts():
             parts = (tp, step, gpu, stack, profile.memory_identity())
             memory = profile._key("memory-2", raw, tp, step.to_dict(), asdict(gpu), *parts[3:])
             assert profile._key_around(("memory-2",), profile._json(raw), parts) == memory
+
+
+def test_links_and_collectives_as_dicts_equal_asdict():
+    """``to_dict`` of the layout search's links and collectives skips ``asdict``'s deep copy:
+    the same dicts, key order included."""
+    from dataclasses import asdict
+
+    from boom_ml.parallel.collectives import Collective, GroupLink
+
+    link = GroupLink("tp", 8, "nvlink4", 450.0, 1.5, 7.0, nodes=2, sm=90, nic_per_gpu=False)
+    assert list(link.to_dict().items()) == list(asdict(link).items())
+    coll = Collective("all_reduce", "dp", "gradients", 1 << 20, 3, 1.234567, 0.5, "ring/simple")
+    expected = {**asdict(coll), "ms": 1.2346, "exposed_ms": 0.5}
+    assert list(coll.to_dict().items()) == list(expected.items())

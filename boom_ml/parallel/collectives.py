@@ -17,12 +17,19 @@ intra-node link; a per-node NIC is shared.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from boom_ml.parallel.layout import Cluster, Layout
 from boom_ml.parallel.links import Link
 from boom_ml.parallel.nccl import Comm, Estimate, best
+
+
+def scalar_fields(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a dataclass whose fields are all str, int, float or bool,
+    without its recursive deep copy: a layout search of 207 layouts on 44 GPUs turns 80k
+    links and collectives into dicts (3 s with ``asdict``)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,7 @@ class GroupLink:
     nic_per_gpu: bool = True  # across nodes: one NIC per GPU (else one shared per node)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return scalar_fields(self)
 
     def comm(self) -> Comm:
         return Comm(self.size, self.nodes, self.busbw_gbs, self.hw, self.sm,
@@ -166,7 +173,7 @@ class Collective:
     algorithm: str = ""  # NCCL's algorithm/protocol for one call (algorithm_for)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = scalar_fields(self)
         d["ms"] = round(self.ms, 4)
         d["exposed_ms"] = round(self.exposed_ms, 4)
         return d
