@@ -113,3 +113,36 @@ def test_hf_build_options_elsewhere_only_at_their_defaults() -> None:
     assert type(built.module).__name__ == "ResNet"
     with pytest.raises(InvalidInputError, match="moe_imbalance=2.0 applies to hf: models only"):
         build_model(ModelSpec("torchvision:resnet18", {"moe_imbalance": 2.0}))
+
+
+# A synthetic DBRX-style config (stacked expert weights, its own expert loop), shrunk.
+TINY_DBRX = {
+    "model_type": "dbrx",
+    "architectures": ["DbrxForCausalLM"],
+    "d_model": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "max_seq_len": 256,
+    "vocab_size": 128,
+    "attn_config": {"clip_qkv": 8, "kv_n_heads": 2, "rope_theta": 500000},
+    "ffn_config": {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 2},
+}
+
+
+def test_dbrx_experts_route_evenly(tmp_path: Path) -> None:
+    """DBRX's expert loop asks nonzero() / torch.where which experts got which tokens: it
+    failed (DynamicOutputShapeException on aten.nonzero); it now routes evenly like the
+    other MoE layers, one gather + GLU + index_add_ per expert."""
+    path = tmp_path / "tiny_dbrx_synthetic.json"
+    path.write_text(json.dumps(TINY_DBRX))
+    built = build_model(f"hf:{path}")
+    assert built.info["moe_layers"] == 2
+    batch, seq = 2, 10
+    graph = trace_step(built, StepSpec(batch_size=batch, seq_len=seq, optimizer="none"))
+    nodes = graph.nodes
+    experts = nodes[(nodes.phase == "forward") & nodes.module.str.contains("experts")]
+    hidden, ffn = TINY_DBRX["d_model"], TINY_DBRX["ffn_config"]["ffn_hidden_size"]
+    pairs = batch * seq * TINY_DBRX["ffn_config"]["moe_top_k"]  # 40 pairs, 10 per expert
+    gemms = experts[experts.op.isin(["mm", "matmul", "bmm"])]
+    assert len(gemms) == 3 * 4 * 2  # w1, v1, w2 for each of 4 experts in 2 layers
+    assert int(gemms.flops.sum()) == 3 * 2 * pairs * hidden * ffn * 2

@@ -13,8 +13,9 @@ as transformers applies it) caps every share; tokens over it are dropped, as on 
 The router still runs (its linear, softmax and top-k are real kernels and its logits feed
 the auxiliary losses); only which tokens go where is decided here. Experts with 3-D weights
 (Mixtral, Qwen-MoE, DeepSeek, OLMoE, ...) then run transformers' default grouped_mm path as
-batched GEMMs; Switch Transformer's separate expert modules run its eager loop (gather the
-expert's tokens, its MLP, scale, ``index_add_`` back).
+batched GEMMs; Switch Transformer's separate expert modules and DBRX's stacked expert
+weights run their eager loops (gather the expert's tokens, its MLP, scale, ``index_add_``
+back).
 
 Patched per instance (``patch_moe``), so nothing global changes and a model built on a real
 device for a measurement keeps transformers' own routing.
@@ -185,6 +186,39 @@ def _switch_sparse_forward(self: nn.Module, hidden_states: torch.Tensor) -> torc
     return final.reshape(batch, seq, hidden)
 
 
+def _dbrx_experts_forward(
+    self: nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """DBRX's expert loop (per expert: gather its tokens, GLU from its slice of the stacked
+    w1 / v1 / w2, scale, ``index_add_`` back) with even, fixed routing."""
+    batch = hidden_states.shape[0]
+    flat = hidden_states.reshape(-1, self.hidden_size)
+    tokens, top_k = flat.shape[0], top_k_index.shape[-1]
+    loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
+    final = torch.zeros_like(flat)
+    split = (-1, self.ffn_hidden_size, self.hidden_size)
+    start = 0
+    for expert, count in enumerate(loads):
+        if count == 0:
+            continue
+        with torch.no_grad():
+            # pair p is token p // top_k's (p % top_k)-th choice
+            pairs = _slots(start, count, flat.device)
+            token_idx = torch.div(pairs, top_k, rounding_mode="floor")
+            choice = pairs - token_idx * top_k
+        start += count
+        w1 = self.mlp.w1.view(split)[expert]
+        v1 = self.mlp.v1.view(split)[expert]
+        w2 = self.mlp.w2.view(split)[expert]
+        states = self.mlp(flat[token_idx], w1, v1, w2)
+        states = states.view(-1, self.hidden_size) * top_k_weights[token_idx, choice, None]
+        final.index_add_(0, token_idx, states)
+    return final.view(batch, -1, self.hidden_size)
+
+
 def _is_fused_experts(module: nn.Module) -> bool:
     """transformers' ``@use_experts_implementation`` experts: 3-D weights, top-k inputs."""
     return all(
@@ -205,6 +239,10 @@ def patch_moe(model: nn.Module, imbalance: float = DEFAULT_IMBALANCE) -> int:
         if _is_fused_experts(module):
             module.boom_imbalance = imbalance
             module.forward = types.MethodType(_fused_experts_forward, module)
+            patched += 1
+        elif name == "DbrxExperts":
+            module.boom_imbalance = imbalance
+            module.forward = types.MethodType(_dbrx_experts_forward, module)
             patched += 1
         elif name == "SwitchTransformersSparseMLP":
             module.boom_imbalance = imbalance
