@@ -343,3 +343,18 @@ def test_layerdrop_is_traced_as_the_step_that_drops_no_layer(tmp_path: Path) -> 
     assert built.info["layerdrop_off"] == {"encoder_layerdrop": 0.05, "decoder_layerdrop": 0.1}
     fake_step(built, StepSpec(batch_size=2, seq_len=16), checkpointing=True)
     assert build_model("hf:t5-small").info["layerdrop_off"] is None
+
+
+def test_decoder_sequence_classifier_without_pad_token(tmp_path: Path) -> None:
+    """LlamaForSequenceClassification from a Llama config (no pad_token_id) failed for
+    batch_size > 1 ('Cannot handle batch sizes > 1 if no padding token is defined'); the
+    zoo now pads with the EOS token, as fine-tuning recipes do."""
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    small |= {"num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 100}
+    small |= {"eos_token_id": 7, "bos_token_id": 1, "pad_token_id": None}
+    name = _tiny_config(tmp_path, "llama", "LlamaForSequenceClassification", **small)
+    built = build_model(name)
+    assert built.module.config.pad_token_id == 7
+    assert built.module.model.embed_tokens.padding_idx is None  # the build is unchanged
+    batch = fake_step(built, StepSpec(batch_size=2, seq_len=16))
+    assert batch["labels"].shape == (2,)

@@ -219,6 +219,19 @@ def _no_layerdrop(config: Any) -> dict[str, float]:
     return dropped
 
 
+def _padded_classifier(config: Any) -> None:
+    """A pad token for a sequence classifier whose config has none (Llama, Mistral, Qwen...).
+
+    Decoder classifiers pool the last non-pad token and refuse batches over 1 without a
+    pad token; fine-tuning recipes set it to the EOS token (``config.pad_token_id =
+    tokenizer.eos_token_id``), and so does the zoo. Set after the build: the embedding's
+    padding_idx stays as the config says.
+    """
+    if getattr(config, "pad_token_id", None) is None:
+        eos = getattr(config, "eos_token_id", None)
+        config.pad_token_id = (eos[0] if eos else 0) if isinstance(eos, list) else (eos or 0)
+
+
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
     overrides, attention, imbalance = split_options(spec.options)
     path = config_path(name)
@@ -244,6 +257,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     signature = inspect.signature(module.forward).parameters
     params = set(signature)
     head = cls.__name__
+    if head.endswith("ForSequenceClassification"):
+        _padded_classifier(module.config)
     vision = "pixel_values" in params and "input_ids" not in params
     # Whisper: 30 s of log-mel frames into the encoder, seq_len decoder tokens
     speech = config.model_type == "whisper" and "input_features" in params
