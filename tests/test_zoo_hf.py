@@ -358,3 +358,15 @@ def test_decoder_sequence_classifier_without_pad_token(tmp_path: Path) -> None:
     assert built.module.model.embed_tokens.padding_idx is None  # the build is unchanged
     batch = fake_step(built, StepSpec(batch_size=2, seq_len=16))
     assert batch["labels"].shape == (2,)
+
+
+def test_deberta_sequence_classifier(tmp_path: Path) -> None:
+    """DeBERTa-v2's classification loss without a problem_type failed (DynamicOutputShape-
+    Exception on aten.nonzero: it drops negative labels); the zoo's labels are class
+    indices, so the problem type is now single-label classification."""
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    small |= {"num_attention_heads": 2, "vocab_size": 100}
+    name = _tiny_config(tmp_path, "deberta-v2", "DebertaV2ForSequenceClassification", **small)
+    built = build_model(name)
+    assert built.module.config.problem_type == "single_label_classification"
+    fake_step(built, StepSpec(batch_size=2, seq_len=16))

@@ -219,10 +219,10 @@ def _no_layerdrop(config: Any) -> dict[str, float]:
     return dropped
 
 
-def _padded_classifier(config: Any) -> None:
-    """A pad token for a sequence classifier whose config has none (Llama, Mistral, Qwen...).
+def _sequence_classifier(config: Any) -> None:
+    """A sequence classifier's pad token and problem type, where its config has none.
 
-    Decoder classifiers pool the last non-pad token and refuse batches over 1 without a
+    A pad token (Llama, Mistral, Qwen...): decoder classifiers pool the last non-pad token and refuse batches over 1 without a
     pad token; fine-tuning recipes set it to the EOS token (``config.pad_token_id =
     tokenizer.eos_token_id``), and so does the zoo. Set after the build: the embedding's
     padding_idx stays as the config says.
@@ -230,6 +230,11 @@ def _padded_classifier(config: Any) -> None:
     if getattr(config, "pad_token_id", None) is None:
         eos = getattr(config, "eos_token_id", None)
         config.pad_token_id = (eos[0] if eos else 0) if isinstance(eos, list) else (eos or 0)
+    # The zoo's labels are one class index per sample: say so. Without it DeBERTa's loss
+    # drops negative labels with nonzero(), a shape fake tensors cannot know; the other
+    # classifiers infer the same problem type from integer labels.
+    if getattr(config, "problem_type", None) is None and getattr(config, "num_labels", 2) > 1:
+        config.problem_type = "single_label_classification"
 
 
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
@@ -258,7 +263,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     params = set(signature)
     head = cls.__name__
     if head.endswith("ForSequenceClassification"):
-        _padded_classifier(module.config)
+        _sequence_classifier(module.config)
     vision = "pixel_values" in params and "input_ids" not in params
     # Whisper: 30 s of log-mel frames into the encoder, seq_len decoder tokens
     speech = config.model_type == "whisper" and "input_features" in params
