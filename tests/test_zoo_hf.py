@@ -370,3 +370,20 @@ def test_deberta_sequence_classifier(tmp_path: Path) -> None:
     built = build_model(name)
     assert built.module.config.problem_type == "single_label_classification"
     fake_step(built, StepSpec(batch_size=2, seq_len=16))
+
+
+@pytest.mark.parametrize(
+    ("arch", "ids_shape"),
+    [("BertForMultipleChoice", (2, 4, 16)), ("BertForNextSentencePrediction", (2, 16))],
+)
+def test_bert_multiple_choice_and_next_sentence_heads(
+    tmp_path: Path, arch: str, ids_shape: tuple
+) -> None:
+    """BertForMultipleChoice got (batch, seq) tokens ("shape '[-1, 16]' is invalid") and
+    BertForNextSentencePrediction per-token labels ("Expected input batch_size (2) to
+    match target batch_size (32)"); they now get 4 choices per sample and one label each."""
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    small |= {"num_attention_heads": 2, "vocab_size": 100}
+    built = build_model(_tiny_config(tmp_path, "bert", arch, **small))
+    batch = fake_step(built, StepSpec(batch_size=2, seq_len=16))
+    assert batch["input_ids"].shape == ids_shape and batch["labels"].shape == (2,)

@@ -31,6 +31,8 @@ CONFIG_DIR = Path(__file__).with_name("hf_configs")
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
 DECODER_SEQ_LEN = 2048
+# Answers per question for ...ForMultipleChoice heads: SWAG, RACE, ARC and MMLU have 4.
+MULTIPLE_CHOICES = 4
 # HF attn_implementation values a build may ask for (issue #13's attention=sdpa|eager)
 ATTENTION_CHOICES = ("sdpa", "eager")
 
@@ -316,10 +318,19 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
                 "input_features": torch.randn(b, mels, frames, device=dev),
                 "labels": torch.randint(0, vocab, (b, seq), device=dev),
             }
+        if head.endswith("ForMultipleChoice"):
+            # each sample is MULTIPLE_CHOICES sequences (question + one answer each), one label
+            shape = (b, MULTIPLE_CHOICES, seq)
+            return {
+                "input_ids": torch.randint(0, vocab, shape, device=dev),
+                "labels": torch.randint(0, MULTIPLE_CHOICES, (b,), device=dev),
+            }
         batch = {"input_ids": torch.randint(0, vocab, (b, seq), device=dev)}
         if "labels" in params:
-            if head.endswith(("ForSequenceClassification", "ForMultipleChoice")):
+            if head.endswith("ForSequenceClassification"):
                 batch["labels"] = torch.randint(0, num_labels, (b,), device=dev)
+            elif head.endswith("ForNextSentencePrediction"):  # is B the sentence after A?
+                batch["labels"] = torch.randint(0, 2, (b,), device=dev)
             elif head.endswith("ForTokenClassification"):
                 batch["labels"] = torch.randint(0, num_labels, (b, seq), device=dev)
             else:  # language-model heads: one target token per position
