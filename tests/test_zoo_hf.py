@@ -387,3 +387,14 @@ def test_bert_multiple_choice_and_next_sentence_heads(
     built = build_model(_tiny_config(tmp_path, "bert", arch, **small))
     batch = fake_step(built, StepSpec(batch_size=2, seq_len=16))
     assert batch["input_ids"].shape == ids_shape and batch["labels"].shape == (2,)
+
+
+def test_seq2seq_sequence_classifier_is_a_one_line_error(tmp_path: Path) -> None:
+    """BartForSequenceClassification failed mid-trace with 'DynamicOutputShapeException:
+    aten.unique_consecutive.default'; the build now says why in one line."""
+    small = {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "vocab_size": 100}
+    small |= {"encoder_attention_heads": 2, "decoder_attention_heads": 2}
+    small |= {"encoder_ffn_dim": 64, "decoder_ffn_dim": 64}
+    name = _tiny_config(tmp_path, "bart", "BartForSequenceClassification", **small)
+    with pytest.raises(InvalidInputError, match="EOS tokens it finds by value"):
+        build_model(name)

@@ -276,6 +276,13 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "input_ids (text), pixel_values (images) and Whisper's input_features only"
         )
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    if seq2seq and head.endswith("ForSequenceClassification"):
+        # BART / T5 families: hidden_states[input_ids == eos] and a check that every
+        # sample has as many EOS tokens, shapes that depend on the token values
+        raise InvalidInputError(
+            f"{what}: {head} pools at the EOS tokens it finds by value (a data-dependent "
+            "shape fake tensors cannot trace); use its ForConditionalGeneration head"
+        )
     decoder = not seq2seq and (
         head.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(config, "is_decoder", False))
     )
