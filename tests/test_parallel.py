@@ -336,16 +336,16 @@ def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
 
 def test_time_profiles_are_keyed_by_the_timing_model(monkeypatch) -> None:
     """A retrained or swapped per-op model must not be served profiles timed by the last one."""
-    from boom_ml.parallel import profile
+    from boom_ml.parallel import profile_keys
 
-    profile.timing_identity.cache_clear()
-    packaged = profile.timing_identity()
+    profile_keys.timing_identity.cache_clear()
+    packaged = profile_keys.timing_identity()
     monkeypatch.setenv("BOOM_PER_OP_MODEL", "/another/model")
-    profile.timing_identity.cache_clear()
+    profile_keys.timing_identity.cache_clear()
     try:
-        assert profile.timing_identity() != packaged
+        assert profile_keys.timing_identity() != packaged
     finally:
-        profile.timing_identity.cache_clear()
+        profile_keys.timing_identity.cache_clear()
 
 
 def test_fragmentation_stays_within_the_traced_values(tiny_memory):
@@ -370,7 +370,7 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
 def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> None:
     """A changed tracer, zoo or memory model must not be served profiles replayed by the last."""
     from boom_ml import trace_cache
-    from boom_ml.parallel import profile
+    from boom_ml.parallel import profile_keys as profile
 
     for d in ("trace", "zoo", "memory"):
         (tmp_path / d).mkdir()

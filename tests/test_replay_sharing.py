@@ -67,22 +67,22 @@ def test_allocator_takes_a_replay_as_its_events(graphs, name):
 
 
 def test_layout_search_keys_are_the_json_of_their_parts():
-    """The cached time and memory profile keys are those of ``profile._key`` (the disk cache
-    keeps its entries)."""
+    """The cached time and memory profile keys are those of ``profile_keys.key_of`` (the disk
+    cache keeps its entries)."""
     from dataclasses import asdict
 
-    from boom_ml.parallel import profile
+    from boom_ml.parallel import profile_keys as keys
 
     raw = {"hidden_size": 64, "num_hidden_layers": 2, "id2label": {"1": "b", "0": "a"}}
     gpu, stack = get_gpu("h100-sxm"), str(resolve_stack())
     for step in (StepSpec(4, seq_len=32), StepSpec(1, seq_len=8, lora_targets=("q", "v"))):
         for tp in (1, 2):
-            time = profile._key("time", profile.timing_identity(), raw, tp, step.to_dict(),
-                                asdict(gpu))  # fmt: skip
-            assert profile._time_key(raw, tp, step, gpu) == time
-            parts = (tp, step, gpu, stack, profile.memory_identity())
-            memory = profile._key("memory-2", raw, tp, step.to_dict(), asdict(gpu), *parts[3:])
-            assert profile._key_around(("memory-2",), profile._json(raw), parts) == memory
+            time = keys.key_of("time", keys.timing_identity(), raw, tp, step.to_dict(),
+                               asdict(gpu))  # fmt: skip
+            assert keys.time_key(raw, tp, step, gpu) == time
+            parts = (tp, step, gpu, stack, keys.memory_identity())
+            memory = keys.key_of("memory-2", raw, tp, step.to_dict(), asdict(gpu), *parts[3:])
+            assert keys.key_around(("memory-2",), keys.canonical_json(raw), parts) == memory
 
 
 def test_links_and_collectives_as_dicts_equal_asdict():

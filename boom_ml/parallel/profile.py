@@ -11,52 +11,25 @@ and GPU in memory and on disk (``~/.cache/boom_ml/parallel``).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.shard import cache_dir, module_role, param_split, rank_config, rank_model
+from boom_ml.parallel.profile_keys import (
+    canonical_json,
+    disk_get,
+    disk_put,
+    key_around,
+    key_of,
+    memory_identity,
+    time_key,
+)
+from boom_ml.parallel.shard import module_role, param_split, rank_config, rank_model
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace_pool import shared_pool, take_or_trace
-
-CACHE_VERSION = 7  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest)
-_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _files_digest(seed: str, files: list[Path]) -> str:
-    digest = hashlib.sha1(seed.encode())
-    for path in files:
-        digest.update(path.name.encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=1)
-def timing_identity() -> str:
-    """Hash of what a time profile is computed with: the timing code and the packaged (or
-    ``$BOOM_PER_OP_MODEL``) models' manifests. In the disk key, so a retrained model or a
-    changed timing rule never serves profiles timed by the previous one."""
-    files = sorted((_ROOT / "timing").glob("*.py"))
-    files += sorted((_ROOT / "artifacts").glob("*/manifest.json"))
-    return _files_digest(os.environ.get("BOOM_PER_OP_MODEL", ""), files)
-
-
-@functools.lru_cache(maxsize=1)
-def memory_identity() -> str:
-    """Hash of what a memory profile is computed with: the tracer and the model zoo (the trace
-    cache's ``code_digest``) and the memory model (code and overhead table). In the disk key,
-    for the same reason as :func:`timing_identity`: a profile replayed by older code is never
-    served."""
-    from boom_ml.trace_cache import code_digest
-
-    memory = _ROOT / "memory"
-    return _files_digest(code_digest(), sorted([*memory.glob("*.py"), *memory.glob("*.csv")]))
-
 
 PHASES_BACKWARD = ("backward", "recompute")
 MATRIX_FAMILIES = ("gemm", "attention")
@@ -110,56 +83,6 @@ class MemoryProfile:
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _key(*parts: Any) -> str:
-    return _digest([_json(p) for p in parts])
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _digest(texts: list[str]) -> str:
-    """The key of parts given as their JSON: ``json.dumps`` of a list joins its items' texts
-    with ", ", so this is the key :func:`_key` makes of the parts themselves."""
-    text = "[" + ", ".join([_json(CACHE_VERSION), *texts]) + "]"
-    return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
-# A layout search asks for the time and memory keys of every (layout, GPU): 36k times for
-# 207 layouts on 44 GPUs, 70 us each, of a few distinct (tp, step, GPU). Only the config is
-# serialised per call (a dict: not hashable); the rest of each key is cached.
-@functools.lru_cache(maxsize=4096)
-def _key_around(before: tuple[Any, ...], raw_json: str, after: tuple[Any, ...]) -> str:
-    """``_key(*before, raw, *after)``, a StepSpec or GpuSpec among the parts as its dict."""
-
-    def text(part: Any) -> str:
-        if isinstance(part, StepSpec):
-            return _json(part.to_dict())
-        return _json(asdict(part) if isinstance(part, GpuSpec) else part)
-
-    return _digest([*map(text, before), raw_json, *map(text, after)])
-
-
-def _time_key(raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec) -> str:
-    # = _key("time", timing_identity(), raw, tp, step.to_dict(), asdict(gpu))
-    return _key_around(("time", timing_identity()), _json(raw), (tp, step, gpu))
-
-
-def _disk_get(kind: str, key: str) -> dict[str, Any] | None:
-    path = cache_dir() / f"{kind}-{key}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def _disk_put(kind: str, key: str, value: dict[str, Any]) -> None:
-    path = cache_dir() / f"{kind}-{key}.json"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value))
-    tmp.replace(path)
-
-
 @functools.lru_cache(maxsize=64)
 def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     """(OpGraph, parameter split) of a per-rank config given as canonical json; the trace
@@ -208,8 +131,8 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
     :func:`_graphs` to take. A degree the model cannot be split by is left out."""
     step = replace(step, grad_accum=1)
     for tp in tps:
-        key = _time_key(raw, tp, step, gpu)
-        if key in _MEMO or _disk_get("time", key) is not None:
+        key = time_key(raw, tp, step, gpu)
+        if key in _MEMO or disk_get("time", key) is not None:
             continue
         try:
             configs = _rank_configs(raw, tp)
@@ -263,11 +186,11 @@ def time_profiles(
     raw: dict[str, Any], tp: int, step: StepSpec, gpus: list[GpuSpec]
 ) -> list[TimeProfile]:
     """The time profile on each GPU; the GPUs not cached yet share one timing call per trace."""
-    keys = [_time_key(raw, tp, step, gpu) for gpu in gpus]
+    keys = [time_key(raw, tp, step, gpu) for gpu in gpus]
     missing = []
     for key, gpu in zip(keys, gpus, strict=True):
         if key not in _MEMO:
-            hit = _disk_get("time", key)
+            hit = disk_get("time", key)
             if hit is not None:
                 _MEMO[key] = TimeProfile(**hit)
             elif key not in (k for k, _ in missing):
@@ -279,7 +202,7 @@ def time_profiles(
             missing, _time_parts(one_graph, todo), _time_parts(two_graph, todo), strict=True
         ):
             prof = _profile(one, two)
-            _disk_put("time", key, asdict(prof))
+            disk_put("time", key, asdict(prof))
             _MEMO[key] = prof
     return [_MEMO[key] for key in keys]
 
@@ -313,11 +236,13 @@ def memory_profile(
 ) -> MemoryProfile:
     from boom_ml.memory.estimate import estimate_memory, window_peaks
 
-    # = _key("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack), memory_identity())
-    key = _key_around(("memory-2",), _json(raw), (tp, step, gpu, str(stack), memory_identity()))
+    # = key_of("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack), memory_identity())
+    key = key_around(
+        ("memory-2",), canonical_json(raw), (tp, step, gpu, str(stack), memory_identity())
+    )
     if key in _MEMO:  # a layout search asks once per layout
         return _MEMO[key]
-    hit = _disk_get("memory", key)
+    hit = disk_get("memory", key)
     if hit is not None:
         _MEMO[key] = MemoryProfile(**hit)
         return _MEMO[key]
@@ -344,7 +269,7 @@ def memory_profile(
         trainable=trainable,
         windows=_windows(ests, peaks),
     )  # fmt: skip
-    _disk_put("memory", key, asdict(prof))
+    disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof
     return prof
 
@@ -404,15 +329,15 @@ def _recipe_key(step: StepSpec) -> list[Any]:
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
     """Parameters per layer, of the embedding (first stage) and of the rest (last stage), the
     same prefixed ``trainable_``, and bytes per element of each (``param_split``)."""
-    key = _key("params", raw, tp, _recipe_key(step))  # batch and sequence change nothing
+    key = key_of("params", raw, tp, _recipe_key(step))  # batch and sequence change nothing
     if key in _MEMO:
         return _MEMO[key]
-    hit = _disk_get("params", key)
+    hit = disk_get("params", key)
     if hit is None:
         (_, one), (_, two) = _graphs(raw, tp, step)
         trainable = _roles(one, two, "trainable_")
         hit = {**_roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
                "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
-        _disk_put("params", key, hit)
+        disk_put("params", key, hit)
     _MEMO[key] = hit
     return hit
