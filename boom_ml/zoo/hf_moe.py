@@ -24,6 +24,7 @@ device for a measurement keeps transformers' own routing.
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,9 +63,15 @@ def expert_loads(
     return [min(n, cap) for n in loads]
 
 
-def _slots(start: int, count: int, device: torch.device) -> torch.Tensor:
-    with torch.no_grad():
-        return torch.arange(start, start + count, device=device)
+def _expert_slots(loads: list[int], device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
+    """(expert, its slots) for every expert with a load: consecutive slots in expert order."""
+    start = 0
+    for expert, count in enumerate(loads):
+        if count:
+            with torch.no_grad():
+                slots = torch.arange(start, start + count, device=device)
+            yield expert, slots  # outside no_grad: the caller's expert math needs its grads
+        start += count
 
 
 def _runs(loads: list[int]) -> list[tuple[int, int, int]]:
@@ -172,15 +179,10 @@ def _switch_sparse_forward(self: nn.Module, hidden_states: torch.Tensor) -> torc
     flat = hidden_states.reshape(-1, hidden)
     weights = routing_weights.reshape(-1)
     final = torch.zeros_like(flat)
-    start = 0
-    for expert, count in enumerate(per_seq):
-        if count == 0:
-            continue
+    for expert, pos in _expert_slots(per_seq, flat.device):
         # the same positions in every sequence of the batch
         with torch.no_grad():
-            pos = _slots(start, count, flat.device)
             token_idx = (torch.arange(batch, device=flat.device)[:, None] * seq + pos).reshape(-1)
-        start += count
         out = self.experts[f"expert_{expert}"](flat[token_idx]) * weights[token_idx, None]
         final.index_add_(0, token_idx, out.to(final.dtype))
     return final.reshape(batch, seq, hidden)
@@ -200,16 +202,10 @@ def _dbrx_experts_forward(
     loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
     final = torch.zeros_like(flat)
     split = (-1, self.ffn_hidden_size, self.hidden_size)
-    start = 0
-    for expert, count in enumerate(loads):
-        if count == 0:
-            continue
-        with torch.no_grad():
-            # pair p is token p // top_k's (p % top_k)-th choice
-            pairs = _slots(start, count, flat.device)
+    for expert, pairs in _expert_slots(loads, flat.device):
+        with torch.no_grad():  # pair p is token p // top_k's (p % top_k)-th choice
             token_idx = torch.div(pairs, top_k, rounding_mode="floor")
             choice = pairs - token_idx * top_k
-        start += count
         w1 = self.mlp.w1.view(split)[expert]
         v1 = self.mlp.v1.view(split)[expert]
         w2 = self.mlp.w2.view(split)[expert]
