@@ -189,6 +189,18 @@ def _gpu_row(prediction: Prediction) -> list[str]:
     return [cell.strip() for cell in row.strip("│").split("│")]
 
 
+def test_long_gpu_ids_are_printed_whole_in_a_narrow_table():
+    from dataclasses import replace
+
+    from boom_ml.report.table import render_table
+
+    pred = _prediction(4403.94, 3490.04, 4965.26)
+    pred.gpus[0] = replace(pred.gpus[0], gpu="rtx-pro-6000-blackwell-max-q")
+    pred.graph.update(num_ops=1, flops=1e12, num_parameters=1e6, trace_seconds=0.1)
+    text = render_table(pred)  # 130 columns, as the CLI renders it
+    assert "│ rtx-pro-6000-blackwell-max-q │" in text
+
+
 def test_sub_millisecond_time_range_keeps_the_central_values_precision():
     assert _gpu_row(_prediction(0.84, 0.62, 1.23))[3] == "0.8 (0.6–1.2)"
     assert _gpu_row(_prediction(4403.94, 3490.04, 4965.26))[3] == "4403.9 (3490.0–4965.3)"

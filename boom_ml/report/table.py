@@ -57,8 +57,11 @@ def gpu_table(prediction: Prediction) -> Table:
     table = Table(title=_title(prediction))
     columns = ("GPU", "fits", "peak (p10–p90) / usable GiB", "step ms (p10–p90)", "samples/s",
                "$ / 1k steps", "max batch")  # fmt: skip
-    for col in columns:
-        table.add_column(col, justify="left" if col == "GPU" else "right")
+    # the ids are what gpu= takes: never cut (other cells wrap when the terminal is narrow)
+    longest = max((len(g.gpu) for g in prediction.gpus), default=3)
+    table.add_column(columns[0], justify="left", no_wrap=True, min_width=longest)
+    for col in columns[1:]:
+        table.add_column(col, justify="right")
     samples = prediction.batch_size * int(prediction.step.get("grad_accum", 1))
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
