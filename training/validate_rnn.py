@@ -68,8 +68,7 @@ def load_rows(data: Path = DATA) -> pd.DataFrame:
 
 def predict(rows: pd.DataFrame, model=None) -> pd.DataFrame:  # noqa: ANN001
     """``fwd_pred`` and ``bwd_pred`` (ms) for every row, with ``model`` (None: packaged)."""
-    from boom_ml.timing.library_calls import library_rows
-    from boom_ml.timing.per_op import rows_ms
+    from boom_ml.timing.library_calls import library_ms, library_rows
 
     fwd, bwd = [], []
     for _, row in rows.iterrows():
@@ -80,7 +79,7 @@ def predict(rows: pd.DataFrame, model=None) -> pd.DataFrame:  # noqa: ANN001
         for out, backward in ((fwd, False), (bwd, True)):
             kernels = library_rows(rnn_kernels.kernel_rows(shape, backward), dtype,
                                    "backward" if backward else "forward")  # fmt: skip
-            out.append(float(rows_ms(kernels, gpu, model).sum()))
+            out.append(library_ms(kernels, gpu, model))
     return rows.assign(fwd_pred=fwd, bwd_pred=bwd)
 
 

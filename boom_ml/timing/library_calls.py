@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.features import LIBRARY
 from boom_ml.trace import rnn_kernels
 
@@ -39,3 +40,16 @@ def library_rows(kernels: list[dict[str, Any]], dtype: str, direction: str) -> p
     ``direction`` (for scoring such kernels alone: ``training/validate_rnn.py``)."""
     return pd.DataFrame([{**k, "dtype": dtype, "direction": direction, "source": LIBRARY}
                          for k in kernels])  # fmt: skip
+
+
+def library_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> float:
+    """The call's time on ``gpu`` (ms): each row timed as ``predict_ops`` times kernel rows
+    (the heads, GEMM rows by the tile/wave model), times its ``repeat``. ``model``: a
+    PerOpModel (None: the packaged heads)."""
+    from boom_ml.timing.gemm import gemm_model_for, override_gemm
+    from boom_ml.timing.heads import load_model
+
+    per_op = model if model is not None else load_model()
+    base = rows.drop(columns=[REPEAT])
+    pred = override_gemm(base, gpu, per_op.predict_rows(base, gpu), gemm_model_for(per_op))
+    return float((pred["pred_ms"].to_numpy() * rows[REPEAT].to_numpy(dtype=float)).sum())

@@ -160,22 +160,6 @@ def node_rows(
     return pd.DataFrame(out)
 
 
-def rows_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> np.ndarray:
-    """Median ms of each kernel row on ``gpu``, times its ``repeat``: the models a step's
-    nodes are timed with (``model``: as in :func:`predict_nodes_many`)."""
-    from boom_ml.timing import gemm as gemm_tiles
-    from boom_ml.timing.features import kernel_features
-    from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
-    from boom_ml.timing.heads import load_model
-
-    gemm = gemm_model_for(model) if gemm_tiles.STEP_TIMES else None
-    model = model if model is not None else load_model()
-    base = rows.drop(columns=[REPEAT], errors="ignore")
-    pred = model.predict_features(kernel_features(base.assign(gpu_id="0"), {"0": gpu}), True)
-    ms = retime_gemm_many(base, [gpu], pred, gemm)["pred_ms"].to_numpy()
-    return ms * (rows[REPEAT].fillna(1).to_numpy(dtype=float) if REPEAT in rows else 1.0)
-
-
 def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]]:
     if is_rnn(op):
         return rnn_rows(op, shapes, outs)

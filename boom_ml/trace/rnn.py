@@ -75,8 +75,9 @@ def _backward_fake(x: Tensor, hx: Tensor, cx: Tensor, output: Tensor, grad_outpu
 
 def _define(mode: str):
     """``boom::cudnn_<mode>`` and its backward op, with autograd between them."""
-    forward = torch.library.custom_op(f"boom::cudnn_{mode}", mutates_args=())(_forward_fake(mode))
-    forward.register_fake(_forward_fake(mode))
+    fake = _forward_fake(mode)  # fake tensors are all a trace runs: the same for both
+    forward = torch.library.custom_op(f"boom::cudnn_{mode}", mutates_args=())(fake)
+    forward.register_fake(fake)
     backward = torch.library.custom_op(f"boom::cudnn_{mode}_backward", mutates_args=())(
         _backward_fake
     )
@@ -101,9 +102,11 @@ def _define(mode: str):
 _OPS = {mode: _define(mode) for mode in rnn_kernels.MODES}
 
 
-def _shape_formula(mode: str):
+def _flop_formula(mode: str, backward: bool):
+    """The call's GEMM FLOPs from its tensors' shapes (backward's inputs start x, hx, cx,
+    output; forward's output comes first among its results)."""
+
     def formula(x, hx, cx, *rest, out_shape=None, **kw) -> int:  # noqa: ANN001
-        backward = out_shape is not None and len(out_shape) == 4 and isinstance(out_shape[3], list)
         output = rest[0] if backward else out_shape[0]
         shape = rnn_kernels.shape_of(mode, list(x), list(hx), list(cx), list(output))
         return rnn_kernels.flops(shape, backward)
@@ -113,7 +116,8 @@ def _shape_formula(mode: str):
 
 for _mode in rnn_kernels.MODES:
     # family gemm: their time is GEMMs' (timing/per_op expands them into kernel rows)
-    register(f"boom.cudnn_{_mode} boom.cudnn_{_mode}_backward", "gemm")(_shape_formula(_mode))
+    register(f"boom.cudnn_{_mode}", "gemm")(_flop_formula(_mode, backward=False))
+    register(f"boom.cudnn_{_mode}_backward", "gemm")(_flop_formula(_mode, backward=True))
 
 
 def _call(mode: str, x: Tensor, hx: Tensor, cx: Tensor | None, params: list[Tensor],
