@@ -18,6 +18,7 @@ from boom_ml.gpus import get_gpu
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.search import (
     candidate_layouts,
+    distinct_choices,
     rank_key,
     search_layouts,
     search_layouts_many,
@@ -84,7 +85,7 @@ def test_search_is_valid_ranked_and_cheap_once_profiled(model: str) -> None:
     started = time.perf_counter()
     found = search_layouts(model, gpu, step, top=100)
     assert time.perf_counter() - started < 5.0  # arithmetic on cached profiles
-    assert found["layouts"] and found["fitting"] == len(found["layouts"])
+    assert found["layouts"] and found["fitting"] >= len(found["layouts"])
     assert [rank_key(p) for p in found["layouts"]] == sorted(map(rank_key, found["layouts"]))
     for prop in found["layouts"]:  # every proposal passes the CLI's own layout rules
         lay = prop["layout"]
@@ -213,3 +214,20 @@ def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> 
     assert not [x for x in labels if x.startswith("optimizer=")]
     full = [label for label, _, _ in single_changes(replace(lora, finetune_method="full"), gpu)]
     assert [x for x in full if x.startswith("optimizer=adafactor")]
+
+
+def _proposal(sharding: str, gib: float, ms: float, dp: int = 2) -> dict:
+    layout = {"dp": dp, "tp": 8, "pp": 1, "sharding": sharding, "microbatches": 1}
+    return {"layout": layout, "total_bytes": int(gib * 2**30), "step_ms": ms}
+
+
+def test_sharding_that_changes_nothing_printed_is_not_a_second_choice() -> None:
+    # LoRA on Llama-3-8B (rtx-4090, tp=8): ZeRO-2 shards a few MiB of adapter gradients more
+    # than ZeRO-1, the same 20.9 GiB and 7754 ms printed; the simpler layout is named
+    zero1, zero2 = _proposal("zero1", 20.91, 7754.2), _proposal("zero2", 20.90, 7754.4)
+    fsdp = _proposal("fsdp", 12.3, 7790.0)  # sharding that buys memory stays
+    other_shape = _proposal("zero2", 20.9, 7754.0, dp=4)
+    ranked = [zero2, zero1, fsdp, other_shape]
+    assert distinct_choices(ranked) == [zero1, fsdp, other_shape]
+    slower = _proposal("zero2", 20.9, 7756.0)  # a different printed time: a different choice
+    assert distinct_choices([zero1, slower]) == [zero1, slower]

@@ -109,6 +109,25 @@ def _proposal(entry: dict[str, Any], gpu: GpuSpec, requested: int) -> dict[str, 
     }
 
 
+def _printed(proposal: dict[str, Any]) -> tuple[Any, ...]:
+    """A proposal as the advice prints it, less its sharding: shape, GiB per GPU, ms."""
+    lay = proposal["layout"]
+    return (lay["dp"], lay["tp"], lay["pp"], lay["microbatches"],
+            round(proposal["total_bytes"] / 2**30, 1), round(proposal["step_ms"]))  # fmt: skip
+
+
+def distinct_choices(ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``ranked`` less each layout that prints the same numbers as a less sharded one of the
+    same shape: ZeRO-2 over ZeRO-1 where the gradients are a LoRA adapter's few MiB, say.
+    Sharding more is a choice only where it changes memory or time; the simpler is named."""
+    order = {s: i for i, s in enumerate(SHARDING_SEARCHED)}
+    simplest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for p in sorted(ranked, key=lambda p: order[p["layout"]["sharding"]]):
+        simplest.setdefault(_printed(p), p)
+    kept = {id(p) for p in simplest.values()}
+    return [p for p in ranked if id(p) in kept]
+
+
 def rank_key(proposal: dict[str, Any]) -> tuple[float, float]:
     """$ per requested step, then GPU-seconds (the order when a GPU has no price)."""
     usd = proposal["usd_per_step"]
@@ -127,8 +146,8 @@ def search_layouts(
     """The ``top`` cheapest layouts of ``model`` on ``gpu`` whose worst rank fits (p90).
 
     ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
-    by :func:`rank_key`), ``searched`` (layouts predicted), ``valid``, ``fitting`` and
-    ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot
+    by :func:`rank_key`, less sharding that changes nothing printed: :func:`distinct_choices`),
+    ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit) and ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot
     model (not an HF config).
     """
     return search_layouts_many(model, [gpu], step, cluster, stack, max_gpus, top)[gpu.id]
@@ -170,7 +189,7 @@ def search_layouts_many(
     seconds = round(time.perf_counter() - started, 3)
     out = {}
     for gpu in gpus:
-        ranked = sorted(fitting[gpu.id], key=rank_key)
+        ranked = distinct_choices(sorted(fitting[gpu.id], key=rank_key))
         out[gpu.id] = {"layouts": ranked[:top], "searched": searched, "valid": valid,
-                       "fitting": len(ranked), "seconds": seconds}  # fmt: skip
+                       "fitting": len(fitting[gpu.id]), "seconds": seconds}  # fmt: skip
     return out
