@@ -2,7 +2,8 @@
 
 The orchestration ``api.predict`` and the advisor share: traces from the on-disk cache, from
 worker processes started ahead (``trace_pool``) or made here; one trace per attention group
-whose SDPA kernels differ; memory (allocator replay, the largest batch) and time per GPU.
+whose SDPA kernels differ (a cuDNN-attention group's graph derived from a flash group's where
+it can be, ``trace/cudnn_from_flash.py``); memory (allocator replay, the largest batch) and time per GPU.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
+from boom_ml.trace.cudnn_from_flash import cudnn_from_flash, derivable
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.sdpa_select import DEFAULT_GROUP, backends, same_backends, sdpa_group
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP, GROUPS, backends, same_backends, sdpa_group
 from boom_ml.trace_cache import TraceCache
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
@@ -75,7 +77,7 @@ class Session:
         if graph is None and step.sdpa_group not in (None, DEFAULT_GROUP):
             graph = self._cache.get(self.model, replace(step, sdpa_group=DEFAULT_GROUP))
             if graph is not None and not _serves(graph, step.sdpa_group):
-                graph = None
+                graph = cudnn_from_flash(graph, step.sdpa_group)
         return graph
 
     def _trace(self, step: StepSpec) -> OpGraph:
@@ -105,7 +107,7 @@ class Session:
             return
         traced = replace(step, grad_accum=1, sdpa_group=None)
         groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
-        first = self._first_group.get(traced, groups[0])
+        first = _first(groups)
         seen = next(iter(self._graphs.values()), None)  # any trace of this model
         if seen is not None and _dtypes(traced) != _dtypes(seen.meta["step"]):
             groups = []  # other dtypes pick other kernels: the first group's trace only
@@ -125,11 +127,18 @@ class Session:
             self._no_sdpa[key] = graph
             return graph
         # A graph traced for another group serves this one when each of its SDPA calls picks
-        # the same kernel here (sm80 and sm86 both run flash for head dim 128, say).
-        for done in [graph, *self._sdpa_graphs.get(key, [])]:
-            if _serves(done, group):
-                return done
-        graph = self.graph(replace(step, sdpa_group=group))
+        # the same kernel here (sm80 and sm86 both run flash for head dim 128, say), or is
+        # re-expressed for it when flash calls turn cuDNN calls there (sm80 -> sm90).
+        done = [graph, *self._sdpa_graphs.get(key, [])]
+        own = replace(step, sdpa_group=group)
+        for other in done:
+            if _serves(other, group):
+                return self._graphs.setdefault(own, other)
+        if own not in self._graphs:
+            derived = next(filter(None, (cudnn_from_flash(g, group) for g in done)), None)
+            if derived is not None:
+                self._graphs[own] = derived
+        graph = self.graph(own)
         self._sdpa_graphs.setdefault(key, []).append(graph)
         return graph
 
@@ -149,11 +158,11 @@ class Session:
         """
         stack = stack if stack is not None else resolve_stack()
         traced = replace(step, grad_accum=1, sdpa_group=None)
-        # One trace per attention architecture group in the list, the first GPU's first
-        # (and only that one when the model calls no SDPA); results stay in the user's order.
+        # One trace per attention architecture group in the list whose kernels differ (only
+        # one when the model calls no SDPA); results stay in the user's order.
         groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
-        first = groups[0] if groups else DEFAULT_GROUP
-        self._first_group.setdefault(traced, first)
+        first = _first(groups)  # traced first: a flash group's trace serves cuDNN groups too
+        self._first_group.setdefault(traced, groups[0] if groups else first)
         # Traces known in advance run in workers beside this one: the batch search's second
         # batch, then the other attention groups (once the first trace shows SDPA calls).
         steps = [traced]
@@ -171,8 +180,9 @@ class Session:
         times: dict[int, TimeEstimate] = {}
         tf32 = Tf32(*step.tf32_switches())
         for graph, group, members in buckets.values():
-            # other batch sizes: this group's own trace, unless the model calls no SDPA
-            probe = group if _uses_sdpa(graph) else first
+            # other batch sizes: this group's own trace where it has one, else the trace
+            # that serves it or is re-expressed for it (no SDPA: the first group's)
+            probe = group if _uses_sdpa(graph) and group in others else first
 
             def trace_at(batch: int, group: str = group, probe: str = probe) -> OpGraph:
                 return self.graph_for(replace(traced, batch_size=batch), group, probe)
@@ -218,16 +228,27 @@ def _serves(graph: OpGraph, group: str) -> bool:
     return not _uses_sdpa(graph) or same_backends(graph.meta["sdpa"], group)
 
 
+def _first(groups: list[str]) -> str:
+    """The group to trace first: the first GPU's, unless it runs cuDNN attention and another
+    GPU does not (a flash group's trace can be re-expressed for cuDNN, not the reverse)."""
+    if not groups:
+        return DEFAULT_GROUP
+    return next((g for g in groups if not GROUPS[g].cudnn_first), groups[0])
+
+
 def _distinct(graph: OpGraph | None, groups: list[str]) -> list[str]:
     """``groups`` in order, less each whose SDPA kernels for ``graph``'s calls are those of
-    an earlier one (they share a trace); only the first when the model calls no SDPA."""
+    an earlier one (they share a trace) or whose trace an earlier one's is re-expressed as
+    (``cudnn_from_flash``); only the first when the model calls no SDPA."""
     if graph is None or not _uses_sdpa(graph):
         return groups[:1]
-    out, seen = [], set()
+    sdpa = graph.meta["sdpa"]
+    out: list[str] = []
     for group in groups:
-        kernels = backends(graph.meta["sdpa"], group)
-        if kernels not in seen:
-            seen.add(kernels)
+        kernels = backends(sdpa, group)
+        if not any(
+            kernels == backends(sdpa, g) or derivable({**sdpa, "group": g}, group) for g in out
+        ):
             out.append(group)
     return out
 
