@@ -22,9 +22,9 @@ from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
-from boom_ml.trace.cudnn_from_flash import cudnn_from_flash, derivable
+from boom_ml.trace.cudnn_from_flash import cudnn_from_flash, derivable, trace_order
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.sdpa_select import DEFAULT_GROUP, GROUPS, backends, same_backends, sdpa_group
+from boom_ml.trace.sdpa_select import DEFAULT_GROUP, backends, same_backends, sdpa_group
 from boom_ml.trace_cache import TraceCache
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
@@ -231,9 +231,7 @@ def _serves(graph: OpGraph, group: str) -> bool:
 def _first(groups: list[str]) -> str:
     """The group to trace first: the first GPU's, unless it runs cuDNN attention and another
     GPU does not (a flash group's trace can be re-expressed for cuDNN, not the reverse)."""
-    if not groups:
-        return DEFAULT_GROUP
-    return next((g for g in groups if not GROUPS[g].cudnn_first), groups[0])
+    return trace_order(groups)[0] if groups else DEFAULT_GROUP
 
 
 def _distinct(graph: OpGraph | None, groups: list[str]) -> list[str]:

@@ -231,3 +231,22 @@ def test_sharding_that_changes_nothing_printed_is_not_a_second_choice() -> None:
     assert distinct_choices(ranked) == [zero1, fsdp, other_shape]
     slower = _proposal("zero2", 20.9, 7756.0)  # a different printed time: a different choice
     assert distinct_choices([zero1, slower]) == [zero1, slower]
+
+
+def test_each_gpu_is_searched_with_its_own_attention_kernels(
+    model: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank's model is traced per attention group (a T4 runs memory-efficient attention,
+    an A100 flash, an H100 cuDNN, re-expressed from the flash trace), whatever group the
+    step names (the advisor's step carries its first GPU's) and wherever a GPU is listed."""
+    from tests.test_attention_backend import _count_traces
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path))
+    calls = _count_traces(monkeypatch)
+    step = StepSpec(batch_size=1, seq_len=48, amp="fp16")
+    gpus = [get_gpu("t4"), get_gpu("h100-sxm"), get_gpu("a100-80gb-sxm")]
+    together = search_layouts_many(model, gpus, replace(step, sdpa_group="sm50"), max_gpus=8)
+    assert {c.sdpa_group for c in calls} == {"sm70", "sm80"}  # 1 and 2 layers, each tp
+    for gpu in gpus:
+        alone = search_layouts(model, gpu, step, max_gpus=8)
+        assert {**together[gpu.id], "seconds": 0} == {**alone, "seconds": 0}

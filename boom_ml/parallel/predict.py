@@ -25,6 +25,8 @@ from boom_ml.parallel.shard import (
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
 from boom_ml.timing.basis import basis, measured_gpus
+from boom_ml.trace.cudnn_from_flash import trace_order
+from boom_ml.trace.sdpa_select import sdpa_group
 
 DECODER_SEQ_LEN = 2048  # the zoo's default for decoders (boom_ml/zoo/hf_models.py)
 
@@ -34,6 +36,15 @@ def _seq_len(raw: dict[str, Any], step: StepSpec) -> int:
         return step.seq_len
     limit = raw.get("max_position_embeddings") or raw.get("n_positions") or DECODER_SEQ_LEN
     return min(int(limit), DECODER_SEQ_LEN)
+
+
+def attention_groups(gpus: list[GpuSpec], stack: Any = None) -> dict[str, list[GpuSpec]]:
+    """The GPUs by attention architecture group (``trace/sdpa_select.py``), in the order their
+    groups are traced (a flash group before the cuDNN groups it re-expresses for)."""
+    by_group: dict[str, list[GpuSpec]] = {}
+    for gpu in gpus:
+        by_group.setdefault(sdpa_group(gpu.sm_version, stack), []).append(gpu)
+    return {group: by_group[group] for group in trace_order(list(by_group))}
 
 
 def predict_raw(
@@ -56,7 +67,10 @@ def predict_raw(
     per_stage = stage_layers(int(facts["layers"]), layout.pp)
     time_step = replace(step, grad_accum=1)
     mem_step = replace(step, grad_accum=max(layout.microbatches, step.grad_accum))
-    counts = param_counts(raw, layout.tp, time_step)
+    # the rank's model is traced for each attention group (its GPUs' SDPA kernels), the
+    # first group's graphs re-expressed or reused for the others where they can be
+    groups_of = attention_groups(gpus, stack)
+    counts = param_counts(raw, layout.tp, replace(time_step, sdpa_group=next(iter(groups_of))))
     # activations in 16 bits under autocast or 16-bit parameters
     half = step.amp in ("fp16", "bf16") or step.params_dtype != "fp32"
     tied_last = layout.pp > 1
@@ -78,9 +92,16 @@ def predict_raw(
         full_recompute=full_recompute,
     )
     out = []
-    profiles = time_profiles(raw, layout.tp, time_step, gpus)  # one timing call for all GPUs
+    # one timing call per attention group for its GPUs
+    profiles: dict[str, Any] = {}
+    for group, members in groups_of.items():
+        step_g = replace(time_step, sdpa_group=group)
+        timed = time_profiles(raw, layout.tp, step_g, members)
+        profiles.update(zip((g.id for g in members), timed, strict=True))
+    group_of = {gpu.id: group for group, members in groups_of.items() for gpu in members}
     measured = measured_gpus()
-    for gpu, tprof in zip(gpus, profiles, strict=True):
+    for gpu in gpus:
+        tprof = profiles[gpu.id]
         intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
         inter = inter_link(cluster, gpu.architecture)
         groups = make_groups(layout, cluster, intra, inter)
@@ -115,7 +136,8 @@ def predict_raw(
             "time": time,
         }
         if memory:
-            mprof = memory_profile(raw, layout.tp, mem_step, gpu, stack)
+            step_g = replace(mem_step, sdpa_group=group_of[gpu.id])
+            mprof = memory_profile(raw, layout.tp, step_g, gpu, stack)
             entry["memory"] = rank_memory(mprof, layout, per_stage)
             entry["fits"] = entry["memory"]["fits"]
         out.append(entry)

@@ -29,6 +29,7 @@ from boom_ml.parallel.profile_keys import (
 )
 from boom_ml.parallel.shard import module_role, param_split, rank_config, rank_model
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.cudnn_from_flash import for_group
 from boom_ml.trace_pool import shared_pool, take_or_trace
 
 PHASES_BACKWARD = ("backward", "recompute")
@@ -86,19 +87,30 @@ class MemoryProfile:
 @functools.lru_cache(maxsize=64)
 def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     """(OpGraph, parameter split) of a per-rank config given as canonical json; the trace
-    from a worker when :func:`prefetch` started one."""
+    from a worker when :func:`prefetch` started one. A step traced for another attention
+    group serves ``step.sdpa_group`` where no call changes kernel, or is re-expressed for it
+    (``trace/cudnn_from_flash.py``)."""
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
+    siblings = _GROUPS.setdefault((config_json, replace(step, sdpa_group=None)), [])
+    for other in siblings:
+        graph, params = _traced(config_json, other)
+        served = for_group(graph, step.sdpa_group)
+        if served is not None:
+            return served, params
     model = rank_model(config_json)
     built = build_model(model)
     params = _recipe_split(model, built, step)
     graph = take_or_trace(model, step, lambda: trace_step(built, step))
     _TRACED.add((config_json, step))
+    siblings.append(step)
     return graph, params
 
 
 _TRACED: set[tuple[str, StepSpec]] = set()  # what _traced has traced (it caches 64)
+# (config, step without its attention group) -> the steps traced for some group
+_GROUPS: dict[tuple[str, StepSpec], list[StepSpec]] = {}
 
 
 def _recipe_split(model: ModelSpec, built: Any, step: StepSpec) -> dict[str, int]:

@@ -34,7 +34,7 @@ from typing import Any
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.layout import Cluster, Layout, validate
-from boom_ml.parallel.predict import predict_raw
+from boom_ml.parallel.predict import attention_groups, predict_raw
 from boom_ml.parallel.profile import prefetch
 from boom_ml.parallel.shard import check_model, load_raw, model_facts, with_build_options
 from boom_ml.specs import StepSpec
@@ -175,7 +175,9 @@ def search_layouts_many(
     searched, valid = len(layouts), 0
     layouts = [lay for lay in layouts if _valid(raw, lay, cluster, step)]
     if gpus:  # the small traces every layout is arithmetic on, side by side in workers
-        prefetch(raw, sorted({lay.tp for lay in layouts}), step, gpus[0])
+        group, members = next(iter(attention_groups(gpus, stack).items()))  # traced first
+        tps = sorted({lay.tp for lay in layouts})
+        prefetch(raw, tps, replace(step, sdpa_group=group), members[0])
     for layout in layouts:
         try:  # a model the trace cannot split this way
             entries = predict_raw(raw, gpus, replace(step, grad_accum=1), layout, cluster,

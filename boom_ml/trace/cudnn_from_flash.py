@@ -22,7 +22,15 @@ from typing import Any
 import pandas as pd
 
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.sdpa_select import CUDNN, FLASH, backends, call_from_dict
+from boom_ml.trace.sdpa_select import (
+    CUDNN,
+    DEFAULT_GROUP,
+    FLASH,
+    GROUPS,
+    backends,
+    call_from_dict,
+    same_backends,
+)
 
 FORWARD = "_scaled_dot_product_flash_attention"
 BACKWARD = "_scaled_dot_product_flash_attention_backward"
@@ -56,6 +64,26 @@ def derivable(sdpa_meta: dict[str, Any], group: str) -> bool:
     return swapped and all(
         new == CUDNN for old, new in zip(before, after, strict=True) if old == FLASH
     )
+
+
+def trace_order(groups: list[str]) -> list[str]:
+    """The distinct ``groups`` in the order to trace them: those that do not put cuDNN
+    attention first before those that do (a flash trace re-expresses for cuDNN, not back)."""
+    distinct = list(dict.fromkeys(groups))
+    return [g for g in distinct if not GROUPS[g].cudnn_first] + [
+        g for g in distinct if GROUPS[g].cudnn_first
+    ]
+
+
+def for_group(graph: OpGraph, group: str | None) -> OpGraph | None:
+    """``graph`` as tracing it for ``group`` would give it, without tracing: ``graph`` itself
+    where no SDPA call picks another kernel there (or the model makes none), re-expressed
+    where its flash calls turn cuDNN calls; None where it must be traced."""
+    group = group or DEFAULT_GROUP
+    sdpa = graph.meta.get("sdpa") or {}
+    if not sdpa.get("calls") or same_backends(sdpa, group):
+        return graph
+    return cudnn_from_flash(graph, group)
 
 
 def _plain(data: dict[str, Any]) -> bool:
