@@ -199,9 +199,10 @@ def test_fixed_size_vit_explains_option() -> None:
     )
 
 
-def test_non_classifier_rejected() -> None:
-    with pytest.raises(InvalidInputError, match="not an image classifier"):
-        build_model("torchvision:fasterrcnn_resnet50_fpn")
+def test_detection_and_optical_flow_rejected() -> None:
+    for name in ("fasterrcnn_resnet50_fpn", "raft_small"):
+        with pytest.raises(InvalidInputError, match="detection and optical flow are not"):
+            build_model(f"torchvision:{name}")
 
 
 def test_regnet_builds_on_meta_despite_value_reads() -> None:

@@ -92,24 +92,43 @@ def _conv_geometry(x: list[int], w: list[int], out_hw: list[int]) -> dict[str, A
     return fields
 
 
+FOLDED = "depth_folded"  # a 3-D convolution's row: its 2-D implicit-GEMM equivalent
+FOLDED_METHOD = "3-D conv as its 2-D implicit GEMM"
+
+
+def _geometry(x: list[int], w: list[int], out_spatial: list[int]) -> dict[str, Any]:
+    """:func:`_conv_geometry`; a 3-D convolution (N, C, D, H, W) as the 2-D one that runs the
+    same implicit GEMM: output depth folded into the batch (N*Do), kernel depth into the input
+    channels (C*kd), so rows N*Do*Ho*Wo, reduction C/g*kd*kh*kw and outputs O, and the FLOPs,
+    are the 3-D convolution's (only the input is read as kd depth slices)."""
+    if len(x) != 5:
+        return _conv_geometry(x, w, out_spatial)
+    depth_out, kd = out_spatial[0], w[2]
+    x2 = [x[0] * depth_out, x[1] * kd, x[3], x[4]]
+    w2 = [w[0], w[1] * kd, w[3], w[4]]
+    return {**_conv_geometry(x2, w2, out_spatial[1:]), FOLDED: True}
+
+
 def _conv_rows(
     op: str, shapes: list[list[int]], outs: list[list[int]]
 ) -> list[tuple[dict[str, Any], list[list[int]]]]:
     """(kernel row, the shapes that kernel reads and writes) per convolution kernel."""
     if op == "convolution_backward":
-        if len(shapes) < 3 or len(shapes[1]) not in (3, 4):
+        if len(shapes) < 3 or len(shapes[1]) not in (3, 4, 5) or len(shapes[2]) != len(shapes[1]):
             return []
         grad, x, w = shapes[0], shapes[1], shapes[2]
-        geo = _conv_geometry(x, w, grad[2:])
+        geo = _geometry(x, w, grad[2:])
         rows = []
         if any(o == x for o in outs):
             rows.append(({**geo, "grad_wrt": "input"}, [grad, w, x]))
         if any(o == w for o in outs) or not rows:
             rows.append(({**geo, "grad_wrt": "weight"}, [x, grad, w]))
         return rows
-    if len(shapes) < 2 or len(shapes[0]) not in (3, 4) or not outs:
+    if len(shapes) < 2 or len(shapes[0]) not in (3, 4, 5) or not outs:
         return []
-    return [(_conv_geometry(shapes[0], shapes[1], outs[0][2:]), [shapes[0], shapes[1], outs[0]])]
+    if len(shapes[1]) != len(shapes[0]):
+        return []
+    return [(_geometry(shapes[0], shapes[1], outs[0][2:]), [shapes[0], shapes[1], outs[0]])]
 
 
 def _rowwise(numel: int, cols: int) -> dict[str, Any]:
@@ -169,9 +188,9 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
     if family == "gemm":
         row = _gemm_row(op, shapes)
         return [row] if row else generic
-    if family == "conv":  # 2-D kernel rows come from _conv_rows (node_rows); not this one
-        # (a 3-D convolution): the conv head's geometry does not describe it, so its counted
-        # FLOPs and bytes are timed on the roofline of an unmodelled op
+    if family == "conv":  # kernel rows come from _conv_rows (node_rows); not this one (a
+        # transposed or otherwise unread convolution): the conv head's geometry does not
+        # describe it, so its counted FLOPs and bytes are timed on an unmodelled op's roofline
         return [{**generic[0], "family": "other"}]
     if family == "attention":
         q = next((s for s in shapes if len(s) == 4), None)
@@ -325,6 +344,9 @@ def predict_nodes_many(
         method[k, pos[own]] = methods[k][own]
     if REPEAT in rows:  # a library call's many kernels (rnn_kernels), each by its own model
         method[:, pos[rows[REPEAT].notna().to_numpy()]] = RNN_METHOD
+    if FOLDED in rows:  # no 3-D convolution was measured: say the row is the 2-D equivalent
+        folded = pos[rows[FOLDED].eq(True).to_numpy() & np.asarray(own, dtype=bool)]
+        method[:, folded] = [[f"{m} ({FOLDED_METHOD})" for m in row] for row in method[:, folded]]
     return {**out, "method": method}
 
 

@@ -2,7 +2,8 @@
 
 Schemes::
 
-    torchvision:<name>        torchvision.models classifiers (weights=None)
+    torchvision:<name>        torchvision.models classifiers, segmentation and video models
+                              (weights=None)
     timm:<name>               any timm model (pretrained=False)
     hf:<id-or-path>           a shipped HF config id, or a local config.json / folder
     file:<path.py>:<factory>  a user's nn.Module factory (see boom_ml.zoo.file_models)

@@ -1,4 +1,5 @@
-"""``torchvision:<name>``: torchvision image classifiers, built with ``weights=None``."""
+"""``torchvision:<name>``: torchvision image classifiers, built with ``weights=None``;
+segmentation and video models through ``torchvision_tasks``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.zoo import torchvision_tasks
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
 from boom_ml.zoo.common import build_on_device, classification_loss, closest, image_batch
@@ -21,11 +23,18 @@ _ROOT_BLOCK_MODELS = ("googlenet", "inception_v3")
 
 
 @functools.cache
-def names() -> tuple[str, ...]:
-    """Classification models only: detection/segmentation/video need targets we do not synthesise."""
+def _classifiers() -> frozenset[str]:
     import torchvision
 
-    return tuple(sorted(torchvision.models.list_models(module=torchvision.models)))
+    return frozenset(torchvision.models.list_models(module=torchvision.models))
+
+
+@functools.cache
+def names() -> tuple[str, ...]:
+    """Classification, segmentation and video models (detection and optical flow need boxes
+    and flows we do not synthesise)."""
+    tasks = torchvision_tasks.segmentation_names() | torchvision_tasks.video_names()
+    return tuple(sorted(_classifiers() | tasks))
 
 
 @functools.cache
@@ -63,11 +72,14 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     """Build ``torchvision.models.get_model(name, weights=None, **spec.options)``."""
     from torchvision.models import get_model
 
-    if not has(name):
+    if torchvision_tasks.has(name):
+        return torchvision_tasks.build(spec, name, device)
+    if name not in _classifiers():
         if name in _all_names():
             raise InvalidInputError(
-                f"torchvision:{name} is not an image classifier; only torchvision.models "
-                "classification models are supported (detection/segmentation/video need targets)"
+                f"torchvision:{name} is not supported: torchvision's classification, "
+                "segmentation and video models are; detection and optical flow are not (their "
+                "losses need boxes or flows, and their proposals have data-dependent sizes)"
             )
         hits = closest(name, list(names()))
         hint = f" (did you mean: {', '.join('torchvision:' + h for h in hits)}?)" if hits else ""
