@@ -31,6 +31,7 @@ from torch import Tensor
 
 from boom_ml.trace import rnn_kernels
 from boom_ml.trace.ops import register
+from boom_ml.trace.rnn_cells import CELL_SWAPS
 
 RESERVE_TABLE = Path(__file__).with_name("rnn_reserve.csv")
 
@@ -165,7 +166,8 @@ def _single_state(mode: str, original):
 
 @contextlib.contextmanager
 def cuda_rnn() -> Iterator[None]:
-    """While active, ``nn.LSTM``/``nn.GRU``/``nn.RNN`` run as cuDNN does (module docstring).
+    """While active, ``nn.LSTM``/``nn.GRU``/``nn.RNN`` run as cuDNN does (module docstring),
+    and ``nn.LSTMCell``/``nn.GRUCell`` as CUDA does (``rnn_cells``).
 
     A swap of ``torch._VF``'s attributes (the functions the modules call), not a dispatch
     mode: for the same reason as ``attention.cuda_attention``, checkpoint recomputation
@@ -174,6 +176,7 @@ def cuda_rnn() -> Iterator[None]:
     vf, native = torch._VF, torch._C._VariableFunctions
     swaps = {"lstm": _lstm(native.lstm)}
     swaps.update({m: _single_state(m, getattr(native, m)) for m in ("gru", "rnn_tanh", "rnn_relu")})
+    swaps.update(CELL_SWAPS)  # nn.LSTMCell / nn.GRUCell: two GEMMs and a fused kernel a step
     saved = {name: vf.__dict__.get(name) for name in swaps}  # torch._VF resolves the rest lazily
     try:
         for name, fn in swaps.items():

@@ -13,12 +13,10 @@ input and the hidden gates, and one bias gradient for both biases). Under autoca
 cast the weights (cached for the autocast region, as CUDA's cast of ``lstm_cell``/``gru_cell``
 arguments is) and the state; the biases are read as they are (a cached cast of a few KiB).
 ``RNNCell`` (tanh or ReLU) has no fused kernel on CUDA: its CPU ops are CUDA's.
+``rnn.cuda_rnn`` swaps :data:`CELL_SWAPS` into ``torch._VF`` with the layers' functions.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -127,20 +125,6 @@ def _gru_cell(x: Tensor, hx: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | 
     return hy
 
 
-@contextlib.contextmanager
-def cuda_rnn_cells() -> Iterator[None]:
-    """While active, ``nn.LSTMCell`` and ``nn.GRUCell`` run as on CUDA (module docstring), by
-    a swap of ``torch._VF``'s functions, as ``rnn.cuda_rnn`` does for the whole layers."""
-    vf = torch._VF
-    swaps = {"lstm_cell": _lstm_cell, "gru_cell": _gru_cell}
-    saved = {name: vf.__dict__.get(name) for name in swaps}
-    try:
-        for name, fn in swaps.items():
-            setattr(vf, name, fn)
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                vf.__dict__.pop(name, None)
-            else:
-                setattr(vf, name, value)
+# the torch._VF functions nn.LSTMCell / nn.GRUCell call, as a CUDA run executes them
+# (swapped in by ``rnn.cuda_rnn`` with the whole layers')
+CELL_SWAPS = {"lstm_cell": _lstm_cell, "gru_cell": _gru_cell}

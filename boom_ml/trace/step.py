@@ -33,7 +33,6 @@ from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.trace.recorder import OpRecorder
 from boom_ml.trace.rnn import cuda_rnn
-from boom_ml.trace.rnn_cells import cuda_rnn_cells
 from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
@@ -237,7 +236,6 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
         attention as sdpa,
         cuda_dropout(),
         cuda_rnn(),
-        cuda_rnn_cells(),
         cuda_autocast_policy(),
     ):
         built.materialize("cpu")
