@@ -71,9 +71,10 @@ def test_lstm_cell_is_two_gemms_and_one_fused_kernel_per_step(loop_file: str) ->
     assert not fwd.op.isin(["sigmoid", "tanh", "sigmoid_", "tanh_"]).any()  # CPU's cell ops
     cell = fwd[fwd.op == "fused_lstm_cell"].iloc[0]
     # gates (B, 4H) twice, the cell state, both biases -> h, c and the (B, 4H) workspace
-    assert json.loads(cell.input_shapes) == [[BATCH, 4 * HIDDEN]] * 2 + [[BATCH, HIDDEN]] + [
-        [4 * HIDDEN]
-    ] * 2
+    assert (
+        json.loads(cell.input_shapes)
+        == [[BATCH, 4 * HIDDEN]] * 2 + [[BATCH, HIDDEN]] + [[4 * HIDDEN]] * 2
+    )
     assert json.loads(cell.output_shapes) == [[BATCH, HIDDEN]] * 2 + [[BATCH, 4 * HIDDEN]]
     bwd = nodes[nodes.phase == "backward"]
     assert (bwd.op == "fused_lstm_cell_backward").sum() == STEPS
