@@ -73,6 +73,19 @@ def test_derived_cudnn_step_equals_the_traced_one(llama: ModelSpec, step: dict) 
     assert len(flash.mem_events) - len(derived.mem_events) == 2 * forwards
 
 
+def test_a_non_causal_encoder_derives_too() -> None:
+    """A ViT (synthetic small config: 1 layer, 4 heads of 16): no mask, not causal."""
+    vit = ModelSpec("hf:google/vit-base-patch16-224", {"num_hidden_layers": 1, "hidden_size": 64,
+                    "num_attention_heads": 4, "intermediate_size": 128, "image_size": 32})  # fmt: skip
+    step = StepSpec(batch_size=2, amp="bf16")
+    flash = trace_step(build_model(vit), replace(step, sdpa_group=FLASH))
+    cudnn = trace_step(build_model(vit), replace(step, sdpa_group=CUDNN))
+    assert flash.meta["sdpa"]["inputs"][0]["is_causal"] is False
+    derived = cudnn_from_flash(flash, CUDNN)
+    assert derived is not None
+    _assert_same(derived, cudnn)
+
+
 def test_nothing_is_derived_where_the_kernels_do_not_map(llama: ModelSpec) -> None:
     flash = _trace(llama, FLASH, amp="bf16")
     assert cudnn_from_flash(flash, "sm86") is None  # flash there too: the same graph serves
