@@ -201,8 +201,7 @@ def test_the_layout_search_takes_its_small_traces_from_workers(llama: str) -> No
         pool = trace_pool.shared_pool(MODEL)
         pooled = search_layouts_many(MODEL.text, gpus, step, max_gpus=8)
         in_workers = pool.started
-        profile._traced.cache_clear()
-        profile._TRACED.clear()
+        profile.forget_traces()
         profile._MEMO.clear()
         os.environ["BOOM_TRACE_WORKERS"] = "0"  # no pool from here on
         import shutil

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -93,9 +94,8 @@ def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
-    siblings = _GROUPS.setdefault((config_json, replace(step, sdpa_group=None)), [])
-    for other in siblings:
-        graph, params = _traced(config_json, other)
+    key = (config_json, replace(step, sdpa_group=None))
+    for graph, params in _TRACED_GROUPS.get(key, []):
         served = for_group(graph, step.sdpa_group)
         if served is not None:
             return served, params
@@ -104,13 +104,24 @@ def _traced(config_json: str, step: StepSpec) -> tuple[Any, dict[str, int]]:
     params = _recipe_split(model, built, step)
     graph = take_or_trace(model, step, lambda: trace_step(built, step))
     _TRACED.add((config_json, step))
-    siblings.append(step)
+    _TRACED_GROUPS.setdefault(key, []).append((graph, params))
+    _TRACED_GROUPS.move_to_end(key)
+    while len(_TRACED_GROUPS) > _traced.cache_info().maxsize:  # as many as _traced keeps
+        _TRACED_GROUPS.popitem(last=False)
     return graph, params
 
 
 _TRACED: set[tuple[str, StepSpec]] = set()  # what _traced has traced (it caches 64)
-# (config, step without its attention group) -> the steps traced for some group
-_GROUPS: dict[tuple[str, StepSpec], list[StepSpec]] = {}
+# (config, step without its attention group) -> (graph, parameter split) traced for some
+# attention group, which serve or are re-expressed for the others; the last 64 keys
+_TRACED_GROUPS: OrderedDict[tuple[str, StepSpec], list[tuple[Any, dict[str, int]]]] = OrderedDict()
+
+
+def forget_traces() -> None:
+    """Drop every 1- and 2-layer trace held in this process (profiles on disk stay)."""
+    _traced.cache_clear()
+    _TRACED.clear()
+    _TRACED_GROUPS.clear()
 
 
 def _recipe_split(model: ModelSpec, built: Any, step: StepSpec) -> dict[str, int]:
