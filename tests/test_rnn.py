@@ -143,3 +143,30 @@ def test_deepbench_rnn_kernels_fp32_within_the_readme_figures() -> None:
     assert _ape(scored.fwd_pred, scored.fwd_ms).mean() < 30.0
     assert _ape(scored.bwd_pred, scored.bwd_ms).mean() < 30.0
     assert isinstance(scored, pd.DataFrame)
+
+
+def test_persistent_kernels_are_named_where_pytorch_picks_them(models) -> None:
+    from dataclasses import replace
+
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.library_calls import PERSISTENT_NOTE, RNN_METHOD
+    from boom_ml.timing.per_op import predict_nodes_many
+
+    lstm = rnn_kernels.RnnShape("lstm", 10, 4, 16, 192, 0, 1, 1)
+    # RNN.cpp use_rnn_persist_small_h: hidden <= 192 forward, <= 128 backward (LSTM, GRU),
+    # <= 384 / 256 for plain RNNs, from compute capability 6; never with a projection
+    assert rnn_kernels.persistent(lstm, False, 8) and not rnn_kernels.persistent(lstm, True, 8)
+    assert not rnn_kernels.persistent(replace(lstm, hidden=193), False, 8)
+    assert rnn_kernels.persistent(replace(lstm, hidden=128), True, 6)
+    assert not rnn_kernels.persistent(lstm, False, 5)
+    tanh = replace(lstm, mode="rnn_tanh", hidden=384)
+    assert rnn_kernels.persistent(tanh, False, 8) and not rnn_kernels.persistent(tanh, True, 8)
+    assert not rnn_kernels.persistent(replace(lstm, hidden=64, proj=32), False, 8)
+    a100 = get_gpu("a100-80gb-pcie")
+    for factory, note in (("gru", True), ("projected", False)):  # hidden 32 both
+        g = _graph(models, factory)
+        methods = predict_nodes_many(g.nodes, [a100])["method"][0]
+        rnn = g.nodes["op"].str.startswith("cudnn_").to_numpy()
+        assert rnn.sum() == 2  # forward and backward
+        expected = f"{RNN_METHOD}; {PERSISTENT_NOTE}" if note else RNN_METHOD
+        assert set(methods[rnn]) == {expected}

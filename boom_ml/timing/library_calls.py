@@ -35,6 +35,22 @@ def rnn_rows(op: str, shapes: list[list[int]], outs: list[list[int]]) -> list[di
     return [{**row, "source": LIBRARY} for row in rnn_kernels.kernel_rows(shape, backward)]
 
 
+PERSISTENT_NOTE = "cuDNN runs its persistent kernel here: timed as the standard one, likely slow"
+
+
+def rnn_method(op: str, shapes: list[list[int]], outs: list[list[int]], gpu: GpuSpec) -> str:
+    """How a cuDNN RNN call is timed on ``gpu``: its standard algorithm's kernels, and where
+    PyTorch picks the small-hidden persistent kernel instead (``rnn_kernels.persistent``),
+    a note that the standard kernels are all that is modelled."""
+    backward = op.endswith("_backward")
+    mode = RNN_OPS[op.removesuffix("_backward")]
+    output = shapes[3] if backward else outs[0]
+    shape = rnn_kernels.shape_of(mode, shapes[0], shapes[1], shapes[2], output)
+    if rnn_kernels.persistent(shape, backward, gpu.sm_version // 10):
+        return f"{RNN_METHOD}; {PERSISTENT_NOTE}"
+    return RNN_METHOD
+
+
 def library_rows(kernels: list[dict[str, Any]], dtype: str, direction: str) -> pd.DataFrame:
     """Kernel rows of kernels a library call issues back to back, in ``dtype`` and
     ``direction`` (for scoring such kernels alone: ``training/validate_rnn.py``)."""

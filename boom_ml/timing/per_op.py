@@ -27,7 +27,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
-from boom_ml.timing.library_calls import REPEAT, RNN_METHOD, is_rnn, rnn_rows
+from boom_ml.timing.library_calls import REPEAT, is_rnn, rnn_method, rnn_rows
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
@@ -343,7 +343,11 @@ def predict_nodes_many(
     for k in range(len(gpus)):  # a conv node is named by its kernel, not its transforms
         method[k, pos[own]] = methods[k][own]
     if REPEAT in rows:  # a library call's many kernels (rnn_kernels), each by its own model
-        method[:, pos[rows[REPEAT].notna().to_numpy()]] = RNN_METHOD
+        for node_pos in np.unique(pos[rows[REPEAT].notna().to_numpy()]):
+            node = nodes.iloc[int(node_pos)]
+            shapes, outs = json.loads(node.input_shapes), json.loads(node.output_shapes)
+            for k, gpu in enumerate(gpus):
+                method[k, node_pos] = rnn_method(str(node.op), shapes, outs, gpu)
     if FOLDED in rows:  # no 3-D convolution was measured: say the row is the 2-D equivalent
         folded = pos[rows[FOLDED].eq(True).to_numpy() & np.asarray(own, dtype=bool)]
         method[:, folded] = [[f"{m} ({FOLDED_METHOD})" for m in row] for row in method[:, folded]]

@@ -61,6 +61,20 @@ def shape_of(mode: str, x: list[int], hx: list[int], cx: list[int], output: list
     return RnnShape(mode, steps, batch, input_size, hidden, proj, hx[0] // directions, directions)
 
 
+# RNN.cpp, use_rnn_persist_small_h (cuDNN >= 8.2.1, compute capability >= 6): a call whose
+# hidden size is at most this runs CUDNN_RNN_ALGO_PERSIST_STATIC_SMALL_H, (forward, backward)
+PERSIST_SMALL_H = {"lstm": (192, 128), "gru": (192, 128), "rnn_tanh": (384, 256),
+                   "rnn_relu": (384, 256)}  # fmt: skip
+
+
+def persistent(shape: RnnShape, backward: bool, sm_major: int) -> bool:
+    """Whether PyTorch's ``get_algo`` picks cuDNN's small-hidden persistent kernel for the
+    call (an LSTM with projections always runs the standard algorithm)."""
+    return (
+        sm_major >= 6 and not shape.proj and shape.hidden <= PERSIST_SMALL_H[shape.mode][backward]
+    )
+
+
 def _mm(m: int, n: int, k: int, repeat: int) -> dict[str, Any]:
     return {"family": "gemm", "op": "mm", "b": 1, "m": m, "n": n, "k": k, "repeat": repeat}
 
