@@ -27,7 +27,7 @@ class MemoryEstimate:
     by_module_group: list[dict[str, Any]] = field(default_factory=list)  # same, blocks summed
     peak_module: str = ""  # module of the op running at the peak
     p10_bytes: int = 0  # total_bytes with the lower bound of every underivable term
-    p90_bytes: int = 0  # ... and with the upper bound; ``fits`` means "p90 fits"
+    p90_bytes: int = 0  # ... and with the upper bound; ``fits``: every level fits
     fit: str = ""  # yes (p90 fits) | tight (p10 fits, p90 does not) | no
     headroom_bytes: int = 0  # capacity_bytes - total_bytes (negative: short by that much)
     stack: dict[str, Any] = field(default_factory=dict)  # the software stack assumed

@@ -10,8 +10,9 @@ images), see ``overheads.py``.
 
 Each estimate is made at three levels: p50 with the central value of every term, p10 and
 p90 with the bounds of what cannot be derived (context size, cuDNN workspaces). The
-verdict is ``yes`` when even the p90 step fits the GPU's usable memory, ``no`` when not
-even the p10 step does, and ``tight`` in between.
+verdict is ``yes`` when the step fits the GPU's usable memory at every level, ``no`` when
+at none, and ``tight`` otherwise (near the limit the allocator's fragmentation is not
+monotone in the bytes asked, so the p90 replay may fit where the p50 one does not).
 """
 
 from __future__ import annotations
@@ -209,7 +210,12 @@ def estimate_memory(
         lambda: attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules),
     )
     cap = int(gpu.capacity_bytes)
-    fit = "yes" if levels["p90"][0] else ("tight" if levels["p10"][0] else "no")
+    # yes only when every level fits: the allocator's fragmentation does not always grow with
+    # the bytes asked (a p90 replay with cuDNN workspaces can pack into fewer segments than
+    # the p50 one without), so one level's verdict does not bound the others'
+    fitting = [ok for ok, _ in levels.values()]
+    fit = "yes" if all(fitting) else ("tight" if any(fitting) else "no")
+    totals = [level.total for _, level in levels.values()]
     terms = [
         {"term": a.term, "library": a.library, "bytes": a.nbytes, "where": "outside allocator",
          "source": a.provenance}
@@ -234,8 +240,8 @@ def estimate_memory(
         by_module=att.by_module,
         by_module_group=att.by_module_group,
         peak_module=att.module,
-        p10_bytes=min(levels["p10"][1].total, sm.total),
-        p90_bytes=max(levels["p90"][1].total, sm.total),
+        p10_bytes=min(totals),
+        p90_bytes=max(totals),
         fit=fit,
         headroom_bytes=cap - sm.total,
         stack=stack.to_dict(),
