@@ -9,7 +9,9 @@ and twice as many in backward. On CUDA, ``LSTMCell`` and ``GRUCell``
 meta kernels cannot run here (the LSTM one rejects a cell without biases, the GRU one has
 none), so ``boom::fused_{lstm,gru}_cell`` and their backward ops stand for them: the same
 outputs, workspace and gradients (aten's backward returns one gate gradient for both the
-input and the hidden gates, and one bias gradient for both biases). Under autocast the GEMMs
+input and the hidden gates; the bias gradients are sums of the gate gradients over the
+batch, reduction kernels of their own: one for the LSTM's two biases, two for the GRU's; a
+missing output gradient is read as zero, never materialised). Under autocast the GEMMs
 cast the weights (cached for the autocast region, as CUDA's cast of ``lstm_cell``/``gru_cell``
 arguments is) and the state; the biases are read as they are (a cached cast of a few KiB).
 ``RNNCell`` (tanh or ReLU) has no fused kernel on CUDA: its CPU ops are CUDA's.
@@ -34,10 +36,9 @@ def _fused_lstm_cell(
 
 
 def _fused_lstm_cell_backward(
-    grad_hy: Tensor, grad_cy: Tensor, cx: Tensor, cy: Tensor, workspace: Tensor, has_bias: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    bias = workspace.new_empty((workspace.shape[1] if has_bias else 0,))
-    return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape), bias
+    grad_hy: Tensor | None, grad_cy: Tensor | None, cx: Tensor, cy: Tensor, workspace: Tensor
+) -> tuple[Tensor, Tensor]:
+    return workspace.new_empty(workspace.shape), cx.new_empty(cx.shape)
 
 
 def _fused_gru_cell(
@@ -46,15 +47,11 @@ def _fused_gru_cell(
     return igates.new_empty(hx.shape), igates.new_empty((hx.shape[0], GRU_WORKSPACE * hx.shape[1]))
 
 
-def _fused_gru_cell_backward(
-    grad_hy: Tensor, workspace: Tensor, has_bias: bool
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _fused_gru_cell_backward(grad_hy: Tensor, workspace: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     batch, hidden = grad_hy.shape
     gates = GRU_GATES * hidden
-    bias = gates if has_bias else 0
     return (grad_hy.new_empty((batch, gates)), grad_hy.new_empty((batch, gates)),
-            grad_hy.new_empty(grad_hy.shape), grad_hy.new_empty((bias,)),
-            grad_hy.new_empty((bias,)))  # fmt: skip
+            grad_hy.new_empty(grad_hy.shape))  # fmt: skip
 
 
 def _op(name: str, fake):  # noqa: ANN001, ANN202
@@ -77,12 +74,13 @@ def _lstm_context(ctx, inputs, output) -> None:  # noqa: ANN001
 
 
 def _lstm_grad(ctx, grad_hy, grad_cy, _grad_workspace):  # noqa: ANN001
+    if grad_hy is None and grad_cy is None:  # RNN.cu: nothing to propagate, no kernel
+        return None, None, None, None, None
     cx, cy, workspace = ctx.saved_tensors
-    grad_hy = grad_hy if grad_hy is not None else torch.zeros_like(cx)
-    grad_cy = grad_cy if grad_cy is not None else torch.zeros_like(cx)
-    gates, grad_cx, bias = fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace,
-                                                    ctx.has_bias)  # fmt: skip
-    bias = bias if ctx.has_bias else None
+    # a missing gradient is read as zero by the kernel, never materialised
+    gates, grad_cx = fused_lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace)
+    # RNN.cu sums the gate gradients over the batch for the biases: a reduction kernel
+    bias = gates.sum(0) if ctx.has_bias else None
     return gates, gates, grad_cx, bias, bias
 
 
@@ -93,9 +91,13 @@ def _gru_context(ctx, inputs, output) -> None:  # noqa: ANN001
 
 
 def _gru_grad(ctx, grad_hy, _grad_workspace):  # noqa: ANN001
+    if grad_hy is None:
+        return None, None, None, None, None
     (workspace,) = ctx.saved_tensors
-    gi, gh, grad_hx, bi, bh = fused_gru_cell_backward(grad_hy, workspace, ctx.has_bias)
-    return gi, gh, grad_hx, bi if ctx.has_bias else None, bh if ctx.has_bias else None
+    gi, gh, grad_hx = fused_gru_cell_backward(grad_hy, workspace)
+    if not ctx.has_bias:
+        return gi, gh, grad_hx, None, None
+    return gi, gh, grad_hx, gi.sum(0), gh.sum(0)  # RNN.cu: one reduction per bias
 
 
 fused_lstm_cell.register_autograd(_lstm_grad, setup_context=_lstm_context)
