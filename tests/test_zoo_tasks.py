@@ -82,3 +82,24 @@ def test_detection_error_is_one_line() -> None:
 
     with pytest.raises(InvalidInputError, match="data-dependent sizes"):
         build_model("torchvision:retinanet_resnet50_fpn")
+    # a bare name finds torchvision's model and its reason, not "unknown model"
+    assert resolve_name("fasterrcnn_resnet50_fpn") == "torchvision:fasterrcnn_resnet50_fpn"
+
+
+def test_clip_sizes_the_model_cannot_take_are_one_line() -> None:
+    from boom_ml.errors import InvalidInputError
+
+    mvit = build_model("torchvision:mvit_v2_s")  # positional encodings for 16 x 224 x 224
+    assert (mvit.default_seq_len, mvit.default_image_size) == (16, 224)
+    with pytest.raises(InvalidInputError, match="built for clips of 16 frames of 224x224"):
+        mvit.make_inputs(StepSpec(batch_size=1, seq_len=8), CPU)
+    s3d = build_model("torchvision:s3d")  # its weights: at least 14 frames
+    with pytest.raises(InvalidInputError, match="at least 14 frames"):
+        s3d.make_inputs(StepSpec(batch_size=1, seq_len=8, image_size=32), CPU)
+    assert s3d.make_inputs(StepSpec(batch_size=1, seq_len=14, image_size=32), CPU)["x"].shape == (
+        1,
+        3,
+        14,
+        32,
+        32,
+    )

@@ -45,7 +45,9 @@ def _all_names() -> frozenset[str]:
 
 
 def has(name: str) -> bool:
-    return name in names()
+    """Whether torchvision has ``name`` (a bare name resolves here, and ``build`` says what
+    is supported: detection models get their one-line reason, not "unknown")."""
+    return name in _all_names()
 
 
 def native_image_size(name: str, module: nn.Module) -> int:

@@ -136,6 +136,16 @@ def _segmentation(
     )
 
 
+def _fixed_clip(module: nn.Module) -> tuple[int, int] | None:
+    """(frames, side) a model with positional encodings per clip position is built for (MViT:
+    the encoding's grid times the patch embedding's stride), None for other models."""
+    encoding, proj = getattr(module, "pos_encoding", None), getattr(module, "conv_proj", None)
+    if encoding is None or proj is None or not hasattr(encoding, "temporal_size"):
+        return None
+    stride = proj.stride
+    return encoding.temporal_size * stride[0], encoding.spatial_size[0] * stride[1]
+
+
 def _video(
     spec: ModelSpec,
     module: nn.Module,
@@ -146,9 +156,22 @@ def _video(
     name: str,
 ) -> BuiltModel:
     key = _input_name(module)
+    fixed = _fixed_clip(module)  # MViT: positional encodings for one clip shape
+    frames = fixed[0] if fixed else frames
+    size = fixed[1] if fixed else size
+    least = int(_weights_meta(name)[0].get("min_temporal_size", 1))
 
     def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
         side, clip = step.image_size or size, step.seq_len or frames
+        if fixed and (clip, side) != fixed:
+            # torchvision's builder passes its own temporal_size and spatial_size to MViT
+            raise InvalidInputError(
+                f"{what} is built for clips of {fixed[0]} frames of {fixed[1]}x{fixed[1]} "
+                f"(torchvision's builder fixes both); asked for {clip} of {side}x{side}: leave "
+                "seq_len and image_size out"
+            )
+        if clip < least:
+            raise InvalidInputError(f"{what} needs clips of at least {least} frames (seq_len)")
         return {
             key: torch.randn(step.batch_size, 3, clip, side, side, device=dev),
             "_labels": torch.randint(0, num_classes, (step.batch_size,), device=dev),
