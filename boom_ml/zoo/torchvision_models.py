@@ -11,10 +11,12 @@ from torch import nn
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.zoo import torchvision_tasks
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
 from boom_ml.zoo.common import build_on_device, classification_loss, closest, image_batch
+from boom_ml.zoo.torchvision_tasks import build as build_task
+from boom_ml.zoo.torchvision_tasks import has as is_task
+from boom_ml.zoo.torchvision_tasks import segmentation_names, video_names
 
 # Transformer-style classifiers; everything else in torchvision.models convolves.
 _TRANSFORMER_PREFIXES = ("vit_", "swin_", "maxvit_")
@@ -33,7 +35,7 @@ def _classifiers() -> frozenset[str]:
 def names() -> tuple[str, ...]:
     """Classification, segmentation and video models (detection and optical flow need boxes
     and flows we do not synthesise)."""
-    tasks = torchvision_tasks.segmentation_names() | torchvision_tasks.video_names()
+    tasks = segmentation_names() | video_names()
     return tuple(sorted(_classifiers() | tasks))
 
 
@@ -74,8 +76,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     """Build ``torchvision.models.get_model(name, weights=None, **spec.options)``."""
     from torchvision.models import get_model
 
-    if torchvision_tasks.has(name):
-        return torchvision_tasks.build(spec, name, device)
+    if is_task(name):
+        return build_task(spec, name, device)
     if name not in _classifiers():
         if name in _all_names():
             raise InvalidInputError(
