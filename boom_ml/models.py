@@ -140,9 +140,8 @@ def _print_hf(rows: list[dict[str, Any]]) -> None:
 
 def _print_others() -> None:
     print("Other schemes:")
-    print(
-        "  torchvision:<name>        torchvision classifiers, segmentation, video (python -m boom_ml.models --scheme torchvision)"
-    )
+    print("  torchvision:<name>        torchvision classifiers, segmentation, video")
+    print("                            (python -m boom_ml.models --scheme torchvision)")
     print("  timm:<name>               any timm model (python -m boom_ml.models --scheme timm)")
     print("  file:<path.py>:<factory>  your own nn.Module factory, e.g. file:my_model.py:make")
 

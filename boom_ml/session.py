@@ -3,7 +3,8 @@
 The orchestration ``api.predict`` and the advisor share: traces from the on-disk cache, from
 worker processes started ahead (``trace_pool``) or made here; one trace per attention group
 whose SDPA kernels differ (a cuDNN-attention group's graph derived from a flash group's where
-it can be, ``trace/cudnn_from_flash.py``); memory (allocator replay, the largest batch) and time per GPU.
+it can be, ``trace/cudnn_from_flash.py``); memory (allocator replay, the largest batch) and
+time per GPU.
 """
 
 from __future__ import annotations

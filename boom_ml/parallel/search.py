@@ -147,8 +147,9 @@ def search_layouts(
 
     ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
     by :func:`rank_key`, less sharding that changes nothing printed: :func:`distinct_choices`),
-    ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit) and ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot
-    model (not an HF config).
+    ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit) and
+    ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot model
+    (not an HF config).
     """
     return search_layouts_many(model, [gpu], step, cluster, stack, max_gpus, top)[gpu.id]
 
