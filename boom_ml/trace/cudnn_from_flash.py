@@ -55,16 +55,11 @@ def derivable(sdpa_meta: dict[str, Any], group: str) -> bool:
         return False
     before = backends(sdpa_meta, sdpa_meta["group"])
     after = backends(sdpa_meta, group)
-    swapped = False
     for data, old, new in zip(inputs, before, after, strict=True):
-        if old == new:
-            continue
-        if (old, new) != (FLASH, CUDNN) or not _plain(data):
+        flash_to_cudnn = old == FLASH and new == CUDNN and _plain(data)
+        if not (flash_to_cudnn or (old != FLASH and old == new)):
             return False
-        swapped = True
-    return swapped and all(
-        new == CUDNN for old, new in zip(before, after, strict=True) if old == FLASH
-    )
+    return FLASH in before
 
 
 def trace_order(groups: list[str]) -> list[str]:
@@ -108,11 +103,12 @@ def cudnn_from_flash(graph: OpGraph, group: str) -> OpGraph | None:
     backward = nodes["op"] == BACKWARD
     dropped: set[int] = set()  # debug-mask blocks: cuDNN returns none
     seeds: set[int] = set()
+    # one new block per output of a forward op, in output order
+    allocs = events[events["action"] == "alloc"].groupby("node_id")["block"].agg(list)
     for i in nodes.index[forward]:
         shapes = json.loads(nodes.at[i, "output_shapes"])
         dtypes = json.loads(nodes.at[i, "output_dtypes"])
-        mine = events[(events["node_id"] == nodes.at[i, "id"]) & (events["action"] == "alloc")]
-        blocks = list(mine["block"])  # one new block per output, in output order
+        blocks = allocs[nodes.at[i, "id"]]
         seeds.add(blocks[SEED])
         dropped.add(blocks[DEBUG])
         shapes = [shapes[0], [*shapes[LSE], 1], [], []]
