@@ -339,7 +339,8 @@ def predict_nodes_many(
         for k in range(len(gpus)):
             np.add.at(out[col][k], pos, values[k])  # sums multi-row nodes
     methods = pred["method"].to_numpy().reshape(len(gpus), len(base))[:, same]
-    own = ~rows[conv_layout.MARK].notna().to_numpy() if conv_layout.MARK in rows else slice(None)
+    marked = rows[conv_layout.MARK].notna().to_numpy() if conv_layout.MARK in rows else None
+    own = ~marked if marked is not None else np.ones(len(rows), dtype=bool)
     for k in range(len(gpus)):  # a conv node is named by its kernel, not its transforms
         method[k, pos[own]] = methods[k][own]
     if REPEAT in rows:  # a library call's many kernels (rnn_kernels), each by its own model
@@ -349,7 +350,7 @@ def predict_nodes_many(
             for k, gpu in enumerate(gpus):
                 method[k, node_pos] = rnn_method(str(node.op), shapes, outs, gpu)
     if FOLDED in rows:  # no 3-D convolution was measured: say the row is the 2-D equivalent
-        folded = pos[rows[FOLDED].eq(True).to_numpy() & np.asarray(own, dtype=bool)]
+        folded = pos[rows[FOLDED].eq(True).to_numpy() & own]
         method[:, folded] = [[f"{m} ({FOLDED_METHOD})" for m in row] for row in method[:, folded]]
     return {**out, "method": method}
 
