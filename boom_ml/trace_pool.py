@@ -78,10 +78,16 @@ def configured_workers() -> int:
 
 
 def trace(model: ModelSpec, step: StepSpec) -> OpGraph:
-    """Build ``model`` afresh and trace ``step``: what the caller and every worker run."""
+    """Build ``model`` afresh and trace ``step``: what the caller and every worker run. A deep
+    hf: model with identical layers is traced shallow and one layer repeated
+    (``trace/repeat.py``), where a trace one layer deeper confirms it."""
+    from boom_ml.trace.repeat import trace_repeated
     from boom_ml.trace.step import trace_step
     from boom_ml.zoo import build_model
 
+    graph = trace_repeated(model, step)
+    if graph is not None:
+        return graph
     # trace_step materialises and may checkpoint the module: a fresh build each time
     return trace_step(build_model(model), step)
 

@@ -28,7 +28,7 @@ _ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateG
 
 def _deepest(parents: set[str]) -> str:
     names = [p for p in parents if p != "Global"]
-    return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
+    return max(names, key=lambda n: (n.count("."), len(n), n)) if names else ""
 
 
 class ModuleOf:

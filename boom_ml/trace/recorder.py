@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +25,17 @@ from boom_ml.trace.ops import entry_of, flops_of
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+@dataclass
+class BlockNotes:
+    """Besides the graph (``OpRecorder(keep_blocks=True)``): each node's input and output
+    blocks, the module path of each block no op made, and the parameter (or buffer) name of
+    each block that is one, or is its gradient or optimizer state."""
+
+    node_blocks: list[tuple[list[int], list[int]]]
+    block_module: dict[int, str]
+    block_param: dict[int, str] = field(default_factory=dict)
 
 
 class GradientSums(Protocol):
@@ -54,10 +66,18 @@ class OpRecorder(TorchDispatchMode):
     """
 
     def __init__(
-        self, module_of: Callable[[], str] = lambda: "", sums: GradientSums | None = None
+        self,
+        module_of: Callable[[], str] = lambda: "",
+        sums: GradientSums | None = None,
+        keep_blocks: bool = False,
     ) -> None:
         super().__init__()
         self.module_of = module_of
+        # keep_blocks: also note each node's input and output blocks and the module of each
+        # block no op made (what trace/repeat.py needs to tell one layer's blocks from another's)
+        self.keep_blocks = keep_blocks
+        self.node_blocks: list[tuple[list[int], list[int]]] = []
+        self.block_module: dict[int, str] = {}
         self.sums: GradientSums = sums if sums is not None else InPlaceAccumulation()
         # Events of the running backward op, and after it of a pending sum, not yet final.
         self._held: list[dict[str, Any]] | None = None
@@ -112,6 +132,8 @@ class OpRecorder(TorchDispatchMode):
         self.block_phase[block] = phase
         self.block_node[block] = self._current_node
         self.block_bytes[block] = nbytes
+        if self.keep_blocks and self._current_node < 0:
+            self.block_module[block] = self.module_of()
         if torch._C._current_graph_task_id() != -1:
             self.block_grad_fn[block] = current_grad_fn()
         self._event("alloc", block, nbytes, phase)
@@ -179,6 +201,10 @@ class OpRecorder(TorchDispatchMode):
         if block in self._producer:
             self._producer[keep] = self._producer.pop(block)
         return True
+
+    def known_block(self, t: torch.Tensor) -> int | None:
+        """The block id of ``t``'s storage if it has one (no new block, no event)."""
+        return self._blocks.get(t.untyped_storage())
 
     def live_blocks(self) -> set[int]:
         return set(self._refs)
@@ -250,6 +276,8 @@ class OpRecorder(TorchDispatchMode):
                 "bytes_written": bytes_written,
             }
         )
+        if self.keep_blocks:
+            self.node_blocks.append((in_blocks, out_blocks))
         for b in in_blocks:
             src = self._producer.get(b)
             if src is not None and src != node_id:

@@ -31,7 +31,7 @@ from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
-from boom_ml.trace.recorder import OpRecorder
+from boom_ml.trace.recorder import BlockNotes, OpRecorder
 from boom_ml.trace.rnn import cuda_rnn
 from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
@@ -117,7 +117,9 @@ class _StepRunner:
             for k, t in state.items()
             if isinstance(t, torch.Tensor) and k != "step" and k not in shared
         ]
-        return owned + ([p.grad] if p.grad is not None else [])
+        # a master-weight copy's gradient too (it is the copy's, and so the parameter's)
+        grads = [t.grad for t in [p, *owned] if t.grad is not None]
+        return owned + grads
 
     def run(self) -> None:
         device = torch.device("cpu")
@@ -258,6 +260,14 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
 
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
     """Trace one steady-state training step of ``built`` under ``step`` into an OpGraph."""
+    return trace_step_with_blocks(built, step, keep_blocks=False)[0]
+
+
+def trace_step_with_blocks(
+    built: BuiltModel, step: StepSpec, keep_blocks: bool = True
+) -> tuple[OpGraph, BlockNotes]:
+    """:func:`trace_step`, and (``keep_blocks``) which blocks each node read and wrote, and
+    whose they are (``trace/repeat.py`` repeats one layer's nodes and blocks with them)."""
     step = built.resolve_step(step)
     step = replace(step, sdpa_group=step.sdpa_group or DEFAULT_GROUP)  # recorded as traced
     if step.optimizer_impl == "auto":  # recorded as the implementation that ran
@@ -271,7 +281,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
         runner.warm_up()
         params = [p for p in built.module.parameters() if p.requires_grad]
         module_of = ModuleOf()
-        recorder = OpRecorder(module_of=module_of)
+        recorder = OpRecorder(module_of=module_of, keep_blocks=keep_blocks)
         runner.recorder = recorder
         with recorder:
             recorder.recording = False
@@ -290,6 +300,9 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             with module_of.active():
                 runner.run()
             recorder.recording = False
+            notes = BlockNotes(recorder.node_blocks, recorder.block_module)
+            if keep_blocks:
+                notes.block_param = _param_blocks(recorder, runner, owned_blocks)
         # A parameter without a gradient after a real step (unused by this model's
         # forward) never had a gradient or optimizer state in a real run either.
         unused = {b for p in params if id(p) not in runner.with_grad for b in owned_blocks[id(p)]}
@@ -298,7 +311,7 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
         )
     events = assign_categories(recorder, runner.grad_blocks, runner.state_blocks)
     runner.recipe["bytes"] = _recipe_bytes(built, runner)
-    return OpGraph.from_records(
+    graph = OpGraph.from_records(
         recorder.nodes,
         [{"src": s, "dst": d} for s, d in sorted(recorder.edges)],
         events,
@@ -318,6 +331,31 @@ def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
             "sdpa": runner.sdpa,
         },
     )
+    return graph, notes
+
+
+def _param_blocks(
+    recorder: OpRecorder, runner: _StepRunner, owned: dict[int, list[int]]
+) -> dict[int, str]:
+    """Block -> name of the parameter or buffer it is, or whose gradient or state it holds
+    (before the recorded step and after it)."""
+    out: dict[int, str] = {}
+    shared: set[int] = set()  # state of every parameter (bitsandbytes' quantisation maps)
+    module, optimizer = runner.module, runner.optimizer
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        state = optimizer.state.get(t, {}) if optimizer is not None else {}
+        # the step count too (a host tensor)
+        now = [
+            t,
+            *state.values(),
+            *(x.grad for x in [t, *state.values()] if isinstance(x, torch.Tensor)),
+        ]
+        blocks = [recorder.known_block(x) for x in now if isinstance(x, torch.Tensor)]
+        blocks += owned.get(id(t), [])
+        for b in blocks:
+            if b is not None and out.setdefault(b, name) != name:
+                shared.add(b)
+    return {b: name for b, name in out.items() if b not in shared}
 
 
 def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

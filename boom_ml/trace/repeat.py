@@ -1,0 +1,154 @@
+"""A deep hf: model traced as a shallow one, one layer repeated (``trace/stretch.py``).
+
+Tracing runs every op of every layer through PyTorch's fake-tensor dispatch and autograd,
+~0.1 s per Llama-3-8B layer on two cores, the same work 32 times. A model whose config
+gives every layer the same shape is traced with :data:`SHALLOW` layers and with one more;
+the shallow graph's middle layer repeated once must equal the deeper trace exactly (nodes,
+edges and memory events, blocks renumbered), and only then is it repeated to the model's
+depth. Anything else (a check that fails, a graph stretch.py cannot read, a config whose
+layers differ by index) traces the whole model as before. ``$BOOM_REPEAT_LAYERS=0`` turns
+it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from torch import nn
+
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.step import trace_step_with_blocks
+from boom_ml.trace.stretch import (
+    CannotRepeat,
+    Delta,
+    Tagged,
+    canonical,
+    difference,
+    layer_pattern,
+    repeat_layer,
+)
+
+ENV = "BOOM_REPEAT_LAYERS"
+SHALLOW = 3  # layers traced; layer 1, with a layer on each side, is the one repeated
+MIN_LAYERS = 8  # below this the two shallow traces cost about what the model's own does
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# Config fields that make layers differ by index in a period longer than the check sees
+# (sliding-window and MoE interleaving patterns): such models are traced whole.
+PERIOD_KEYS = (
+    "sliding_window_pattern",
+    "decoder_sparse_step",
+    "interleave_moe_layer_step",
+    "moe_layer_freq",
+    "no_rope_layer_interval",
+    "global_attn_every_n_layers",
+)
+# ... and fields that set the first layers apart (dense before MoE) or name layers one by one
+FIRST_KEYS = ("first_k_dense_replace", "mlp_only_layers", "cross_attention_layers")
+
+log = logging.getLogger(__name__)
+
+
+def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] | None:
+    """The model's layer count and, per shallow depth, the config overrides that build it;
+    None where the model is not an hf: config with enough identical layers."""
+    if model.scheme != "hf" or os.environ.get(ENV, "1").strip() == "0":
+        return None
+    from boom_ml.zoo import resolve_name
+    from boom_ml.zoo.hf_models import config_path
+
+    try:
+        name = resolve_name(model.text).partition(":")[2]
+        raw = {**json.loads(config_path(name).read_text()), **model.options}
+    except Exception:  # noqa: BLE001 - the build reports a bad model, not this shortcut
+        return None
+    key = next((k for k in LAYER_KEYS if isinstance(raw.get(k), int)), None)
+    layers = raw.get(key) if key else None
+    if layers is None or layers < MIN_LAYERS or raw.get("is_encoder_decoder"):
+        return None
+    if any(raw.get(k) not in (None, 0, 1, [], False) for k in PERIOD_KEYS) or any(
+        raw.get(k) for k in FIRST_KEYS
+    ):
+        return None
+    per_layer = {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == layers}
+    if any(len({json.dumps(x) for x in v}) > 1 for v in per_layer.values()):
+        return None  # layers typed one by one (Gemma 3's sliding and global attention)
+    options = {}
+    for depth in (SHALLOW, SHALLOW + 1):
+        options[depth] = {key: depth, **{k: v[:depth] for k, v in per_layer.items()}}
+    return layers, options
+
+
+def layer_list(module: nn.Module, depth: int) -> str | None:
+    """The path of the one ModuleList of ``depth`` blocks (the model's layers), or None."""
+    found = [
+        n for n, m in module.named_modules() if isinstance(m, nn.ModuleList) and len(m) == depth
+    ]
+    outer = [n for n in found if not any(n.startswith(o + ".") for o in found if o != n)]
+    return outer[0] if len(outer) == 1 else None
+
+
+def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
+    """``step`` of ``model`` traced shallow and repeated to its depth, or None (trace it whole)."""
+    plan = shallow_options(model)
+    if plan is None or step.checkpointing_every != 1:
+        return None
+    from boom_ml.zoo import build_model
+
+    layers, options = plan
+    started = time.perf_counter()
+    traced = []
+    for depth in (SHALLOW, SHALLOW + 1):
+        try:
+            built = build_model(ModelSpec(model.text, {**model.options, **options[depth]}))
+            path = layer_list(built.module, depth)
+            if path is None:
+                return None
+            traced.append(trace_step_with_blocks(built, step))
+        except Exception as err:  # noqa: BLE001 - the whole model's trace says what is wrong
+            log.info("tracing %s whole: %d layers did not trace: %s", model.text, depth, err)
+            return None
+    (shallow, notes), (deeper, _) = traced
+    try:
+        tagged = Tagged(shallow, notes, layer_pattern(path))
+        check, mixed = repeat_layer(tagged, 1, 2)
+        why = difference(check, deeper, skip=set(mixed.values()))
+        if why is not None:
+            raise CannotRepeat(f"{SHALLOW} layers repeated once differ from {SHALLOW + 1}: {why}")
+        delta: Delta = {
+            old: tuple(
+                int(deeper.nodes.at[new, c]) - int(shallow.nodes.at[old, c])
+                for c in ("flops", "bytes_read", "bytes_written")
+            )
+            for old, new in mixed.items()
+        }
+        graph = canonical(repeat_layer(tagged, 1, layers - SHALLOW + 1, delta)[0])
+        graph.meta = _meta(shallow.meta, deeper.meta, layers)
+    except CannotRepeat as why:
+        log.info("tracing %s whole: %s", model.text, why)
+        return None
+    graph.meta["trace_seconds"] = round(time.perf_counter() - started, 3)
+    graph.meta["repeated_layers"] = {"traced": SHALLOW, "checked": SHALLOW + 1, "layers": layers}
+    return graph
+
+
+def _meta(shallow: dict[str, Any], deeper: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The deep model's meta: counts that grow by one layer's share (parameters, SDPA calls,
+    checkpointed blocks, recipe bytes) extended to ``layers``; everything else as traced."""
+
+    def extend(a: Any, b: Any) -> Any:
+        if isinstance(a, bool) or a == b:
+            return a
+        if isinstance(a, int) and isinstance(b, int):
+            return a + (layers - SHALLOW) * (b - a)
+        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            return {k: extend(a[k], b[k]) for k in a}
+        raise CannotRepeat(f"graph meta differs beyond a count: {a!r} against {b!r}")
+
+    out = {k: extend(v, deeper[k]) for k, v in shallow.items() if k != "trace_seconds"}
+    out["step"] = shallow["step"]
+    return out

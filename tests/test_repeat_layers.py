@@ -1,0 +1,143 @@
+"""A deep model traced shallow with one layer repeated (``trace/repeat.py``, ``trace/stretch.py``)
+equals the model traced whole: every node, edge and memory event (blocks numbered in order of
+allocation), the graph meta, and the predictions made from it. Where layers differ by index it
+traces the model whole.
+
+The models are synthetic tiny configs (hidden 64, 8 layers), not published models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from boom_ml import api
+from boom_ml.gpus import parse_gpu_list
+from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace import repeat
+from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.repeat import shallow_options, trace_repeated
+from boom_ml.trace.step import trace_step
+from boom_ml.trace.stretch import canonical
+from boom_ml.zoo import build_model
+from tests.tiny_models import tiny_llama_config
+
+LAYERS = 8
+GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4,
+        "n_layer": LAYERS, "n_positions": 128, "vocab_size": 256}  # fmt: skip
+MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 64, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
+BERT = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+        "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
+
+
+def _model(tmp_path: Path, config: dict, name: str = "config.json") -> ModelSpec:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return ModelSpec(f"hf:{path}")
+
+
+def _llama(tmp_path: Path, **overrides: object) -> ModelSpec:
+    return _model(
+        tmp_path, tiny_llama_config(vocab_size=256, num_hidden_layers=LAYERS, **overrides)
+    )
+
+
+def _assert_same(repeated: OpGraph | None, traced: OpGraph) -> None:
+    assert repeated is not None
+    whole = canonical(traced)
+    for table in ("nodes", "edges", "mem_events"):
+        pd.testing.assert_frame_equal(getattr(repeated, table), getattr(whole, table))
+    drop = {"trace_seconds", "repeated_layers"}
+    assert {k: v for k, v in repeated.meta.items() if k not in drop} == {
+        k: v for k, v in traced.meta.items() if k not in drop
+    }
+    assert repeated.meta["repeated_layers"] == {"traced": 3, "checked": 4, "layers": LAYERS}
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        {"amp": "bf16", "checkpointing": "full"},
+        {"params_dtype": "bf16", "finetune_method": "lora", "optimizer": "adamw8bit"},
+        {"params_dtype": "fp16", "master_weights": True},  # loss scale, fp32 copies
+        {
+            "amp": "fp16",
+            "optimizer": "adafactor",
+            "zero_grad": "zero",
+            "checkpointing": "selective",
+        },
+    ],
+)
+def test_a_repeated_llama_equals_the_traced_one(tmp_path: Path, step: dict) -> None:
+    model = _llama(tmp_path)
+    spec = StepSpec(batch_size=2, seq_len=32, **step)
+    _assert_same(trace_repeated(model, spec), trace_step(build_model(model), spec))
+
+
+@pytest.mark.parametrize("config", [GPT2, MIXTRAL, BERT], ids=["gpt2", "mixtral", "bert"])
+def test_other_architectures_repeat_exactly(tmp_path: Path, config: dict) -> None:
+    model = _model(tmp_path, config)
+    spec = StepSpec(batch_size=2, seq_len=32, amp="bf16", finetune_method="lora")
+    _assert_same(trace_repeated(model, spec), trace_step(build_model(model), spec))
+
+
+def test_the_repeated_layers_are_the_deep_models(tmp_path: Path) -> None:
+    """What the repeat writes: 8 layers' modules, parameters and SDPA calls, one foreach
+    AdamW step over all 8 layers' tensors (9 per layer: 4 attention, 3 MLP, 2 norms)."""
+    model = _llama(tmp_path)
+    graph = trace_repeated(model, StepSpec(batch_size=2, seq_len=32, amp="bf16"))
+    assert graph is not None
+    layers = graph.nodes.module.str.extract(r"layers\.(\d+)\.")[0].dropna().astype(int)
+    assert sorted(layers.unique()) == list(range(LAYERS))
+    assert graph.meta["sdpa"]["calls"] == LAYERS
+    lerp = graph.nodes[graph.nodes.op == "_foreach_lerp_"]
+    assert len(lerp) == 1
+    # exp_avg and the gradients: 2 lists of 9 x 8 layer tensors + embedding, norm, head
+    assert len(json.loads(lerp.input_shapes.iloc[0])) == 2 * (9 * LAYERS + 3)
+
+
+def test_predictions_from_a_repeated_trace_equal_the_whole_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _llama(tmp_path)
+    gpus = parse_gpu_list(["a100-80gb-sxm", "t4"])
+    step = StepSpec(batch_size=2, seq_len=32, amp="fp16", checkpointing="full")
+    repeated = api.Session(model.text, cache=False).evaluate(step, gpus, max_batch=True)
+    monkeypatch.setenv(repeat.ENV, "0")
+    assert trace_repeated(model, step) is None
+    whole = api.Session(model.text, cache=False).evaluate(step, gpus, max_batch=True)
+    assert repeated == whole
+
+
+def test_layers_that_differ_by_index_trace_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    step = StepSpec(batch_size=1, seq_len=32, amp="bf16")
+    # Gemma 2 alternates sliding-window and global attention: the check sees it
+    gemma2 = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+              "sliding_window": 16, "max_position_embeddings": 128}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="boom_ml.trace.repeat"):
+        assert trace_repeated(_model(tmp_path, gemma2), step) is None
+    assert "3 layers repeated once differ from 4" in caplog.text
+    # the config says so: not even traced shallow
+    typed = _llama(tmp_path, layer_types=["sliding_attention", "full_attention"] * 4)
+    assert shallow_options(typed) is None
+    same = _llama(tmp_path, layer_types=["full_attention"] * LAYERS)
+    assert shallow_options(same) == (
+        LAYERS,
+        {n: {"num_hidden_layers": n, "layer_types": ["full_attention"] * n} for n in (3, 4)},
+    )
+    assert shallow_options(_llama(tmp_path, decoder_sparse_step=2)) is None
+    shallow = _model(tmp_path, tiny_llama_config(num_hidden_layers=repeat.MIN_LAYERS - 1))
+    assert shallow_options(shallow) is None
+    assert shallow_options(ModelSpec("torchvision:resnet50")) is None
