@@ -158,6 +158,8 @@ def predict(
             "recipe": graph.meta.get("recipe", {}),
             "trace_seconds": graph.meta["trace_seconds"],
             "trace_from_cache": bool(graph.meta.get("from_cache", False)),
+            # a deep model traced shallow, one layer repeated (trace/repeat.py); else None
+            "repeated_layers": graph.meta.get("repeated_layers"),
             # sizes the user set that the model's inputs never read (seq_len for a CNN)
             "unread": {
                 k: getattr(step, k)

@@ -118,17 +118,23 @@ def test_predictions_from_a_repeated_trace_equal_the_whole_trace(
 
 
 def test_layers_that_differ_by_index_trace_whole(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     step = StepSpec(batch_size=1, seq_len=32, amp="bf16")
-    # Gemma 2 alternates sliding-window and global attention: the check sees it
-    gemma2 = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-              "sliding_window": 16, "max_position_embeddings": 128}  # fmt: skip
+    # Gemma 2 alternates sliding-window and global attention: its config as transformers
+    # fills it in says so, and were it read from the json alone, the 4-layer check would
+    gemma2 = _model(tmp_path, {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
+                               "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": LAYERS,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                               "vocab_size": 256, "sliding_window": 16,
+                               "max_position_embeddings": 128}, "gemma2.json")  # fmt: skip
+    assert shallow_options(gemma2) is None
+    plan = (LAYERS, {n: {"num_hidden_layers": n} for n in (3, 4)})
+    monkeypatch.setattr(repeat, "shallow_options", lambda model: plan)
     with caplog.at_level(logging.INFO, logger="boom_ml.trace.repeat"):
-        assert trace_repeated(_model(tmp_path, gemma2), step) is None
+        assert trace_repeated(gemma2, step) is None
     assert "3 layers repeated once differ from 4" in caplog.text
+    monkeypatch.undo()
     # the config says so: not even traced shallow
     typed = _llama(tmp_path, layer_types=["sliding_attention", "full_attention"] * 4)
     assert shallow_options(typed) is None
@@ -141,3 +147,13 @@ def test_layers_that_differ_by_index_trace_whole(
     shallow = _model(tmp_path, tiny_llama_config(num_hidden_layers=repeat.MIN_LAYERS - 1))
     assert shallow_options(shallow) is None
     assert shallow_options(ModelSpec("torchvision:resnet50")) is None
+
+
+def test_the_table_and_json_say_which_layers_were_traced(tmp_path: Path) -> None:
+    from boom_ml.report.table import render_table
+
+    model = _llama(tmp_path)
+    p = api.predict(model.text, gpu="a100-80gb-sxm", batch_size=2, seq_len=32, advice=False,
+                    cache=False, max_batch=False)  # fmt: skip
+    assert p.to_dict()["graph"]["repeated_layers"] == {"traced": 3, "checked": 4, "layers": LAYERS}
+    assert f"(3 and 4 of its {LAYERS} layers, one repeated)" in render_table(p)

@@ -350,6 +350,12 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         if graph.get("trace_from_cache")
         else f"traced in {graph['trace_seconds']:.1f} s"
     )
+    repeated = graph.get("repeated_layers")
+    if repeated and not graph.get("trace_from_cache"):
+        traced += (
+            f" ({repeated['traced']} and {repeated['checked']} of its {repeated['layers']} "
+            "layers, one repeated)"
+        )
     # the traced graph is one micro-batch (and one optimizer step)
     per = "micro-batch" if prediction.step.get("grad_accum", 1) > 1 else "step"
     console.print(

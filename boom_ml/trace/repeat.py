@@ -59,11 +59,13 @@ def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] |
     if model.scheme != "hf" or os.environ.get(ENV, "1").strip() == "0":
         return None
     from boom_ml.zoo import resolve_name
-    from boom_ml.zoo.hf_models import config_path
+    from boom_ml.zoo.hf_models import config_path, load_config, split_options
 
     try:
         name = resolve_name(model.text).partition(":")[2]
         raw = {**json.loads(config_path(name).read_text()), **model.options}
+        # as transformers fills it in (Gemma 2's alternating layer_types are not in its json)
+        built = load_config(config_path(name), split_options(model.options)[0]).to_dict()
     except Exception:  # noqa: BLE001 - the build reports a bad model, not this shortcut
         return None
     key = next((k for k in LAYER_KEYS if isinstance(raw.get(k), int)), None)
@@ -75,8 +77,9 @@ def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] |
     ):
         return None
     per_layer = {k: v for k, v in raw.items() if isinstance(v, list) and len(v) == layers}
-    if any(len({json.dumps(x) for x in v}) > 1 for v in per_layer.values()):
-        return None  # layers typed one by one (Gemma 3's sliding and global attention)
+    filled = [v for v in built.values() if isinstance(v, list) and len(v) == layers]
+    if any(len({json.dumps(x) for x in v}) > 1 for v in [*per_layer.values(), *filled]):
+        return None  # layers typed one by one (Gemma 2's and 3's sliding and global attention)
     options = {}
     for depth in (SHALLOW, SHALLOW + 1):
         options[depth] = {key: depth, **{k: v[:depth] for k, v in per_layer.items()}}
