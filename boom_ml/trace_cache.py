@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace import repeat_enabled
 
 if TYPE_CHECKING:
     from boom_ml.trace.graph import OpGraph
@@ -111,6 +112,7 @@ def cache_key(model: ModelSpec, step: StepSpec) -> str:
         "step": asdict(step),
         "libraries": library_versions(),
         "code": code_digest(),
+        "repeat_layers": repeat_enabled(),  # $BOOM_REPEAT_LAYERS=0 traces whole, cached apart
     }
     text = json.dumps(doc, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]

@@ -18,7 +18,7 @@ import pytest
 from boom_ml import api
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.trace import repeat
+from boom_ml.trace import REPEAT_ENV, repeat
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.repeat import shallow_options, trace_repeated
 from boom_ml.trace.step import trace_step
@@ -111,7 +111,7 @@ def test_predictions_from_a_repeated_trace_equal_the_whole_trace(
     gpus = parse_gpu_list(["a100-80gb-sxm", "t4"])
     step = StepSpec(batch_size=2, seq_len=32, amp="fp16", checkpointing="full")
     repeated = api.Session(model.text, cache=False).evaluate(step, gpus, max_batch=True)
-    monkeypatch.setenv(repeat.ENV, "0")
+    monkeypatch.setenv(REPEAT_ENV, "0")
     assert trace_repeated(model, step) is None
     whole = api.Session(model.text, cache=False).evaluate(step, gpus, max_batch=True)
     assert repeated == whole
@@ -147,6 +147,22 @@ def test_layers_that_differ_by_index_trace_whole(
     shallow = _model(tmp_path, tiny_llama_config(num_hidden_layers=repeat.MIN_LAYERS - 1))
     assert shallow_options(shallow) is None
     assert shallow_options(ModelSpec("torchvision:resnet50")) is None
+    assert shallow_options(ModelSpec("resnet50")) is None
+    assert shallow_options(ModelSpec("Qwen/Qwen2.5-0.5B"))[0] == 24  # a bare hub name: hf:
+    # a LoRA target in one layer (layer 5 of 8): the shallow models have no such layer
+    lora = StepSpec(batch_size=1, seq_len=32, finetune_method="lora",
+                    lora_targets=("q_proj", "model.layers.5.mlp.down_proj"))  # fmt: skip
+    assert trace_repeated(_llama(tmp_path), lora) is None
+    assert repeat._names_a_layer(("0.fc",)) and not repeat._names_a_layer(("q_proj", "fc1"))
+
+
+def test_the_off_switch_is_a_cache_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from boom_ml.trace_cache import cache_key
+
+    model, step = _llama(tmp_path), StepSpec(batch_size=2, seq_len=32)
+    on = cache_key(model, step)
+    monkeypatch.setenv(REPEAT_ENV, "0")
+    assert cache_key(model, step) != on
 
 
 def test_the_table_and_json_say_which_layers_were_traced(tmp_path: Path) -> None:

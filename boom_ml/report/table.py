@@ -351,7 +351,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         else f"traced in {graph['trace_seconds']:.1f} s"
     )
     repeated = graph.get("repeated_layers")
-    if repeated and not graph.get("trace_from_cache"):
+    if repeated:
         traced += (
             f" ({repeated['traced']} and {repeated['checked']} of its {repeated['layers']} "
             "layers, one repeated)"

@@ -1,5 +1,7 @@
 """Trace one training step on fake tensors into an OpGraph."""
 
+import os
+
 # Bump when a change to the tracer changes the graphs it produces: the memory validation's
 # trace cache (training/validate_memory.py) keys on it; training/step_traces.py instead
 # counts cached graphs made by other tracer code as stale.
@@ -8,3 +10,11 @@
 # 9: SDPA follows the target GPU's attention architecture group (StepSpec.sdpa_group);
 #    native GQA in the fused kernels; causal attention FLOPs count the kept pairs only
 TRACE_VERSION = 9
+
+# ``$BOOM_REPEAT_LAYERS=0``: trace deep models whole, never one layer repeated (trace/repeat.py);
+# torch-free here because the trace cache keys on it
+REPEAT_ENV = "BOOM_REPEAT_LAYERS"
+
+
+def repeat_enabled() -> bool:
+    return os.environ.get(REPEAT_ENV, "1").strip() != "0"

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import re
 import time
 from typing import Any
 
 from torch import nn
 
 from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.trace import repeat_enabled
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step_with_blocks
 from boom_ml.trace.stretch import (
@@ -33,7 +34,6 @@ from boom_ml.trace.stretch import (
     repeat_layer,
 )
 
-ENV = "BOOM_REPEAT_LAYERS"
 SHALLOW = 3  # layers traced; layer 1, with a layer on each side, is the one repeated
 MIN_LAYERS = 8  # below this the two shallow traces cost about what the model's own does
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -56,13 +56,15 @@ log = logging.getLogger(__name__)
 def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] | None:
     """The model's layer count and, per shallow depth, the config overrides that build it;
     None where the model is not an hf: config with enough identical layers."""
-    if model.scheme != "hf" or os.environ.get(ENV, "1").strip() == "0":
+    if not repeat_enabled():
         return None
     from boom_ml.zoo import resolve_name
     from boom_ml.zoo.hf_models import config_path, load_config, split_options
 
     try:
-        name = resolve_name(model.text).partition(":")[2]
+        scheme, _, name = resolve_name(model.text).partition(":")  # a bare name too
+        if scheme != "hf":
+            return None
         raw = {**json.loads(config_path(name).read_text()), **model.options}
         # as transformers fills it in (Gemma 2's alternating layer_types are not in its json)
         built = load_config(config_path(name), split_options(model.options)[0]).to_dict()
@@ -98,7 +100,7 @@ def layer_list(module: nn.Module, depth: int) -> str | None:
 def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
     """``step`` of ``model`` traced shallow and repeated to its depth, or None (trace it whole)."""
     plan = shallow_options(model)
-    if plan is None or step.checkpointing_every != 1:
+    if plan is None or step.checkpointing_every != 1 or _names_a_layer(step.lora_targets):
         return None
     from boom_ml.zoo import build_model
 
@@ -137,6 +139,12 @@ def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
     graph.meta["trace_seconds"] = round(time.perf_counter() - started, 3)
     graph.meta["repeated_layers"] = {"traced": SHALLOW, "checked": SHALLOW + 1, "layers": layers}
     return graph
+
+
+def _names_a_layer(targets: tuple[str, ...] | None) -> bool:
+    """LoRA targets that name one layer (``layers.5.mlp.down_proj``): a shallow model has
+    no such layer, and both shallow traces would agree on leaving it out."""
+    return any(re.search(r"(^|\.)\d+(\.|$)", t) for t in targets or ())
 
 
 def _meta(shallow: dict[str, Any], deeper: dict[str, Any], layers: int) -> dict[str, Any]:
