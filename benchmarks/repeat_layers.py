@@ -1,6 +1,6 @@
 """Which shipped hf: configs trace with one layer repeated, and whether that equals the whole trace.
 
-Run: python benchmarks/repeat_layers.py [--layers 9] [--cases 0,3,12]
+Run: python benchmarks/repeat_layers.py [--layers 12] [--cases 0,3,12]
 
 Each case builds a shipped config with ``--layers`` layers, traces it shallow and repeated
 (``boom_ml.trace.repeat.trace_repeated``) and whole (``trace_step``), and prints one row: the
@@ -95,7 +95,7 @@ def run_case(model: str, options: dict, step: dict, layers: int, reasons: _Reaso
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=9, help="layers of each model (>= 8)")
+    parser.add_argument("--layers", type=int, default=12, help="layers of each model (>= 10)")
     parser.add_argument("--cases", default="", help="comma-separated case numbers (default: all)")
     args = parser.parse_args(argv)
     from rich.console import Console

@@ -20,9 +20,9 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace import REPEAT_ENV, repeat
 from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.repeat import shallow_options, trace_repeated
+from boom_ml.trace.repeat import Plan, shallow_options, trace_repeated
 from boom_ml.trace.step import trace_step
-from boom_ml.trace.stretch import canonical
+from boom_ml.trace.stretch import canonical, difference
 from boom_ml.zoo import build_model
 from tests.tiny_models import tiny_llama_config
 
@@ -82,6 +82,19 @@ def test_a_repeated_llama_equals_the_traced_one(tmp_path: Path, step: dict) -> N
     _assert_same(trace_repeated(model, spec), trace_step(build_model(model), spec))
 
 
+def test_a_dense_first_layer_is_kept_and_the_next_moe_layer_repeated() -> None:
+    """DeepSeek-V2-Lite's shipped config at 11 layers (its first layer dense, the others MoE):
+    traced with 4 and 5 layers, layer 2 repeated."""
+    model = ModelSpec("hf:deepseek-ai/DeepSeek-V2-Lite", {"num_hidden_layers": 11})
+    plan = shallow_options(model)
+    assert plan is not None and (plan.repeated, plan.depth) == (2, 4)
+    spec = StepSpec(batch_size=1, seq_len=16, amp="bf16")
+    repeated = trace_repeated(model, spec)
+    assert repeated is not None and repeated.meta["repeated_layers"]["traced"] == 4
+    whole = trace_step(build_model(model), spec)
+    assert difference(repeated, whole) is None
+
+
 @pytest.mark.parametrize("config", [GPT2, MIXTRAL, BERT], ids=["gpt2", "mixtral", "bert"])
 def test_other_architectures_repeat_exactly(tmp_path: Path, config: dict) -> None:
     model = _model(tmp_path, config)
@@ -129,7 +142,7 @@ def test_layers_that_differ_by_index_trace_whole(
                                "vocab_size": 256, "sliding_window": 16,
                                "max_position_embeddings": 128}, "gemma2.json")  # fmt: skip
     assert shallow_options(gemma2) is None
-    plan = (LAYERS, {n: {"num_hidden_layers": n} for n in (3, 4)})
+    plan = Plan(LAYERS, 1, {n: {"num_hidden_layers": n} for n in (3, 4)})
     monkeypatch.setattr(repeat, "shallow_options", lambda model: plan)
     with caplog.at_level(logging.INFO, logger="boom_ml.trace.repeat"):
         assert trace_repeated(gemma2, step) is None
@@ -139,8 +152,9 @@ def test_layers_that_differ_by_index_trace_whole(
     typed = _llama(tmp_path, layer_types=["sliding_attention", "full_attention"] * 4)
     assert shallow_options(typed) is None
     same = _llama(tmp_path, layer_types=["full_attention"] * LAYERS)
-    assert shallow_options(same) == (
+    assert shallow_options(same) == Plan(
         LAYERS,
+        1,
         {n: {"num_hidden_layers": n, "layer_types": ["full_attention"] * n} for n in (3, 4)},
     )
     assert shallow_options(_llama(tmp_path, decoder_sparse_step=2)) is None
@@ -148,7 +162,7 @@ def test_layers_that_differ_by_index_trace_whole(
     assert shallow_options(shallow) is None
     assert shallow_options(ModelSpec("torchvision:resnet50")) is None
     assert shallow_options(ModelSpec("resnet50")) is None
-    assert shallow_options(ModelSpec("Qwen/Qwen2.5-0.5B"))[0] == 24  # a bare hub name: hf:
+    assert shallow_options(ModelSpec("Qwen/Qwen2.5-0.5B")).layers == 24  # a bare hub name: hf:
     # a LoRA target in one layer (layer 5 of 8): the shallow models have no such layer
     lora = StepSpec(batch_size=1, seq_len=32, finetune_method="lora",
                     lora_targets=("q_proj", "model.layers.5.mlp.down_proj"))  # fmt: skip

@@ -2,8 +2,9 @@
 
 Tracing runs every op of every layer through PyTorch's fake-tensor dispatch and autograd,
 ~0.1 s per Llama-3-8B layer on two cores, the same work 32 times. A model whose config
-gives every layer the same shape is traced with :data:`SHALLOW` layers and with one more;
-the shallow graph's middle layer repeated once must equal the deeper trace exactly (nodes,
+gives every layer the same shape is traced with :data:`SHALLOW` layers and with one more
+(k more after k dense first layers); the shallow graph's layer that has a layer like it on
+each side, repeated once, must equal the deeper trace exactly (nodes,
 edges and memory events, blocks renumbered), and only then is it repeated to the model's
 depth. Anything else (a check that fails, a graph stretch.py cannot read, a config whose
 layers differ by index) traces the whole model as before. ``$BOOM_REPEAT_LAYERS=0`` turns
@@ -16,6 +17,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -35,6 +37,8 @@ from boom_ml.trace.stretch import (
 )
 
 SHALLOW = 3  # layers traced; layer 1, with a layer on each side, is the one repeated
+# (after k dense first layers, DeepSeek's first_k_dense_replace: k + 3 layers, layer k + 1)
+DENSE_FIRST_KEY = "first_k_dense_replace"
 MIN_LAYERS = 8  # below this the two shallow traces cost about what the model's own does
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # Config fields that make layers differ by index in a period longer than the check sees
@@ -48,14 +52,29 @@ PERIOD_KEYS = (
     "global_attn_every_n_layers",
 )
 # ... and fields that set the first layers apart (dense before MoE) or name layers one by one
-FIRST_KEYS = ("first_k_dense_replace", "mlp_only_layers", "cross_attention_layers")
+FIRST_KEYS = ("mlp_only_layers", "cross_attention_layers")
 
 log = logging.getLogger(__name__)
 
 
-def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] | None:
-    """The model's layer count and, per shallow depth, the config overrides that build it;
-    None where the model is not an hf: config with enough identical layers."""
+@dataclass(frozen=True)
+class Plan:
+    """How to trace a deep model shallow: its ``layers``, the ``repeated`` layer (a layer like
+    it on each side), and per shallow depth (``repeated`` + 2, and one more) the config
+    overrides that build it."""
+
+    layers: int
+    repeated: int
+    options: dict[int, dict[str, Any]]
+
+    @property
+    def depth(self) -> int:
+        return self.repeated + 2
+
+
+def shallow_options(model: ModelSpec) -> Plan | None:
+    """How to trace ``model`` shallow; None where it is not an hf: config with enough
+    identical layers."""
     if not repeat_enabled():
         return None
     from boom_ml.zoo import resolve_name
@@ -72,7 +91,11 @@ def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] |
         return None
     key = next((k for k in LAYER_KEYS if isinstance(raw.get(k), int)), None)
     layers = raw.get(key) if key else None
-    if layers is None or layers < MIN_LAYERS or raw.get("is_encoder_decoder"):
+    dense = raw.get(DENSE_FIRST_KEY) or 0
+    repeated = dense + 1
+    if not isinstance(dense, int) or layers is None or raw.get("is_encoder_decoder"):
+        return None
+    if layers < max(MIN_LAYERS, 2 * (repeated + 2) + 2):  # the shallow traces hold 2n + 1
         return None
     if any(raw.get(k) not in (None, 0, 1, [], False) for k in PERIOD_KEYS) or any(
         raw.get(k) for k in FIRST_KEYS
@@ -83,9 +106,9 @@ def shallow_options(model: ModelSpec) -> tuple[int, dict[int, dict[str, Any]]] |
     if any(len({json.dumps(x) for x in v}) > 1 for v in [*per_layer.values(), *filled]):
         return None  # layers typed one by one (Gemma 2's and 3's sliding and global attention)
     options = {}
-    for depth in (SHALLOW, SHALLOW + 1):
+    for depth in (repeated + 2, repeated + 3):
         options[depth] = {key: depth, **{k: v[:depth] for k, v in per_layer.items()}}
-    return layers, options
+    return Plan(layers, repeated, options)
 
 
 def layer_list(module: nn.Module, depth: int) -> str | None:
@@ -104,12 +127,12 @@ def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
         return None
     from boom_ml.zoo import build_model
 
-    layers, options = plan
+    layers, m, n = plan.layers, plan.repeated, plan.depth
     started = time.perf_counter()
     traced = []
-    for depth in (SHALLOW, SHALLOW + 1):
+    for depth in (n, n + 1):
         try:
-            built = build_model(ModelSpec(model.text, {**model.options, **options[depth]}))
+            built = build_model(ModelSpec(model.text, {**model.options, **plan.options[depth]}))
             path = layer_list(built.module, depth)
             if path is None:
                 return None
@@ -120,10 +143,10 @@ def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
     (shallow, notes), (deeper, _) = traced
     try:
         tagged = Tagged(shallow, notes, layer_pattern(path))
-        check, mixed = repeat_layer(tagged, 1, 2)
+        check, mixed = repeat_layer(tagged, m, 2)
         why = difference(check, deeper, skip=set(mixed.values()))
         if why is not None:
-            raise CannotRepeat(f"{SHALLOW} layers repeated once differ from {SHALLOW + 1}: {why}")
+            raise CannotRepeat(f"{n} layers repeated once differ from {n + 1}: {why}")
         delta: Delta = {
             old: tuple(
                 int(deeper.nodes.at[new, c]) - int(shallow.nodes.at[old, c])
@@ -131,13 +154,13 @@ def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
             )
             for old, new in mixed.items()
         }
-        graph = canonical(repeat_layer(tagged, 1, layers - SHALLOW + 1, delta)[0])
-        graph.meta = _meta(shallow.meta, deeper.meta, layers)
+        graph = canonical(repeat_layer(tagged, m, layers - n + 1, delta)[0])
+        graph.meta = _meta(shallow.meta, deeper.meta, layers - n)
     except CannotRepeat as why:
         log.info("tracing %s whole: %s", model.text, why)
         return None
     graph.meta["trace_seconds"] = round(time.perf_counter() - started, 3)
-    graph.meta["repeated_layers"] = {"traced": SHALLOW, "checked": SHALLOW + 1, "layers": layers}
+    graph.meta["repeated_layers"] = {"traced": n, "checked": n + 1, "layers": layers}
     return graph
 
 
@@ -147,15 +170,15 @@ def _names_a_layer(targets: tuple[str, ...] | None) -> bool:
     return any(re.search(r"(^|\.)\d+(\.|$)", t) for t in targets or ())
 
 
-def _meta(shallow: dict[str, Any], deeper: dict[str, Any], layers: int) -> dict[str, Any]:
+def _meta(shallow: dict[str, Any], deeper: dict[str, Any], more: int) -> dict[str, Any]:
     """The deep model's meta: counts that grow by one layer's share (parameters, SDPA calls,
-    checkpointed blocks, recipe bytes) extended to ``layers``; everything else as traced."""
+    checkpointed blocks, recipe bytes) extended by ``more`` layers; everything else as traced."""
 
     def extend(a: Any, b: Any) -> Any:
         if isinstance(a, bool) or a == b:
             return a
         if isinstance(a, int) and isinstance(b, int):
-            return a + (layers - SHALLOW) * (b - a)
+            return a + more * (b - a)
         if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
             return {k: extend(a[k], b[k]) for k in a}
         raise CannotRepeat(f"graph meta differs beyond a count: {a!r} against {b!r}")
