@@ -4,9 +4,9 @@ Run: python benchmarks/repeat_layers.py [--layers 12] [--cases 0,3,12]
 
 Each case builds a shipped config with ``--layers`` layers, traces it shallow and repeated
 (``boom_ml.trace.repeat.trace_repeated``) and whole (``trace_step``), and prints one row: the
-verdict (``equal``; ``whole (config)`` where the config sets layers apart; ``whole (check)``
-with the reason where the 4-layer check failed; ``DIFFERENT`` with where, which would be a
-bug), and the seconds of each way (wall clock, this machine, this process; the first case
+verdict (``equal``; ``whole (config)`` where the config sets layers apart; ``whole`` with
+the reason where the step names layers or the 4-layer check failed; ``DIFFERENT`` with
+where, which would be a bug), and the seconds of each way (wall clock, this machine, this process; the first case
 pays the imports).
 """
 
@@ -83,7 +83,7 @@ def run_case(model: str, options: dict, step: dict, layers: int, reasons: _Reaso
     whole = trace_step(build_model(spec), recipe)
     whole_s = time.perf_counter() - started
     if repeated is None:
-        verdict = "whole (config)" if shallow_options(spec) is None else "whole (check)"
+        verdict = "whole (config)" if shallow_options(spec) is None else "whole"
         why = reasons.last
     else:
         why = difference(repeated, whole) or ""

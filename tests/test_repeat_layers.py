@@ -18,7 +18,7 @@ import pytest
 from boom_ml import api
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.trace import REPEAT_ENV, repeat
+from boom_ml.trace import REPEAT_ENV, repeat, repeat_enabled
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.repeat import Plan, shallow_options, trace_repeated
 from boom_ml.trace.step import trace_step
@@ -177,6 +177,11 @@ def test_the_off_switch_is_a_cache_key(tmp_path: Path, monkeypatch: pytest.Monke
     on = cache_key(model, step)
     monkeypatch.setenv(REPEAT_ENV, "0")
     assert cache_key(model, step) != on
+    for off in ("false", "Off", "no"):
+        monkeypatch.setenv(REPEAT_ENV, off)
+        assert not repeat_enabled()
+    monkeypatch.setenv(REPEAT_ENV, "1")
+    assert repeat_enabled() and cache_key(model, step) == on
 
 
 def test_the_table_and_json_say_which_layers_were_traced(tmp_path: Path) -> None:

@@ -17,4 +17,4 @@ REPEAT_ENV = "BOOM_REPEAT_LAYERS"
 
 
 def repeat_enabled() -> bool:
-    return os.environ.get(REPEAT_ENV, "1").strip() != "0"
+    return os.environ.get(REPEAT_ENV, "1").strip().lower() not in ("0", "false", "off", "no")

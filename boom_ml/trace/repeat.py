@@ -123,7 +123,10 @@ def layer_list(module: nn.Module, depth: int) -> str | None:
 def trace_repeated(model: ModelSpec, step: StepSpec) -> OpGraph | None:
     """``step`` of ``model`` traced shallow and repeated to its depth, or None (trace it whole)."""
     plan = shallow_options(model)
-    if plan is None or step.checkpointing_every != 1 or _names_a_layer(step.lora_targets):
+    if plan is None:
+        return None
+    if step.checkpointing_every != 1 or _names_a_layer(step.lora_targets):
+        log.info("tracing %s whole: checkpointing.every or LoRA targets name layers", model.text)
         return None
     from boom_ml.zoo import build_model
 
