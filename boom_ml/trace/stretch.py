@@ -64,7 +64,8 @@ class Tagged:
         self.tokens = _merge(len(self.nodes), self.events)
         self.node_tag: list[int | None] = [None] * len(self.nodes)
         self.mixed: set[int] = set()  # nodes over several layers' tensors (foreach)
-        self.block_tag: dict[int, int | None] = {}  # the tag of the block's alloc event
+        # block -> its layer: its parameter's, the op's that made it, the module it was made in
+        self.block_tag: dict[int, int | None] = {}
         self._tag(notes)
         self.runs = _runs(self.tokens)
 
