@@ -27,6 +27,8 @@ OPTIMIZERS = (
 )
 AMP_MODES = ("none", "fp16", "bf16")
 MODEL_SCHEMES = ("torchvision", "timm", "hf", "file")  # boom_ml.zoo has one builder each
+# The field an HF config counts its transformer layers in (Llama and most; GPT-2; T5, GPT-Neo)
+HF_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # auto = what the stack's PyTorch picks (boom_ml/stack.py); the rest name it
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
 # selective: PyTorch's selective activation checkpointing (matmul outputs saved)

@@ -21,6 +21,7 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.parallel.layout import Layout
+from boom_ml.specs import HF_LAYER_KEYS
 
 # Architectures whose attention projections are heads * config.head_dim wide (not hidden).
 HEAD_DIM_TYPES = (
@@ -37,7 +38,6 @@ HEAD_DIM_TYPES = (
     "nemotron",
     "olmo2",
 )
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "d_model")
 INTERMEDIATE_KEYS = (
@@ -69,7 +69,7 @@ def model_facts(raw: dict[str, Any]) -> dict[str, int | None]:
     """Heads, key/value heads, hidden size and layers of an HF config dict (None if absent)."""
     _, heads = _first(raw, HEAD_KEYS)
     _, hidden = _first(raw, HIDDEN_KEYS)
-    _, layers = _first(raw, LAYER_KEYS)
+    _, layers = _first(raw, HF_LAYER_KEYS)
     kv = raw.get("num_key_value_heads") or heads
     return {"heads": heads, "kv_heads": kv, "hidden": hidden, "layers": layers}
 
@@ -93,7 +93,7 @@ def chunk_layers(layers_per_stage: list[int], virtual_stages: int = 1) -> list[l
 def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     """The config of one tensor-parallel rank with ``layers`` transformer layers."""
     out = dict(raw)
-    key, _ = _first(raw, LAYER_KEYS)
+    key, _ = _first(raw, HF_LAYER_KEYS)
     if key is None:
         raise InvalidInputError("parallel layouts need an HF config with a layer count")
     out[key] = layers

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.specs import HF_LAYER_KEYS, ModelSpec, StepSpec
 from boom_ml.trace import repeat_enabled
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step_with_blocks
@@ -40,7 +40,6 @@ SHALLOW = 3  # layers traced; layer 1, with a layer on each side, is the one rep
 # (after k dense first layers, DeepSeek's first_k_dense_replace: k + 3 layers, layer k + 1)
 DENSE_FIRST_KEY = "first_k_dense_replace"
 MIN_LAYERS = 8  # below this the two shallow traces cost about what the model's own does
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # Config fields that make layers differ by index in a period longer than the check sees
 # (sliding-window and MoE interleaving patterns): such models are traced whole.
 PERIOD_KEYS = (
@@ -84,12 +83,13 @@ def shallow_options(model: ModelSpec) -> Plan | None:
         scheme, _, name = resolve_name(model.text).partition(":")  # a bare name too
         if scheme != "hf":
             return None
-        raw = {**json.loads(config_path(name).read_text()), **model.options}
+        path = config_path(name)
+        raw = {**json.loads(path.read_text()), **model.options}
         # as transformers fills it in (Gemma 2's alternating layer_types are not in its json)
-        built = load_config(config_path(name), split_options(model.options)[0]).to_dict()
+        built = load_config(path, split_options(model.options)[0]).to_dict()
     except Exception:  # noqa: BLE001 - the build reports a bad model, not this shortcut
         return None
-    key = next((k for k in LAYER_KEYS if isinstance(raw.get(k), int)), None)
+    key = next((k for k in HF_LAYER_KEYS if isinstance(raw.get(k), int)), None)
     layers = raw.get(key) if key else None
     dense = raw.get(DENSE_FIRST_KEY) or 0
     repeated = dense + 1
@@ -186,6 +186,4 @@ def _meta(shallow: dict[str, Any], deeper: dict[str, Any], more: int) -> dict[st
             return {k: extend(a[k], b[k]) for k in a}
         raise CannotRepeat(f"graph meta differs beyond a count: {a!r} against {b!r}")
 
-    out = {k: extend(v, deeper[k]) for k, v in shallow.items() if k != "trace_seconds"}
-    out["step"] = shallow["step"]
-    return out
+    return {k: extend(v, deeper[k]) for k, v in shallow.items() if k != "trace_seconds"}

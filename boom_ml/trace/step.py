@@ -340,22 +340,17 @@ def _param_blocks(
     """Block -> name of the parameter or buffer it is, or whose gradient or state it holds
     (before the recorded step and after it)."""
     out: dict[int, str] = {}
-    shared: set[int] = set()  # state of every parameter (bitsandbytes' quantisation maps)
     module, optimizer = runner.module, runner.optimizer
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
-        state = optimizer.state.get(t, {}) if optimizer is not None else {}
-        # the step count too (a host tensor)
-        now = [
-            t,
-            *state.values(),
-            *(x.grad for x in [t, *state.values()] if isinstance(x, torch.Tensor)),
-        ]
+        now = [t]
+        if isinstance(t, torch.nn.Parameter):
+            # its gradient and own state (not the maps all parameters share), and its step
+            # count, a host tensor without memory events yet an entry of foreach lists
+            state = optimizer.state.get(t, {}) if optimizer is not None else {}
+            now += [*runner.blocks_of_param(t), state.get("step")]
         blocks = [recorder.known_block(x) for x in now if isinstance(x, torch.Tensor)]
-        blocks += owned.get(id(t), [])
-        for b in blocks:
-            if b is not None and out.setdefault(b, name) != name:
-                shared.add(b)
-    return {b: name for b, name in out.items() if b not in shared}
+        out.update((b, name) for b in blocks + owned.get(id(t), []) if b is not None)
+    return out
 
 
 def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

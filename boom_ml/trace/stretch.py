@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 import pandas as pd
@@ -67,7 +68,6 @@ class Tagged:
         # block -> its layer: its parameter's, the op's that made it, the module it was made in
         self.block_tag: dict[int, int | None] = {}
         self._tag(notes)
-        self.runs = _runs(self.tokens)
 
     def layer(self, path: str) -> int | None:
         found = self.pattern.search(path) if path else None
@@ -149,26 +149,11 @@ def _merge(num_nodes: int, events: list[dict[str, Any]]) -> list[_Token]:
     return tokens
 
 
-def _runs(tokens: list[_Token]) -> dict[int, list[list[int]]]:
-    """Per tag, its maximal runs of consecutive tokens (token positions)."""
-    runs: dict[int, list[list[int]]] = {}
-    prev: int | None = None
-    for i, tok in enumerate(tokens):
-        if tok.tag is None:
-            prev = None
-            continue
-        if tok.tag != prev:
-            runs.setdefault(tok.tag, []).append([])
-        runs[tok.tag][-1].append(i)
-        prev = tok.tag
-    return runs
-
-
 class _Copier:
     """Writes the tokens of ``tagged`` with layer ``m`` repeated ``copies`` times."""
 
     def __init__(self, tagged: Tagged, m: int, copies: int) -> None:
-        if m not in tagged.runs or copies < 1:
+        if copies < 1 or all(tok.tag != m for tok in tagged.tokens):
             raise CannotRepeat(f"no layer {m} to repeat")
         self.t, self.m, self.copies = tagged, m, copies
         # each node and allocation of a layer numbered in order: the k-th of layer m - 1 or
@@ -353,15 +338,9 @@ def _widen(
             if len(values) != len(tags):
                 raise CannotRepeat(f"node {node}: {column} and its blocks differ in length")
             wide: list[Any] = []
-            for k, value in enumerate(values):
-                first = tags[k] == cp.m and (k == 0 or tags[k - 1] != cp.m)
-                if tags[k] != cp.m:
-                    wide.append(value)
-                elif first:  # the whole run of layer m's entries, once per copy
-                    end = k
-                    while end < len(tags) and tags[end] == cp.m:
-                        end += 1
-                    wide += values[k:end] * copies
+            for tag, run in groupby(zip(tags, values, strict=True), key=lambda e: e[0]):
+                entries = [value for _, value in run]
+                wide += entries * copies if tag == cp.m else entries  # layer m's, once per copy
             row[column] = json.dumps(wide)
     if delta is not None:
         for column, per_layer in zip(("flops", "bytes_read", "bytes_written"), delta, strict=True):
