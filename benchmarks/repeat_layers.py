@@ -28,6 +28,7 @@ CASES: list[tuple[str, dict, dict]] = [
         {**SMALL, "amp": "bf16", "finetune_method": "qlora", "optimizer": "paged-adamw8bit"},
     ),  # fmt: skip
     (LLAMA, {}, {**SMALL, "checkpointing": "selective", "zero_grad": "zero"}),
+    (LLAMA, {}, {**SMALL, "amp": "bf16", "finetune_method": "qlora", "checkpointing": "full"}),
     (LLAMA, {}, {**SMALL, "optimizer": "adafactor"}),
     (LLAMA, {}, {**SMALL, "optimizer": "adamw8bit", "params_dtype": "bf16"}),
     (LLAMA, {}, {**SMALL, "params_dtype": "fp16", "master_weights": True}),
@@ -42,6 +43,11 @@ CASES: list[tuple[str, dict, dict]] = [
     ),  # fmt: skip
     ("hf:Qwen/Qwen2.5-0.5B", {}, {**SMALL, "amp": "bf16", "checkpointing": "full"}),
     ("hf:Qwen/Qwen3-30B-A3B", {}, {"batch_size": 1, "seq_len": 32, "amp": "bf16"}),
+    (
+        "hf:Qwen/Qwen1.5-MoE-A2.7B",
+        {},
+        {"batch_size": 1, "seq_len": 32, "amp": "bf16", "checkpointing": "full"},
+    ),  # fmt: skip
     ("hf:microsoft/Phi-3-mini-4k-instruct", {}, {"batch_size": 1, "seq_len": 64, "amp": "bf16"}),
     ("hf:google/gemma-2-2b", {}, {"batch_size": 1, "seq_len": 64, "amp": "bf16"}),
     ("hf:google/gemma-3-1b-pt", {}, {"batch_size": 1, "seq_len": 64, "amp": "bf16"}),

@@ -68,6 +68,7 @@ def _assert_same(repeated: OpGraph | None, traced: OpGraph) -> None:
         {"amp": "bf16", "checkpointing": "full"},
         {"params_dtype": "bf16", "finetune_method": "lora", "optimizer": "adamw8bit"},
         {"params_dtype": "fp16", "master_weights": True},  # loss scale, fp32 copies
+        {"amp": "bf16", "finetune_method": "qlora", "checkpointing": "full"},
         {
             "amp": "fp16",
             "optimizer": "adafactor",

@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from tiny_models import tiny_cnn, tiny_transformer
+from tiny_models import tiny_cnn, tiny_llama_config, tiny_transformer
 from torch import nn
 
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import reference_flops, trace_step
+from boom_ml.zoo import build_model
 from boom_ml.zoo.base import BuiltModel
 
 
@@ -74,6 +75,29 @@ def test_checkpointing_recomputes_and_saves_less(factory):
     assert (plain.nodes["phase"] == "recompute").sum() == 0
     assert (ckpt.nodes["phase"] == "recompute").sum() > 0
     assert saved_activation_bytes(ckpt) < saved_activation_bytes(plain)
+
+
+@pytest.mark.parametrize("recipe", [{}, {"finetune_method": "qlora"}], ids=["full", "qlora"])
+def test_a_recomputation_repeats_its_layers_forward_ops_and_modules(tmp_path, recipe):
+    """Each layer's re-run is the start of its forward, op for op and module for module: the
+    residual add between two re-entered modules belongs to the layer (not to the next layer's
+    attention, still active in backward), and the 4-bit matmuls' dequantisation, run with grad
+    mode off inside the re-run, is recomputation, not backward."""
+    (tmp_path / "config.json").write_text(json.dumps(tiny_llama_config(num_hidden_layers=4)))
+    model = build_model(ModelSpec(f"hf:{tmp_path / 'config.json'}"))
+    step = StepSpec(batch_size=2, seq_len=32, amp="bf16", checkpointing="full", **recipe)
+    nodes = trace_step(model, step).nodes
+    for layer in range(4):
+        mine = nodes[nodes.module.str.contains(rf"\.layers\.{layer}(?:\.|$)")]
+        ops = {p: list(zip(rows.op, rows.module, strict=True)) for p, rows in mine.groupby("phase")}
+        assert 0 < len(ops["recompute"]) < len(ops["forward"])
+        assert ops["recompute"] == ops["forward"][: len(ops["recompute"])]
+    dequantised = nodes[nodes.op == "dequantize_nf4"].phase.value_counts().to_dict()
+    if recipe:  # 7 projections a layer, each dequantised in forward and in backward; the
+        # re-run stops once it has the down projection's input, what backward saved of it
+        assert dequantised == {"forward": 28, "recompute": 24, "backward": 28}
+        rerun = nodes[(nodes.op == "dequantize_nf4") & (nodes.phase == "recompute")]
+        assert not rerun.module.str.contains("down_proj").any()
 
 
 def test_optimizer_none_has_no_optimizer_nodes():

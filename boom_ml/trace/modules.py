@@ -5,7 +5,11 @@ whose forward created the autograd node being executed. ModTracker alone cannot 
 in backward: a module leaves its "active" set only once the gradients of all its inputs
 are complete, so a residual block's shortcut stays active while the whole main branch
 runs backward. Autograd nodes are matched to modules by sequence number, recorded by a
-node-creation hook during forward.
+node-creation hook during forward. A checkpointed block's forward re-run inside backward
+takes the deepest module re-entered by that re-run, as forward would; between its modules
+(a residual add), their common parent. ModTracker's set would also hold modules still
+active in backward and those a re-run stopped early left behind (the next layer's
+attention, as deep), which claimed the re-run's ops.
 
 torch.utils.module_tracker.ModuleTracker would import faster (torch.distributed._tools'
 ``__init__`` loads the FSDP memory tracker: ~0.3 s of every call that traces) but changes what the
@@ -22,8 +26,20 @@ from collections.abc import Iterator
 import torch
 from torch.distributed._tools.mod_tracker import ModTracker
 
+from boom_ml.trace.recompute import recompute_key
+
 _REENTRY_WARNING = "The module hierarchy tracking maybe be messed up"
 _ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateGrad node
+
+
+def _common_parent(names: list[str]) -> str:
+    paths = [n.split(".") for n in names if "." in n]  # "Func": a module called, not owned
+    if not paths:
+        return ""
+    shared = 0
+    while all(len(p) > shared + 1 and p[shared] == paths[0][shared] for p in paths):
+        shared += 1
+    return ".".join(paths[0][:shared])
 
 
 def _deepest(parents: set[str]) -> str:
@@ -37,11 +53,41 @@ class ModuleOf:
     def __init__(self) -> None:
         self.tracker = ModTracker()
         self.node_module: dict[int, str] = {}
+        # modules whose forward runs now, outermost first, each with the re-run it is in
+        # (None: forward); and the modules the newest re-run has entered so far
+        self.running: list[tuple[str, tuple[int, int] | None]] = []
+        self.reentered: tuple[tuple[int, int] | None, list[str]] = (None, [])
+
+    def _enter(self, module: torch.nn.Module, args: object) -> None:
+        key = recompute_key()
+        name = self.tracker._get_mod_name(module)
+        # a re-run stopped early left its modules here: they belong to no other run
+        self.running = [entry for entry in self.running if entry[1] == key]
+        self.running.append((name, key))
+        if key is not None:
+            if self.reentered[0] != key:
+                self.reentered = (key, [])
+            self.reentered[1].append(name)
+
+    def _leave(self, module: torch.nn.Module, args: object, output: object) -> None:
+        if self.running and self.running[-1][1] == recompute_key():
+            self.running.pop()
+
+    def _recomputed(self, key: tuple[int, int]) -> str:
+        names = {name for name, run in self.running if run == key}
+        if names:
+            return _deepest(names)
+        return _common_parent(self.reentered[1]) if self.reentered[0] == key else ""
 
     def _on_node(self, node: torch.autograd.graph.Node) -> None:
         self.node_module[node._sequence_nr()] = _deepest(self.tracker.parents)
 
     def __call__(self) -> str:
+        key = recompute_key()
+        if key is not None:
+            found = self._recomputed(key)
+            if found:
+                return found
         if torch._C._current_graph_task_id() != -1 and not torch.is_grad_enabled():
             node = torch._C._current_autograd_node()
             if node is not None and node._sequence_nr() != _ACCUMULATE_GRAD:
@@ -59,10 +105,15 @@ class ModuleOf:
         # ops take their module from the autograd node above, not from those parents, so the
         # warning says nothing about this trace: it is silenced and the formatter restored.
         formatwarning = warnings.formatwarning
+        hooks = torch.nn.modules.module
+        enter = hooks.register_module_forward_pre_hook(self._enter)
+        leave = hooks.register_module_forward_hook(self._leave, always_call=True)
         try:
             with warnings.catch_warnings(), self.tracker:
                 warnings.filterwarnings("ignore", message=_REENTRY_WARNING, category=UserWarning)
                 yield
         finally:
             warnings.formatwarning = formatwarning
+            enter.remove()
+            leave.remove()
             torch._C._autograd._pop_node_creation_hook()

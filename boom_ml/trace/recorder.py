@@ -21,6 +21,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from boom_ml.trace.accumulation import Blocks, InPlaceAccumulation, current_grad_fn
 from boom_ml.trace.ops import entry_of, flops_of
+from boom_ml.trace.recompute import recomputing
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -59,9 +60,9 @@ class OpRecorder(TorchDispatchMode):
 
     ``phase`` is set by the step driver (forward, loss, backward, optimizer, ...);
     ``module_of`` returns the current module path. An op that runs inside the autograd
-    engine with grad mode on is a checkpoint recomputation: the engine runs backward
-    kernels with grad mode off, while ``torch.utils.checkpoint`` re-runs the forward under
-    ``enable_grad``. ``sums`` folds the engine's gradient sums as a plain run does
+    engine under checkpoint's re-run (``trace/recompute.py``) is a recomputation: the
+    engine runs backward kernels with grad mode off, while ``torch.utils.checkpoint``
+    re-runs the forward under ``enable_grad`` and a saved-tensor hook of its own. ``sums`` folds the engine's gradient sums as a plain run does
     (default: :class:`~boom_ml.trace.accumulation.InPlaceAccumulation`).
     """
 
@@ -220,7 +221,7 @@ class OpRecorder(TorchDispatchMode):
         in_blocks = [self.block_of(t) for t in inputs]
         phase = self.phase
         in_engine = torch._C._current_graph_task_id() != -1
-        if phase == "backward" and in_engine and torch.is_grad_enabled():
+        if phase == "backward" and recomputing():
             phase = "recompute"
         node_id = len(self.nodes) if entry.kernel else -1
         self._current_node = node_id
