@@ -41,6 +41,11 @@ CASES: list[tuple[str, dict, dict]] = [
         {},
         {"batch_size": 1, "seq_len": 32, "amp": "bf16", "finetune_method": "lora"},
     ),  # fmt: skip
+    (
+        "hf:mistralai/Mixtral-8x7B-v0.1",
+        {},
+        {"batch_size": 1, "seq_len": 32, "amp": "bf16", "finetune_method": "qlora"},
+    ),  # fmt: skip
     ("hf:Qwen/Qwen2.5-0.5B", {}, {**SMALL, "amp": "bf16", "checkpointing": "full"}),
     ("hf:Qwen/Qwen3-30B-A3B", {}, {"batch_size": 1, "seq_len": 32, "amp": "bf16"}),
     (

@@ -204,6 +204,9 @@ def test_recipe_line_names_where_the_bytes_go() -> None:
         "Recipe: base weights 4-bit NF4 3.00 GiB (224 layers); LoRA adapters 3.4 M trainable "
         "(6.5 MiB, targets q_proj,v_proj); optimizer state on the host 1.00 GiB."
     )
+    moe = recipe_line({"finetune": "qlora", "params_dtype": "bf16", "bytes": {},
+                       "unquantized_expert_parameters": 45_097_156_608})  # fmt: skip
+    assert moe.startswith("Recipe: MoE expert weights not quantised 45.10 B (bf16); LoRA")
 
 
 def test_bf16_true_time_takes_the_amp_cell(tiny_llama: str) -> None:

@@ -96,11 +96,20 @@ def test_a_dense_first_layer_is_kept_and_the_next_moe_layer_repeated() -> None:
     assert difference(repeated, whole) is None
 
 
-@pytest.mark.parametrize("config", [GPT2, MIXTRAL, BERT], ids=["gpt2", "mixtral", "bert"])
-def test_other_architectures_repeat_exactly(tmp_path: Path, config: dict) -> None:
+@pytest.mark.parametrize(
+    ("config", "method"),
+    [(GPT2, "lora"), (MIXTRAL, "lora"), (BERT, "lora"), (MIXTRAL, "qlora")],
+    ids=["gpt2", "mixtral", "bert", "mixtral-qlora"],
+)
+def test_other_architectures_repeat_exactly(tmp_path: Path, config: dict, method: str) -> None:
+    """Mixtral's QLoRA leaves its fused experts unquantised: the count of them grows by a
+    layer's share, and the method note that names them says no count."""
     model = _model(tmp_path, config)
-    spec = StepSpec(batch_size=2, seq_len=32, amp="bf16", finetune_method="lora")
-    _assert_same(trace_repeated(model, spec), trace_step(build_model(model), spec))
+    spec = StepSpec(batch_size=2, seq_len=32, amp="bf16", finetune_method=method)
+    repeated, whole = trace_repeated(model, spec), trace_step(build_model(model), spec)
+    _assert_same(repeated, whole)
+    if method == "qlora":  # 3 tensors of 4 experts x 64 x 64 (gate, up: 64 x 128) per layer
+        assert whole.meta["recipe"]["unquantized_expert_parameters"] == LAYERS * 4 * 3 * 64 * 64
 
 
 def test_the_repeated_layers_are_the_deep_models(tmp_path: Path) -> None:

@@ -60,9 +60,10 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         # transformers 5 fuses MoE experts into 3-D tensors, not nn.Linear: not quantised here
         if fused:
             facts["unquantized_expert_parameters"] = fused
+            # the count is in the recipe line, not here: notes are text, and a model traced
+            # shallow and repeated (trace/repeat.py) extends counts, never text
             facts["method_notes"].append(
-                f"qlora: {fused / 1e9:.2f} B fused MoE expert weights not quantised "
-                f"(kept in {step.params_dtype})"
+                f"qlora: fused MoE expert weights not quantised (kept in {step.params_dtype})"
             )
     return facts
 
