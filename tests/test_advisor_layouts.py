@@ -16,6 +16,7 @@ import pytest
 from boom_ml import api
 from boom_ml.gpus import get_gpu
 from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.predict import predict_raw
 from boom_ml.parallel.search import (
     candidate_layouts,
     distinct_choices,
@@ -250,3 +251,27 @@ def test_each_gpu_is_searched_with_its_own_attention_kernels(
     for gpu in gpus:
         alone = search_layouts(model, gpu, step, max_gpus=8)
         assert {**together[gpu.id], "seconds": 0} == {**alone, "seconds": 0}
+
+
+def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
+    """A GPU with 100 MiB usable: no layout of up to 64 GPUs fits, with checkpointing or
+    without (each rank's CUDA context alone is larger). The advice names the layout whose
+    worst rank needs least instead of staying silent."""
+    gpu = small_gpu(100)
+    p = api.predict(model, gpu=gpu, **STEP)
+    found = p.to_dict()["layout_advice"][gpu.id]
+    assert found["layouts"] == [] and found["settings"] == {"checkpointing": "full"}
+    near = found["closest"]
+    assert not near["fits"] and near["p90_bytes"] > near["capacity_bytes"] == gpu.capacity_bytes
+    raw, step = load_raw(model), StepSpec(**STEP, checkpointing="full")
+    for lay in (Layout(dp=64, sharding="fsdp"), Layout(dp=8, tp=8, sharding="fsdp"),
+                Layout(dp=2, tp=8, pp=4, sharding="fsdp", microbatches=16)):  # fmt: skip
+        other = predict_raw(raw, [gpu], step, lay, Cluster())[0]["memory"]["p90_bytes"]
+        assert near["p90_bytes"] <= other
+    assert near["layout"] == {"dp": 1, "tp": 8, "pp": 1, "sharding": "none", "microbatches": 1}
+    text = advice_lines(p)
+    at = next(i for i, line in enumerate(text) if "no layout of up to" in line)
+    assert text[at] == (f"    no layout of up to 64 GPUs fits, with checkpointing=full or without "
+                        f"({found['searched']} searched); the closest, with checkpointing=full:")  # fmt: skip
+    assert text[at + 1] == (f"      tp=8: 8 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
+                            f"of 0.1 GiB usable")  # fmt: skip

@@ -147,8 +147,8 @@ def search_layouts(
 
     ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
     by :func:`rank_key`, less sharding that changes nothing printed: :func:`distinct_choices`),
-    ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit) and
-    ``seconds``; raises ``InvalidInputError`` for a model the parallel predictor cannot model
+    ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit), ``seconds``,
+    ``max_gpus`` and, where none fits, ``closest`` (the layout whose worst rank needs least); raises ``InvalidInputError`` for a model the parallel predictor cannot model
     (not an HF config).
     """
     return search_layouts_many(model, [gpu], step, cluster, stack, max_gpus, top)[gpu.id]
@@ -172,6 +172,7 @@ def search_layouts_many(
     raw = with_build_options(load_raw(model) if isinstance(model, str) else model, options)
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
+    closest: dict[str, dict[str, Any]] = {}  # the smallest worst rank (p90) that does not fit
     layouts = candidate_layouts(raw, step, cluster, max_gpus)
     searched, valid = len(layouts), 0
     layouts = [lay for lay in layouts if _valid(raw, lay, cluster, step)]
@@ -189,10 +190,17 @@ def search_layouts_many(
         for gpu, entry in zip(gpus, entries, strict=True):
             if entry["fits"]:
                 fitting[gpu.id].append(_proposal(entry, gpu, requested))
+            elif not fitting[gpu.id]:
+                near = closest.get(gpu.id)
+                if near is None or entry["memory"]["p90_bytes"] < near["p90_bytes"]:
+                    closest[gpu.id] = _proposal(entry, gpu, requested)
     seconds = round(time.perf_counter() - started, 3)
     out = {}
     for gpu in gpus:
         ranked = distinct_choices(sorted(fitting[gpu.id], key=rank_key))
         out[gpu.id] = {"layouts": ranked[:top], "searched": searched, "valid": valid,
-                       "fitting": len(fitting[gpu.id]), "seconds": seconds}  # fmt: skip
+                       "fitting": len(fitting[gpu.id]), "seconds": seconds,
+                       "max_gpus": max_gpus}  # fmt: skip
+        if not ranked and gpu.id in closest:  # what it would take: the nearest miss
+            out[gpu.id]["closest"] = closest[gpu.id]
     return out

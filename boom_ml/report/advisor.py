@@ -323,8 +323,8 @@ def advise_layouts(
     ``layouts: []`` and the one-line ``reason``; an unexpected failure is logged and the
     GPUs left out, so the single-GPU prediction is never lost to the search. Where no
     layout of the step fits, ``with_checkpointing`` (the same search with activation
-    checkpointing, when the step has none) is asked too; its layouts then carry
-    ``settings: {"checkpointing": "full"}``.
+    checkpointing, when the step has none) is asked too; its layouts (or, where none fits
+    either, its ``closest`` miss) then carry ``settings: {"checkpointing": "full"}``.
     """
     wanted = [s for s in gpus if s.id in advised and nothing_fits(advised[s.id])]
     if not wanted:
@@ -334,7 +334,8 @@ def advise_layouts(
     if with_checkpointing is not None and bare:
         again = _search_layouts(with_checkpointing, bare, " with checkpointing")
         for spec in bare:
-            if again.get(spec.id, {}).get("layouts"):
+            if spec.id in again and (again[spec.id].get("layouts") or "closest" in again[spec.id]):
+                # fitting layouts, or the nearest miss, now with checkpointing
                 found[spec.id] = {**again[spec.id], "settings": {"checkpointing": "full"}}
     return found
 

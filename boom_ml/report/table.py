@@ -133,29 +133,42 @@ def _advice_line(a: Advice) -> str:
 def layout_lines(found: dict[str, Any]) -> list[str]:
     """The layout search's proposals (``Prediction.layout_advice`` of one GPU), cheapest first."""
     layouts = found.get("layouts") or []
-    if not layouts:
-        reason = found.get("reason")
-        return [f"    no multi-GPU layout searched: {reason}"] if reason else []
     settings = "".join(f" with {k}={v}" for k, v in (found.get("settings") or {}).items())
+    if not layouts:
+        reason, near = found.get("reason"), found.get("closest")
+        if reason:
+            return [f"    no multi-GPU layout searched: {reason}"]
+        if near is None:
+            return []
+        either = f",{settings} or without" if settings else ""
+        return [
+            f"    no layout of up to {found['max_gpus']} GPUs fits{either} "
+            f"({found['searched']} searched); the closest{settings and ','}{settings}:",
+            f"      {_layout_name(near['layout'])}: {near['gpus']} GPUs, "
+            f"{near['p90_bytes'] / GIB:.1f} GiB per GPU (p90) of "
+            f"{near['capacity_bytes'] / GIB:.1f} GiB usable",
+        ]
     lines = [
         f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
         f"{found['seconds']:.1f} s; $ per step of the requested batch):"
     ]
     for p in layouts:
-        lay = p["layout"]
-        name = " ".join(
-            [f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1]
-            + ([lay["sharding"]] if lay["sharding"] != "none" else [])
-            + ([f"microbatches={lay['microbatches']}"] if lay["microbatches"] > 1 else [])
-        )
         usd = p["usd_per_step"]
         cost = f"${usd:.3g} per step" if usd is not None else "no price"
         lines.append(
-            f"      {name}: {p['gpus']} GPUs ({p['nodes']} node{'s' if p['nodes'] > 1 else ''}), "
+            f"      {_layout_name(p['layout'])}: {p['gpus']} GPUs ({p['nodes']} node{'s' if p['nodes'] > 1 else ''}), "
             f"{p['total_bytes'] / GIB:.1f} / {p['capacity_bytes'] / GIB:.0f} GiB per GPU, "
             f"{p['step_ms']:.0f} ms per step of {p['global_batch']} samples, {cost}"
         )
     return lines
+
+
+def _layout_name(lay: dict[str, Any]) -> str:
+    return " ".join(
+        [f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1]
+        + ([lay["sharding"]] if lay["sharding"] != "none" else [])
+        + ([f"microbatches={lay['microbatches']}"] if lay["microbatches"] > 1 else [])
+    )
 
 
 def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
