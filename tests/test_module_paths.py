@@ -53,6 +53,19 @@ def test_numbered_blocks_fold_and_plain_sequential_layers_stay_apart() -> None:
     assert kinds["(top level)"] == "(top level)" and kinds[""] == ""
 
 
+def test_blocks_alone_fold_when_the_model_says_they_have_children() -> None:
+    """At a checkpointed step's peak only each layer's saved input is live, under the layer's
+    own path: the graph's other modules say the layers are blocks."""
+    layers = [(f"Llama.model.layers.{i}", 8.0) for i in range(15)] + [("Llama.lm_head", 100.0)]
+    assert group_by_block(layers, "bytes")[1] == {"module": "Llama.model.layers.0", "blocks": 1,
+                                                  "bytes": 8.0}  # fmt: skip
+    known = [f"Llama.model.layers.{i}.self_attn" for i in range(15)] + ["Llama.lm_head"]
+    assert group_by_block(layers, "bytes", known=known) == [
+        {"module": "Llama.model.layers.*", "blocks": 15, "bytes": 120.0},
+        {"module": "Llama.lm_head", "blocks": 1, "bytes": 100.0},
+    ]
+
+
 def test_group_by_block_sums_counts_and_ranks() -> None:
     values = list(zip(GPT, [4.0, 2.0, 0.5, 4.5, 2.5, 0.25, 3.0], strict=True))
     groups = group_by_block(values, "ms")

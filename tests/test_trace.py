@@ -100,6 +100,56 @@ def test_a_recomputation_repeats_its_layers_forward_ops_and_modules(tmp_path, re
         assert not rerun.module.str.contains("down_proj").any()
 
 
+LOOPED = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):  # its layers in a ModuleList it loops over: the list is never called
+    def __init__(self):
+        super().__init__()
+        self.mods = nn.ModuleList([nn.Linear(64, 64), nn.Linear(64, 64)])
+
+    def forward(self, x):
+        y = x * 2.0
+        for m in self.mods:
+            y = torch.tanh(m(y))
+        return y + x
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(100, 64)
+        self.blocks = nn.ModuleList([Block() for _ in range(3)])
+        self.head = nn.Linear(64, 100)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+    def example_inputs(self, batch_size, device, seq_len=16, **kw):
+        return {"x": torch.randint(0, 100, (batch_size, seq_len), device=device)}
+"""
+
+
+def test_a_recomputed_op_between_looped_layers_belongs_to_their_block(tmp_path):
+    """A block checkpointed by the zoo (its forward replaced, so not entered again in the
+    re-run): the tanh between its two Linears is the block's, as in forward, not its
+    ModuleList's, which never runs."""
+    (tmp_path / "looped.py").write_text(LOOPED)
+    step = StepSpec(batch_size=2, seq_len=16, checkpointing="full")
+    nodes = trace_step(build_model(ModelSpec(f"file:{tmp_path / 'looped.py'}:Net")), step).nodes
+    for block in range(3):
+        mine = nodes[nodes.module.str.contains(rf"\.blocks\.{block}(?:\.|$)")]
+        ops = {p: list(zip(rows.op, rows.module, strict=True)) for p, rows in mine.groupby("phase")}
+        assert 0 < len(ops["recompute"]) < len(ops["forward"])
+        assert ops["recompute"] == ops["forward"][: len(ops["recompute"])]
+        assert ("tanh", f"Net.blocks.{block}") in ops["recompute"]
+
+
 def test_optimizer_none_has_no_optimizer_nodes():
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="none"))
     assert not (graph.nodes["phase"] == "optimizer").any()

@@ -219,6 +219,22 @@ def test_checkpoint_blocks_rule() -> None:
     assert len(find_blocks(vit)) == 12
 
 
+def test_lists_of_plain_layers_are_no_blocks_to_checkpoint() -> None:
+    """Two ModuleLists of leaf layers under the root (stacked LSTMs and their norms): a
+    ModuleList is never called, so replacing its forward would checkpoint nothing; the
+    rule finds no blocks (checkpointing then stops with its one-line error)."""
+
+    nn = torch.nn
+
+    class Stacked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnns = nn.ModuleList([nn.LSTM(8, 8) for _ in range(3)])
+            self.norms = nn.ModuleList([nn.LayerNorm(8) for _ in range(3)])
+
+    assert find_blocks(Stacked()) == []
+
+
 def test_vgg_checkpointing_recomputes_segments() -> None:
     """VGG's features are plain layers: checkpointed as segments ending at each pool."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from boom_ml.memory.live import round_block
 from boom_ml.memory.replay import Replay
@@ -90,7 +91,7 @@ def attribute_peak(
             {"module": m, "bytes": sum(c.values()), "by_category": dict(c)} for m, c in modules
         ],
         by_module_group=group_by_block(
-            ((m, sum(c.values())) for m, c in by_mod.items()), "bytes", top_n
+            ((m, sum(c.values())) for m, c in by_mod.items()), "bytes", top_n, _modules(graph)
         ),
         op=op,
         phase=phase,
@@ -98,6 +99,11 @@ def attribute_peak(
         step=int(replay.step[index]),
         temporary_by_phase=temporary_by_phase,
     )
+
+
+def _modules(graph: OpGraph) -> list[str]:
+    """Every module the step's ops ran in: which numbered modules are blocks with children."""
+    return pd.unique(graph.nodes["module"].astype(str)).tolist() if len(graph.nodes) else []
 
 
 def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:

@@ -29,18 +29,21 @@ def _indexed(segment: str) -> str | None:
     return f"{m.group(1) or ''}*"
 
 
-def block_kinds(paths: Iterable[str]) -> Mapping[str, str]:
+def block_kinds(paths: Iterable[str], known: Iterable[str] = ()) -> Mapping[str, str]:
     """Each path → its kind: the path with the index of every numbered block made ``*``.
 
-    Cached on the set of paths: a prediction for many GPUs folds one graph's modules per GPU.
+    ``known``: more module paths of the same model (a graph's modules), which say which
+    numbered modules have submodules where ``paths`` holds only the blocks themselves (the
+    memory live at a peak under checkpointing: each layer's saved input). Cached on the
+    paths: a prediction for many GPUs folds one graph's modules per GPU.
     """
-    return _block_kinds(tuple(dict.fromkeys(paths)))
+    return _block_kinds(tuple(dict.fromkeys(paths)), tuple(dict.fromkeys(known)))
 
 
 @functools.lru_cache(maxsize=8)
-def _block_kinds(paths: tuple[str, ...]) -> Mapping[str, str]:
+def _block_kinds(paths: tuple[str, ...], known: tuple[str, ...] = ()) -> Mapping[str, str]:
     containers = set()
-    for path in paths:
+    for path in (*paths, *known):
         parts = path.split(".")
         containers.update(".".join(parts[:k]) for k in range(1, len(parts)))
     kinds = {}
@@ -56,15 +59,19 @@ def _block_kinds(paths: tuple[str, ...]) -> Mapping[str, str]:
 
 
 def group_by_block(
-    values: Iterable[tuple[str, float]], key: str, top_n: int | None = None
+    values: Iterable[tuple[str, float]],
+    key: str,
+    top_n: int | None = None,
+    known: Iterable[str] = (),
 ) -> list[dict[str, object]]:
     """Sum ``(path, value)`` pairs per block kind, largest first.
 
-    Returns ``[{"module": kind, "blocks": paths folded into it, key: total}]``; a path that
+    ``known``: the model's other module paths (:func:`block_kinds`). Returns
+    ``[{"module": kind, "blocks": paths folded into it, key: total}]``; a path that
     is no repeated block keeps its name with ``blocks`` 1.
     """
     pairs = list(values)
-    kinds = block_kinds(path for path, _ in pairs)
+    kinds = block_kinds((path for path, _ in pairs), known)
     return _ranked(((kinds[path], path, value) for path, value in pairs), key)[:top_n]
 
 

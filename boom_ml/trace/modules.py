@@ -32,13 +32,17 @@ _REENTRY_WARNING = "The module hierarchy tracking maybe be messed up"
 _ACCUMULATE_GRAD = 2**64 - 1  # sequence number autograd gives every AccumulateGrad node
 
 
-def _common_parent(names: list[str]) -> str:
+def _common_parent(names: list[str], called: set[str]) -> str:
+    """The innermost module that holds all of ``names`` and whose forward runs: a
+    ModuleList holding them is looped over by its owner, never called."""
     paths = [n.split(".") for n in names if "." in n]  # "Func": a module called, not owned
     if not paths:
         return ""
     shared = 0
     while all(len(p) > shared + 1 and p[shared] == paths[0][shared] for p in paths):
         shared += 1
+    while shared > 0 and ".".join(paths[0][:shared]) not in called:
+        shared -= 1
     return ".".join(paths[0][:shared])
 
 
@@ -57,6 +61,7 @@ class ModuleOf:
         # (None: forward); and the modules the newest re-run has entered so far
         self.running: list[tuple[str, tuple[int, int] | None]] = []
         self.reentered: tuple[tuple[int, int] | None, list[str]] = (None, [])
+        self.called: set[str] = set()  # modules whose forward has run
 
     def _enter(self, module: torch.nn.Module, args: object) -> None:
         key = recompute_key()
@@ -64,6 +69,7 @@ class ModuleOf:
         # a re-run stopped early left its modules here: they belong to no other run
         self.running = [entry for entry in self.running if entry[1] == key]
         self.running.append((name, key))
+        self.called.add(name)
         if key is not None:
             if self.reentered[0] != key:
                 self.reentered = (key, [])
@@ -77,7 +83,9 @@ class ModuleOf:
         names = {name for name, run in self.running if run == key}
         if names:
             return _deepest(names)
-        return _common_parent(self.reentered[1]) if self.reentered[0] == key else ""
+        if self.reentered[0] != key:
+            return ""
+        return _common_parent(self.reentered[1], self.called)
 
     def _on_node(self, node: torch.autograd.graph.Node) -> None:
         self.node_module[node._sequence_nr()] = _deepest(self.tracker.parents)

@@ -79,10 +79,15 @@ def find_blocks(module: nn.Module) -> list[nn.Module]:
     blocks = [b for s in stages for b in _stage_blocks(s)]
     if len(blocks) >= 2:
         return blocks
+    # a ModuleList / ModuleDict is never called (its owner loops over it): a forward
+    # replaced on it would never run, and the step would be traced without checkpointing
     roots = [
         c
         for name, c in module.named_children()
-        if name not in _HEAD_NAMES and _has_params(c) and not _is_leaf(c)
+        if name not in _HEAD_NAMES
+        and _has_params(c)
+        and not _is_leaf(c)
+        and not isinstance(c, nn.ModuleList | nn.ModuleDict)
     ]
     return roots if len(roots) >= 2 else []
 
