@@ -1,6 +1,6 @@
 """Recipes of issue #15: params_dtype, LoRA / QLoRA, selective and every-K checkpointing.
 
-Every model here is a synthetic tiny Llama config written by the test (``tiny_llama``).
+Every model here is a synthetic tiny config written by the test (``tiny_llama``, ``TINY_PHI3``).
 """
 
 from __future__ import annotations
@@ -156,6 +156,37 @@ def test_recipes_reject_bad_values() -> None:
     with pytest.raises(InvalidInputError, match="GradScaler"):
         StepSpec(params_dtype="fp16", amp="fp16")
     assert StepSpec(lora_targets=["q_proj"]).lora_targets == ("q_proj",)  # hashable
+
+
+# synthetic: a 2-layer Phi-3 of width 64 (4 query and 2 KV heads of 16), vocab 256
+TINY_PHI3 = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
+             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+             "pad_token_id": 0}  # fmt: skip
+
+
+def test_lora_targets_where_peft_has_no_default(tmp_path: Path) -> None:
+    """peft has no LoRA default for phi3: the target set most of peft's architectures use that
+    the model has every name of is taken (qkv_proj: (16 + 2 x 2 x 16) x 64 in a layer), and
+    the recipe says so; a model with a default of its own keeps it, without a note; a model
+    with none of them stops with its linear layers named."""
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.zoo.finetune import apply_recipe
+
+    (tmp_path / "phi3.json").write_text(json.dumps(TINY_PHI3))
+    (tmp_path / "llama.json").write_text(json.dumps(TINY_LLAMA))
+    lora = StepSpec(finetune_method="lora", lora_r=8)
+    phi3 = apply_recipe(build_model(ModelSpec(f"hf:{tmp_path / 'phi3.json'}")).module, lora)
+    assert phi3["lora_targets"] == ["qkv_proj"]
+    assert phi3["peft_trainable_parameters"] == 2 * 8 * (64 + 128)  # A: 8 x 64, B: 128 x 8
+    assert phi3["lora_targets_chosen"] == (
+        "peft has no default for phi3; its most common one this model has"
+    )
+    llama = apply_recipe(build_model(ModelSpec(f"hf:{tmp_path / 'llama.json'}")).module, lora)
+    assert llama["lora_targets"] == ["q_proj", "v_proj"] and "lora_targets_chosen" not in llama
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    with pytest.raises(InvalidInputError, match=r"this model's linear layers: 0, 2\)"):
+        apply_recipe(plain, lora)
 
 
 def test_api_finetune_mapping() -> None:

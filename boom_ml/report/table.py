@@ -273,7 +273,9 @@ def recipe_line(recipe: dict) -> str:
         parts.append(
             f"LoRA adapters {recipe.get('peft_trainable_parameters', 0) / 1e6:.1f} M trainable "
             f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
-            f"targets {','.join(recipe.get('lora_targets', []))})"
+            f"targets {','.join(recipe.get('lora_targets', []))}"
+            + (f": {recipe['lora_targets_chosen']}" if recipe.get("lora_targets_chosen") else "")
+            + ")"
         )
     if nbytes.get("optimizer_state_on_host", 0) > MIB:
         parts.append(

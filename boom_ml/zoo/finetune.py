@@ -18,6 +18,7 @@ Frozen parameters get no gradient and no optimizer state in the trace: the step 
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from typing import Any
 
 import torch
@@ -72,14 +73,9 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     from peft import LoraConfig, get_peft_model  # ~seconds: only when LoRA is asked for
 
     targets: Any = list(step.lora_targets) if step.lora_targets else None
+    chosen: dict[str, Any] = {}
     if targets is None:
-        # peft's own default per architecture, looked up here: for MoE configs (Mixtral)
-        # peft 0.21 ends up with an empty target set when left to resolve it itself
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-
-        model_type = getattr(getattr(module, "config", None), "model_type", None)
-        default = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model_type)
-        targets = list(default) if default else None
+        targets, chosen = default_targets(module)
     if targets == ["all-linear"]:
         targets = "all-linear"  # peft's own shorthand: every linear layer but the head
     config = LoraConfig(
@@ -99,16 +95,47 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
+        linear = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
+                         if isinstance(m, nn.Linear)})  # fmt: skip
         raise InvalidInputError(
             f"finetune.method={step.finetune_method}: peft cannot place LoRA adapters ({first}); "
-            "name them with finetune.targets=[...] (module names such as q_proj, or all-linear)"
+            "name them with finetune.targets=[...] (module names such as q_proj, or all-linear; "
+            f"this model's linear layers: {', '.join(linear[:16]) or 'none'})"
         ) from err
     trainable, total = peft_model.get_nb_trainable_parameters()
     return {
+        **chosen,
         "lora_targets": sorted(peft_model.peft_config["default"].target_modules),
         "peft_trainable_parameters": int(trainable),
         "peft_all_parameters": int(total),
     }
+
+
+def default_targets(module: nn.Module) -> tuple[list[str] | None, dict[str, Any]]:
+    """The LoRA targets peft would pick, looked up here (for MoE configs such as Mixtral
+    peft 0.21 ends up with an empty set when left to resolve them itself), and where peft
+    has none for the architecture (Phi-3, Qwen3-MoE) or its names are gone from the model
+    (transformers 5's ViT says ``q_proj``, peft ``query``): the target set of peft's table
+    that most architectures use and this model has every name of (``q_proj,v_proj``,
+    ``qkv_proj``), said in the recipe's ``lora_targets_chosen``. None: peft decides."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as table
+
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    names = {name.rpartition(".")[2] for name, _ in module.named_modules()}
+    own = table.get(model_type)
+    if own and set(own) <= names:
+        return list(own), {}
+    counts = Counter(tuple(v) for v in table.values())  # in order of first use on ties
+    for candidate, _ in counts.most_common():
+        if set(candidate) <= names:
+            why = (
+                f"peft's default for {model_type} ({','.join(own)}) names no module here"
+                if own
+                else f"peft has no default for {model_type}"
+            )
+            note = f"{why}; its most common one this model has"
+            return list(candidate), {"lora_targets_chosen": note}
+    return None, {}
 
 
 def _output_heads(module: nn.Module) -> set[int]:
