@@ -189,6 +189,36 @@ def test_lora_targets_where_peft_has_no_default(tmp_path: Path) -> None:
         apply_recipe(plain, lora)
 
 
+# synthetic: a 2-layer Mixtral of width 64 with 4 experts of 64
+TINY_MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
+
+
+def test_all_linear_on_fused_experts_needs_no_dropout(tmp_path: Path) -> None:
+    """peft's all-linear reaches transformers 5's fused expert weights through its
+    ParamWrapper, which takes no dropout: the error says which setting to change, and
+    with it the trainable count is peft's own on a CPU model of the same config."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.zoo.finetune import apply_recipe
+
+    (tmp_path / "mixtral.json").write_text(json.dumps(TINY_MIXTRAL))
+    spec = ModelSpec(f"hf:{tmp_path / 'mixtral.json'}")
+    step = StepSpec(finetune_method="lora", lora_targets=("all-linear",))
+    with pytest.raises(InvalidInputError, match="needs finetune.dropout=0$"):
+        apply_recipe(build_model(spec).module, step)
+    no_dropout = StepSpec(finetune_method="lora", lora_targets=("all-linear",), lora_dropout=0.0)
+    facts = apply_recipe(build_model(spec).module, no_dropout)
+    config = MixtralConfig(**{k: v for k, v in TINY_MIXTRAL.items() if k != "model_type"})
+    lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
+    own = get_peft_model(MixtralForCausalLM(config), lora).get_nb_trainable_parameters()[0]
+    assert facts["peft_trainable_parameters"] == own
+
+
 def test_api_finetune_mapping() -> None:
     from boom_ml.api import finetune_fields
     from boom_ml.errors import InvalidInputError

@@ -84,6 +84,9 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         lora_dropout=step.lora_dropout,
         target_modules=targets,
     )
+    # named before peft, which may have wrapped some of them when it stops
+    linear = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
+                     if isinstance(m, nn.Linear)})  # fmt: skip
     try:
         # Injects the adapters into ``module`` itself: the tracer keeps running ``module``.
         with warnings.catch_warnings():  # peft reads transformers' deprecated alias
@@ -95,12 +98,14 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
-        linear = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
-                         if isinstance(m, nn.Linear)})  # fmt: skip
+        if "ParamWrapper" in first:  # all-linear on fused MoE experts: 3-D weights, no dropout
+            hint = "LoRA on a MoE model's fused expert weights needs finetune.dropout=0"
+        else:
+            hint = ("name them with finetune.targets=[...] (module names such as q_proj, or "
+                    f"all-linear; this model's linear layers: {', '.join(linear[:16]) or 'none'})")  # fmt: skip
         raise InvalidInputError(
             f"finetune.method={step.finetune_method}: peft cannot place LoRA adapters ({first}); "
-            "name them with finetune.targets=[...] (module names such as q_proj, or all-linear; "
-            f"this model's linear layers: {', '.join(linear[:16]) or 'none'})"
+            + hint
         ) from err
     trainable, total = peft_model.get_nb_trainable_parameters()
     return {
