@@ -148,8 +148,9 @@ def search_layouts(
     ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
     by :func:`rank_key`, less sharding that changes nothing printed: :func:`distinct_choices`),
     ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit), ``seconds``,
-    ``max_gpus`` and, where none fits, ``closest`` (the layout whose worst rank needs least); raises ``InvalidInputError`` for a model the parallel predictor cannot model
-    (not an HF config).
+    ``max_gpus`` and, where none fits, ``closest`` (the layout whose worst rank needs least);
+    raises ``InvalidInputError`` for a model the parallel predictor cannot model (not an HF
+    config).
     """
     return search_layouts_many(model, [gpu], step, cluster, stack, max_gpus, top)[gpu.id]
 
