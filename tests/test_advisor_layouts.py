@@ -271,6 +271,7 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
     assert near["layout"] == {"dp": 1, "tp": 8, "pp": 1, "sharding": "none", "microbatches": 1}
     text = advice_lines(p)
     at = next(i for i, line in enumerate(text) if "no layout of up to" in line)
+    assert "consider sharding" not in text[at - 1]  # it was: no layout fits
     assert text[at] == (f"    no layout of up to 64 GPUs fits, with checkpointing=full or without "
                         f"({found['searched']} searched); the closest, with checkpointing=full:")  # fmt: skip
     assert text[at + 1] == (f"      tp=8: 8 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "

@@ -89,11 +89,8 @@ def advice_lines(prediction: Prediction) -> list[str]:
         elif not items[0].fits:
             a = items[0]
             found = prediction.layout_advice.get(gpu, {})
-            hint = (
-                ""
-                if found.get("layouts")
-                else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
-            )
+            searched = found.get("layouts") or found.get("closest")  # the layouts say more
+            hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
             need = f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
             lines.append(
                 f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
