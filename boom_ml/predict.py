@@ -44,21 +44,26 @@ _CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
 @functools.cache
 def config_keys(config_name: str = "predict") -> frozenset[str]:
     """Every key of ``configs/<config_name>.yaml``, nested ones dotted (``stack.torch``)."""
+    return frozenset(_keys_in_order(config_name))
+
+
+@functools.lru_cache(maxsize=4)
+def _keys_in_order(config_name: str) -> tuple[str, ...]:
     import yaml  # PyYAML: a few ms, and Hydra needs it anyway
 
     data = yaml.safe_load((Path(CONFIG_DIR) / f"{config_name}.yaml").read_text()) or {}
-    keys: set[str] = set()
+    keys: list[str] = []
 
     def walk(mapping: Mapping[str, Any], prefix: str) -> None:
         for key, value in mapping.items():
             if prefix == "" and key in ("defaults", "hydra"):
                 continue  # Hydra's own; `hydra.*` overrides are passed through
-            keys.add(prefix + str(key))
+            keys.append(prefix + str(key))
             if isinstance(value, Mapping):
                 walk(value, f"{prefix}{key}.")
 
     walk(data, "")
-    return frozenset(keys)
+    return tuple(keys)
 
 
 def rewrite_aliases(argv: list[str]) -> list[str]:
@@ -78,16 +83,29 @@ def rewrite_aliases(argv: list[str]) -> list[str]:
 
 
 def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
-    """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error."""
+    """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error, and
+    a value given to a group of keys (``parallel=4``), which Hydra also rejects in lines."""
     known = config_keys(config_name)
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue  # --help, -m, --cfg job: Hydra's flags
-        key = arg.split("=", 1)[0].lstrip("+~")
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
         if key not in known:
             raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
+        if value.strip() not in ("", "null") and not value.lstrip().startswith("{"):
+            check_group(key, value, config_name)
+
+
+def check_group(key: str, value: Any, config_name: str = "predict") -> None:
+    """``key`` names a group of keys (``parallel``, ``cluster``): it takes no plain value."""
+    children = [k for k in _keys_in_order(config_name) if k.startswith(f"{key}.")]
+    if children and not isinstance(value, Mapping):
+        raise InvalidInputError(
+            f"{key} takes keys ({children[0]}=..., ...), not a value: got {value!r}"
+        )
 
 
 def check_model_syntax(text: Any) -> None:
@@ -168,6 +186,9 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     stack = resolve_stack(options.get("stack"))  # stacks.csv, read without torch
     if "optimizer_impl" in options:
         resolve_optimizer_impl(options.get("optimizer", "adamw"), options["optimizer_impl"], stack)
+    for group in ("parallel", "cluster"):  # from the API: parallel=4 is no layout
+        if options.get(group) is not None:
+            check_group(group, options[group])
     layout = for_parallel_step(
         Layout(**(options.get("parallel") or {})),
         grad_accum=options.get("grad_accum", 1),

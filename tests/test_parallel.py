@@ -283,6 +283,10 @@ def test_predict_parallel_is_json(tmp_path):
     assert doc[0]["time"]["global_batch"] == 8
     assert len(doc[0]["memory"]["per_stage"]) == 2
     assert doc[0]["time"]["basis"] == "architecture not measured"  # no Hopper kernels trained
+    # NCCL's buffers are one more memory term, with every key the single-GPU terms have
+    keys = {"term", "library", "bytes", "where", "source"}
+    assert all(set(t) == keys for t in doc[0]["memory"]["terms"])
+    assert doc[0]["memory"]["terms"][-1]["term"] == "nccl_buffers"
 
 
 def test_host_dispatch_floor_bounds_tiny_stages():
@@ -332,6 +336,14 @@ def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
         run({**base, "parallel": {"tp": 7}})
     with pytest.raises(_Invalid, match="gpus_per_node"):
         run({**base, "parallel": {"dp": 12}})
+    for group, value, child in (("parallel", 4, "dp"), ("cluster", 4, "gpus_per_node")):
+        with pytest.raises(_Invalid, match=rf"^{group} takes keys \({group}\.{child}=\.\.\., "):
+            run({**base, group: value})
+    from boom_ml.predict import check_override_keys
+
+    with pytest.raises(_Invalid, match=r"^parallel takes keys \(parallel\.dp=\.\.\., .*\[1,2\]"):
+        check_override_keys(["model=gpt2", "parallel=[1,2]"])  # before Hydra's own lines
+    check_override_keys(["parallel.dp=2", "parallel={dp: 2}", "cluster=null"])
 
 
 def test_time_profiles_are_keyed_by_the_timing_model(monkeypatch) -> None:

@@ -217,7 +217,8 @@ def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]
         schedule=SCHEDULE_NAMES[layout.schedule] if layout.pp > 1 else "no pipeline",
     )
     out["terms"] = prof.terms + [
-        {"name": "nccl_buffers", "bytes": worst["parallel_terms"]["nccl_buffers"],
+        {"term": "nccl_buffers", "library": "nccl", "bytes": worst["parallel_terms"]["nccl_buffers"],
+         "where": "outside allocator",  # NCCL allocates its buffers itself (cudaMalloc)
          "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "
                    f"{NCCL_CHANNELS} channels (assumption) x {NCCL_PEERS} ring peers x "
                    f"{communicators(layout)} communicators"},
