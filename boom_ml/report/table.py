@@ -91,7 +91,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
             found = prediction.layout_advice.get(gpu, {})
             searched = found.get("layouts") or found.get("closest")  # the layouts say more
             hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
-            need = f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.0f} GiB{hint}"
+            need = f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
             lines.append(
                 f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
                 if a.lower_bound
@@ -122,7 +122,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
 
 def _advice_line(a: Advice) -> str:
     return (
-        f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.0f} GiB, "
+        f"    {a.change}: {a.total_bytes / GIB:.1f} / {a.capacity_bytes / GIB:.1f} GiB, "
         f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
     )
 
@@ -154,7 +154,7 @@ def layout_lines(found: dict[str, Any]) -> list[str]:
         cost = f"${usd:.3g} per step" if usd is not None else "no price"
         lines.append(
             f"      {_layout_name(p['layout'])}: {p['gpus']} GPUs ({p['nodes']} node{'s' if p['nodes'] > 1 else ''}), "
-            f"{p['total_bytes'] / GIB:.1f} / {p['capacity_bytes'] / GIB:.0f} GiB per GPU, "
+            f"{p['total_bytes'] / GIB:.1f} / {p['capacity_bytes'] / GIB:.1f} GiB per GPU, "
             f"{p['step_ms']:.0f} ms per step of {p['global_batch']} samples, {cost}"
         )
     return lines
