@@ -286,6 +286,18 @@ def test_yaml_round_trip(tmp_path: Path):
     assert load_user_gpu(path) == original
 
 
+def test_a_yaml_gpu_named_as_a_table_gpu_is_no_silent_swap(tmp_path: Path):
+    """A copy of the table's H100 is the same GPU, listed once; a 24 GiB part calling itself
+    h100-sxm beside the table's one is an error, not one row that drops either."""
+    original = get_gpu("h100-sxm")
+    copy, other = tmp_path / "copy.yaml", tmp_path / "small.yaml"
+    copy.write_text(yaml.safe_dump(original.to_dict()))
+    other.write_text(yaml.safe_dump({**original.to_dict(), "memory_gb": 24, "memory_bytes": None}))
+    assert parse_gpu_list([str(copy), "h100-sxm"]) == [original]
+    with pytest.raises(InvalidInputError, match="two different GPUs are named 'h100-sxm'"):
+        parse_gpu_list([str(other), "h100-sxm"])
+
+
 def test_yaml_minimal_fills_defaults(tmp_path: Path):
     path = tmp_path / "My Future GPU.yml"
     path.write_text(

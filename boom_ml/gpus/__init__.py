@@ -226,7 +226,8 @@ def get_gpu(name_or_path: str | Path | GpuSpec) -> GpuSpec:
 def parse_gpu_list(value: Any) -> list[GpuSpec]:
     """GPUs from a CLI/Hydra value: "all", an id, "a,b", or any sequence of those (ListConfig too).
 
-    Duplicates are dropped, first occurrence wins, so "all,h100-sxm" lists H100 once.
+    Duplicates are dropped, so "all,h100-sxm" lists H100 once; two different GPUs with one
+    id (a YAML file naming itself h100-sxm beside the table's) are an error.
     """
     if value is None:
         raise InvalidInputError("no GPU given (use an id, a list of ids, a .yaml path, or 'all')")
@@ -247,7 +248,12 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
             else:
                 specs = [get_gpu(part.strip() if isinstance(part, str) else part)]
             for spec in specs:
-                out.setdefault(spec.id, spec)
+                seen = out.setdefault(spec.id, spec)
+                if seen != spec:  # a YAML file naming itself as another GPU: which one?
+                    raise InvalidInputError(
+                        f"two different GPUs are named {spec.id!r} ({seen.source or seen.name} "
+                        f"and {spec.source or spec.name}); give the YAML file another id"
+                    )
     if not out:
         raise InvalidInputError(f"no GPU given in {value!r}")
     return list(out.values())
