@@ -249,3 +249,20 @@ def test_a_size_that_shrinks_with_the_batch_is_traced_not_scaled():
     graph = search.graph_at(64)
     assert traced == [64] and search._scaling is None
     assert np.array_equal(graph.mem_events["bytes"], cnn(64).mem_events["bytes"])
+
+
+def test_held_for_backward_is_what_the_forward_leaves() -> None:
+    """Synthetic events: an activation and an autocast copy kept for backward (1000 and 600
+    bytes, each rounded to 1024), a forward temporary and an activation freed before the
+    backward starts, then backward's own blocks: 2048 bytes are held between the passes."""
+    import pandas as pd
+
+    from boom_ml.memory.live import held_for_backward
+
+    rows = [("alloc", 1, 1000, "activation", "forward"), ("alloc", 2, 600, "autocast_copy", "forward"),
+            ("alloc", 3, 512, "temporary", "forward"), ("alloc", 4, 4096, "activation", "forward"),
+            ("free", 3, 512, "temporary", "forward"), ("free", 4, 4096, "activation", "loss"),
+            ("alloc", 5, 8192, "gradient", "backward"), ("free", 1, 1000, "activation", "backward")]  # fmt: skip
+    events = pd.DataFrame(rows, columns=["action", "block", "bytes", "category", "phase"])
+    assert held_for_backward(events) == 2048
+    assert held_for_backward(events[events.phase != "backward"]) == 0  # no backward: none

@@ -223,11 +223,14 @@ def test_memory_holds_what_the_schedule_keeps_in_flight(tiny_memory):
     from boom_ml.parallel.memory import rank_memory
 
     m = 4
-    act = tiny_memory.breakdowns[0]["activation"]  # one layer per stage: the 1-layer trace
+    # one layer per stage: what a micro-batch's forward leaves for its backward, a layer's
+    # share (2-layer trace less 1-layer) on the first stage, the whole 1-layer trace's
+    # (the layer, the head's logits and loss) on the last
+    one, two = tiny_memory.held
     gpipe = rank_memory(tiny_memory, Layout(pp=2, microbatches=m, schedule="gpipe"), [1, 1])
-    for st in gpipe["per_stage"]:
+    for st, held in zip(gpipe["per_stage"], (two - one, one), strict=True):
         assert st["in_flight_microbatches"] == m == st["in_flight_chunks"]
-        assert st["parallel_terms"]["pipeline_activations"] == (m - 1) * act
+        assert st["parallel_terms"]["pipeline_activations"] == (m - 1) * held
     one = rank_memory(tiny_memory, Layout(pp=2, microbatches=m), [1, 1])
     assert [st["in_flight_microbatches"] for st in one["per_stage"]] == [2, 1]
     assert gpipe["total_bytes"] > one["total_bytes"]

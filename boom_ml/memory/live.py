@@ -44,3 +44,14 @@ def breakdown_at(events: pd.DataFrame, index: int) -> dict[str, int]:
     signed = pd.Series(np.where(upto["action"].to_numpy() == "alloc", size, -size))
     by_cat = signed.groupby(upto["category"].to_numpy()).sum()
     return {c: int(by_cat.get(c, 0)) for c in MEMORY_CATEGORIES}
+
+
+def held_for_backward(events: pd.DataFrame) -> int:
+    """Rounded bytes a forward leaves for its backward: the activations and autocast copies
+    alive when the backward starts. Each micro-batch a pipeline stage has in flight holds
+    this much; the peak's own activations are another moment's (mid-backward, part freed)."""
+    back = np.flatnonzero(events["phase"].isin(("backward", "recompute")).to_numpy())
+    if not len(back) or back[0] == 0:
+        return 0
+    at = breakdown_at(events, int(back[0]) - 1)
+    return at["activation"] + at["autocast_copy"]

@@ -22,8 +22,12 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   chunk-forwards + 1 (at most m * v) chunk-micro-batches, each a chunk of layers / (pp * v)
   layers, i.e. 1 / v of the stage's micro-batch: ``in_flight_microbatches`` is then that count
   / v (a float; ``in_flight_chunks`` keeps the count). The stage holds (that - 1) micro-batches'
-  activations more than the traced step; with one stage (pp = 1) micro-batches run one after
-  another whatever the schedule;
+  activations more than the traced step, each what a micro-batch's forward leaves for its
+  backward (activations and autocast copies alive when the backward starts: each layer's share,
+  and on the last stage the head's logits and loss; the peak's own activations are taken
+  mid-backward, where 1- and 2-layer models peak at different moments), none at the
+  optimizer step's peak (the pipeline has drained); with one stage (pp = 1) micro-batches run
+  one after another whatever the schedule;
 * NCCL communicator buffers: NCCL_BUFFSIZE (4 MiB by default, NVIDIA/nccl src/init.cc
   ``DEFAULT_BUFFSIZE (1 << 22)``) per channel and ring peer (2), for each communicator the rank is
   in; channels per communicator: 8 (assumption: NCCL picks 2-32 by topology).
@@ -89,6 +93,17 @@ def _held(p: dict[str, int], layers: int, first: bool, last: bool, pp: int) -> t
     return held, layers * p["layers"] + p["first"] + p["last"]
 
 
+def _held_per_microbatch(prof: MemoryProfile, bd: dict[str, int], layers: int, last: bool) -> float:
+    """What one micro-batch's forward leaves on a stage for its backward: each layer's share
+    (the 2-layer trace's less the 1-layer one's), and on the last stage what the rest of the
+    traced model leaves, nearly all of it the head's logits and loss (the embedding keeps
+    only its token ids)."""
+    if not prof.held:  # a profile from before held was kept: the peak's activations
+        return bd.get("activation", 0)
+    one, two = prof.held
+    return (two - one) * layers + ((2 * one - two) if last else 0)
+
+
 def stage_memory(
     prof: MemoryProfile, layout: Layout, stage: int, layers: int, microbatches: int
 ) -> dict[str, Any]:
@@ -101,8 +116,10 @@ def stage_memory(
     the optimizer's own temporaries (foreach AdamW's square roots: the size of every
     parameter it steps) shrink by dp too.
     """
-    views = list(prof.windows.values()) or [_peak_view(prof)]
-    stages = [_stage_at(prof, view, layout, stage, layers, microbatches) for view in views]
+    views = prof.windows or {"rest": _peak_view(prof)}
+    # the pipeline has drained by the optimizer step: no micro-batch is in flight at its peak
+    stages = [_stage_at(prof, view, layout, stage, layers, microbatches, name == "optimizer")
+              for name, view in views.items()]  # fmt: skip
     return max(stages, key=lambda st: st["total_bytes"])
 
 
@@ -114,10 +131,11 @@ def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
 
 def _stage_at(
     prof: MemoryProfile, view: dict[str, Any], layout: Layout, stage: int, layers: int,
-    microbatches: int,
+    microbatches: int, drained: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """``stage_memory`` at one peak (``view``: totals, p10, p90, breakdowns of the 1- and
-    2-layer replays, and the optimizer-phase temporaries alive at it)."""
+    2-layer replays, and the optimizer-phase temporaries alive at it); ``drained``: no
+    micro-batch in flight there (the optimizer step's)."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero_stage
     first, last = stage == 0, stage == pp - 1
     breakdowns = view["breakdowns"]
@@ -160,8 +178,10 @@ def _stage_at(
     if dp > 1 and zero == 0:
         terms["ddp_bucket"] = DDP_BUCKET_BYTES
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
-    if in_flight > 1:
-        terms["pipeline_activations"] = (in_flight - 1) * bd.get("activation", 0)
+    if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
+        terms["pipeline_activations"] = (in_flight - 1) * _held_per_microbatch(
+            prof, bd, layers, last
+        )
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
 
     delta = sum(terms.values())

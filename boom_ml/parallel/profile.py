@@ -83,6 +83,9 @@ class MemoryProfile:
     # backward to the optimizer as it grows), with ``optimizer_transient``: the optimizer
     # phase's own temporaries alive at that peak, which ZeRO / FSDP shard with the state
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # bytes one micro-batch's forward leaves for its backward, [1 layer, 2 layers]
+    # (memory/live.py: held_for_backward): a pipeline stage holds that per micro-batch in flight
+    held: list[int] = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=64)
@@ -258,6 +261,7 @@ def memory_profile(
     raw: dict[str, Any], tp: int, step: StepSpec, gpu: GpuSpec, stack: Any = None
 ) -> MemoryProfile:
     from boom_ml.memory.estimate import estimate_memory, window_peaks
+    from boom_ml.memory.live import held_for_backward
 
     # = key_of("memory-2", raw, tp, step.to_dict(), asdict(gpu), str(stack), memory_identity())
     key = key_around(
@@ -269,8 +273,9 @@ def memory_profile(
     if hit is not None:
         _MEMO[key] = MemoryProfile(**hit)
         return _MEMO[key]
-    ests, peaks, splits = [], [], []
+    ests, peaks, splits, held = [], [], [], []
     for graph, params in _graphs(raw, tp, step):
+        held.append(held_for_backward(graph.mem_events))
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
         peaks.append(window_peaks(graph, gpu, "optimizer", stack=stack,
                                   grad_accum=step.grad_accum))  # fmt: skip
@@ -291,6 +296,7 @@ def memory_profile(
         terms=list(ests[0].terms),
         trainable=trainable,
         windows=_windows(ests, peaks),
+        held=held,
     )  # fmt: skip
     disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof

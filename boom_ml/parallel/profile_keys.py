@@ -19,7 +19,8 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir
 from boom_ml.specs import StepSpec
 
-CACHE_VERSION = 7  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest)
+CACHE_VERSION = 8  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest);
+# 8: bytes a micro-batch holds between its passes (MemoryProfile.held)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
