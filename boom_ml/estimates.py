@@ -46,8 +46,9 @@ class TimeEstimate:
     method: str  # "roofline", "per-op", "gnn"
     p10_ms: float | None = None
     p90_ms: float | None = None
-    by_family: dict[str, float] = field(default_factory=dict)  # ms per op family
-    by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase (forward, ...)
+    # ms per op family, of one micro-batch and the optimizer step under grad_accum
+    by_family: dict[str, float] = field(default_factory=dict)
+    by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase of the whole step
     overhead_ms: float = 0.0  # step time not attributed to any op (GNN overhead term)
     micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
     top_ops: list[dict[str, Any]] = field(default_factory=list)

@@ -281,7 +281,8 @@ def _largest_batch(
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
     """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
     micro-batch, zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
-    time without them)."""
+    time without them; ``by_phase`` is the step's, so it adds up to ``step_ms`` as without
+    accumulation; ``by_family`` and the top lists stay one micro-batch and the optimizer's)."""
     once_ms = time.by_phase.get("optimizer", 0.0) + time.by_phase.get("zero_grad", 0.0)
     micro = time.step_ms - once_ms
     if grad_accum == 1:
@@ -290,10 +291,13 @@ def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
     def scale(v: float | None) -> float | None:
         return None if v is None else grad_accum * (v - once_ms) + once_ms
 
+    once = ("optimizer", "zero_grad")
     return replace(
         time,
         step_ms=scale(time.step_ms),
         p10_ms=scale(time.p10_ms),
         p90_ms=scale(time.p90_ms),
         micro_step_ms=micro,
+        by_phase={k: v if k in once else grad_accum * v for k, v in time.by_phase.items()},
+        overhead_ms=grad_accum * time.overhead_ms,
     )

@@ -15,3 +15,6 @@ def test_zero_grad_and_optimizer_run_once_per_accumulated_step():
     assert (four.p10_ms, four.p90_ms) == (4 * 9.0 + 3.0, 4 * 17.0 + 3.0)
     assert four.micro_step_ms == 13.0
     assert accumulated(one, 1).step_ms == 16.0 and accumulated(one, 1).micro_step_ms == 13.0
+    # the phases are the step's: they add up to it, as without accumulation
+    assert four.by_phase == {"zero_grad": 1.0, "forward": 20.0, "backward": 32.0, "optimizer": 2.0}
+    assert sum(four.by_phase.values()) == four.step_ms
