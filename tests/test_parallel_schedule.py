@@ -312,3 +312,23 @@ def test_cli_bad_interleaved_layout_exits_2_with_one_line():
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "multiple of" in lines[0]
     assert proc.stdout == ""
+
+
+def test_no_memory_category_of_a_stage_goes_below_zero():
+    """Llama-3-8B's shipped config at 1 x 1024, bf16 autocast, checkpointing, 2 GPipe stages
+    of 8 micro-batches: its 1-layer model peaks outside the optimizer as the head's gradient
+    is cast in the backward, its 2-layer model in the loss's forward; a line through those
+    two moments put the last stage's gradients at -10.5 GiB. Each part of the step is now
+    extrapolated on its own."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.layout import Cluster
+    from boom_ml.parallel.predict import predict_raw
+    from boom_ml.parallel.shard import load_raw
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=1, seq_len=1024, amp="bf16", checkpointing="full")
+    layout = Layout(pp=2, microbatches=8, schedule="gpipe")
+    raw = load_raw("hf:meta-llama/Meta-Llama-3-8B")
+    (entry,) = predict_raw(raw, [get_gpu("h100-sxm")], step, layout, Cluster())
+    for stage in entry["memory"]["per_stage"]:
+        assert min(stage["breakdown"].values()) >= 0, stage["breakdown"]

@@ -35,7 +35,7 @@ from boom_ml.trace.graph import OpGraph
 __all__ = [
     "DEFAULT_STEPS",
     "StepMemory",
-    "WindowPeaks",
+    "WindowPeak",
     "estimate_memory",
     "simulate_step",
     "step_fits",
@@ -251,57 +251,61 @@ def estimate_memory(
     )
 
 
-@dataclass
-class WindowPeaks:
-    """The peak of allocated bytes inside one phase (``inside``) and outside it
-    (``outside``), each as (allocated bytes at it, what holds them: ``PeakAttribution``).
-
-    A step's peak moves between phases as a model grows: the 1- and 2-layer models a
-    multi-GPU profile traces may peak in the backward pass where the whole model peaks in
-    the optimizer step, whose memory grows with the parameters. Extrapolating each window on
-    its own and taking the larger keeps that peak (``parallel/profile.py``).
-    """
-
-    inside: tuple[int, Any]
-    outside: tuple[int, Any]
+# (allocated bytes at a window's peak, what holds them: a PeakAttribution); (0, None) where
+# the step has no event in the window
+WindowPeak = tuple[int, Any]
 
 
 def window_peaks(
-    graph: OpGraph, gpu: GpuSpec, phase: str, stack: Stack | None = None, grad_accum: int = 1,
-    top_n: int = 10,
-) -> WindowPeaks:  # fmt: skip
-    """:class:`WindowPeaks` of the p50 replay :func:`estimate_memory` makes (the same
-    replay, shared: asked after it, this costs the attribution only)."""
+    graph: OpGraph, gpu: GpuSpec, windows: dict[str, tuple[str, ...]],
+    stack: Stack | None = None, grad_accum: int = 1, top_n: int = 10,
+) -> dict[str, WindowPeak]:  # fmt: skip
+    """The peak of allocated bytes inside each window (a name → the phases it spans; an
+    empty tuple: every phase no other window names) of the p50 replay
+    :func:`estimate_memory` makes (the same replay, shared: asked after it, this costs the
+    attribution only).
+
+    A step's peak moves between its parts as a model grows: the 1- and 2-layer models a
+    multi-GPU profile traces may peak in the backward pass where the whole model peaks in
+    the optimizer step, whose memory grows with the parameters; and two small models can
+    peak at different moments of one pass. Extrapolating each window on its own and taking
+    the largest keeps that peak (``parallel/profile.py``).
+    """
     stack = stack if stack is not None else resolve_stack()
     _, sm = step_fits(graph, gpu, level="p50", stack=stack, table=load_overheads(),
                       accumulate=grad_accum > 1)  # fmt: skip
+    key = (id(graph), tuple((k, v) for k, v in windows.items()), top_n)
     # the same for every GPU that shares this replay
-    return _WINDOWS.get(
-        sm.replay, (id(graph), phase, top_n), lambda: _window_peaks(graph, sm, phase, top_n)
-    )
+    return _WINDOWS.get(sm.replay, key, lambda: _window_peaks(graph, sm, windows, top_n))
 
 
-_WINDOWS: IdentityCache[WindowPeaks] = IdentityCache(32)
+_WINDOWS: IdentityCache[dict[str, WindowPeak]] = IdentityCache(32)
 
 
-def _window_peaks(graph: OpGraph, sm: StepMemory, phase: str, top_n: int) -> WindowPeaks:
+def _window_peaks(
+    graph: OpGraph, sm: StepMemory, windows: dict[str, tuple[str, ...]], top_n: int
+) -> dict[str, WindowPeak]:
     res, replay = sm.result, sm.replay
     timeline = np.asarray(res.timeline_allocated)
     phases = graph.mem_events["phase"].to_numpy().astype(str)
     src = replay.src[: len(timeline)]
     # a synthetic event (a workspace) belongs to the phase of the traced event before it
     last = np.maximum.accumulate(np.where(src >= 0, np.arange(len(src)), -1))
-    in_phase = (last >= 0) & (phases[src[np.maximum(last, 0)]] == phase)
+    at_phase = np.where(last >= 0, phases[src[np.maximum(last, 0)]], "")
+    named = [p for spans in windows.values() for p in spans]
     gap = res.peak_reserved - res.peak_allocated  # reserved above allocated at the peak
 
-    def peak(mask: np.ndarray) -> tuple[int, Any]:
+    def peak(mask: np.ndarray) -> WindowPeak:
         if not mask.any():
             return 0, None
         at = int(np.flatnonzero(mask)[np.argmax(timeline[mask])])
         allocated = int(timeline[at])
         return allocated, attribute_peak(graph, replay, at, allocated + gap, top_n)
 
-    return WindowPeaks(inside=peak(in_phase), outside=peak(~in_phase))
+    return {
+        name: peak(np.isin(at_phase, spans) if spans else ~np.isin(at_phase, named))
+        for name, spans in windows.items()
+    }
 
 
 def _copies(term: Term, inside_bytes: dict[str, int]) -> str:

@@ -78,10 +78,10 @@ class MemoryProfile:
     terms: list[dict[str, Any]] = field(default_factory=list)
     # of ``params``, those with gradients and optimizer state (fewer under LoRA)
     trainable: dict[str, int] = field(default_factory=dict)
-    # totals, p10, p90 and breakdowns at the peak inside the optimizer step ("optimizer") and
-    # outside it ("rest"), extrapolated in layers apart (a model's peak moves from the
-    # backward to the optimizer as it grows), with ``optimizer_transient``: the optimizer
-    # phase's own temporaries alive at that peak, which ZeRO / FSDP shard with the state
+    # totals, p10, p90 and breakdowns at the peak of each part of the step (:data:`WINDOWS`),
+    # extrapolated in layers apart (a model's peak moves from the backward to the optimizer
+    # as it grows), with ``optimizer_transient``: the optimizer phase's own temporaries alive
+    # at that peak, which ZeRO / FSDP shard with the state
     windows: dict[str, dict[str, Any]] = field(default_factory=dict)
     # bytes one micro-batch's forward leaves for its backward, [1 layer, 2 layers]
     # (memory/live.py: held_for_backward): a pipeline stage holds that per micro-batch in flight
@@ -277,7 +277,7 @@ def memory_profile(
     for graph, params in _graphs(raw, tp, step):
         held.append(held_for_backward(graph.mem_events))
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
-        peaks.append(window_peaks(graph, gpu, "optimizer", stack=stack,
+        peaks.append(window_peaks(graph, gpu, WINDOWS, stack=stack,
                                   grad_accum=step.grad_accum))  # fmt: skip
         splits.append(params)
     one, two = splits
@@ -303,6 +303,23 @@ def memory_profile(
     return prof
 
 
+# The parts of a step whose peaks are extrapolated in layers apart (the phases each spans;
+# "other": the replay's own events outside the step's phases): a 1- and a 2-layer model
+# reach a part's peak at the same moment of it (the backward's as the head's gradient is
+# cast), where their overall peaks can fall in different parts (the loss for one, the
+# backward for the other). A line through two different moments gave categories below zero,
+# and missed what grows fastest with depth: autocast's cached weight copies, all alive at
+# the loss (Llama-3-8B: 14.0 GiB in its whole trace, as the loss window's line gives).
+WINDOWS: dict[str, tuple[str, ...]] = {
+    "zero_grad": ("zero_grad",),  # the last step's gradients still alive
+    "forward": ("input", "forward"),
+    "loss": ("loss",),
+    "backward": ("backward", "recompute"),
+    "optimizer": ("optimizer",),
+    "other": (),
+}
+
+
 def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
     """Each window's peak of the 1- and 2-layer replays as the estimate reports a peak:
     nvidia-smi's total less the allocated bytes the window lacks against the step's peak,
@@ -310,8 +327,8 @@ def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
     from boom_ml.memory.attribution import CATEGORIES
 
     out: dict[str, dict[str, Any]] = {}
-    for name, side in (("optimizer", "inside"), ("rest", "outside")):
-        found = [getattr(p, side) for p in peaks]
+    for name in WINDOWS:
+        found = [p[name] for p in peaks]
         if any(att is None for _, att in found):
             continue  # no such window (no optimizer step)
         view: dict[str, Any] = {"totals": [], "p10": [], "p90": [], "breakdowns": [],

@@ -19,8 +19,9 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir
 from boom_ml.specs import StepSpec
 
-CACHE_VERSION = 8  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest);
-# 8: bytes a micro-batch holds between its passes (MemoryProfile.held)
+CACHE_VERSION = 9  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest);
+# 8: bytes a micro-batch holds between its passes (MemoryProfile.held); 9: peaks per part
+# of the step (forward, loss, backward, optimizer), not optimizer and the rest
 _ROOT = Path(__file__).resolve().parent.parent
 
 
