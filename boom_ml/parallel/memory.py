@@ -98,7 +98,7 @@ def _held_per_microbatch(prof: MemoryProfile, bd: dict[str, int], layers: int, l
     (the 2-layer trace's less the 1-layer one's), and on the last stage what the rest of the
     traced model leaves, nearly all of it the head's logits and loss (the embedding keeps
     only its token ids)."""
-    if not prof.held:  # a profile from before held was kept: the peak's activations
+    if not prof.held:  # a profile made without them (a synthetic one): the peak's activations
         return bd.get("activation", 0)
     one, two = prof.held
     return (two - one) * layers + ((2 * one - two) if last else 0)
