@@ -108,9 +108,12 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         )
     for col in SHAPE_COLUMNS:
         if col in df.columns:
-            num = pd.to_numeric(df[col], errors="coerce")
-            if (df[col].notna() & (num.isna() | (num < 0))).any():
-                raise InvalidInputError(f"{where}: column {col} must hold non-negative numbers")
+            num = pd.to_numeric(df[col], errors="coerce").astype(float)
+            whole = np.isfinite(num) & (num >= 0) & (num % 1 == 0)
+            if (df[col].notna() & ~whole).any():
+                raise InvalidInputError(
+                    f"{where}: column {col} must hold non-negative whole numbers"
+                )
             df[col] = num
     rowlike = fam.isin(["norm", "softmax", "embedding", "elementwise"])
     if "b" in df.columns and "h" in df.columns:  # NeuSight's vector ops: a (B, H) tensor
@@ -139,6 +142,8 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
             raise InvalidInputError(
                 f"{where}: missing column(s) for {family} ops ({df.loc[rows, 'op'].iloc[0]}, row {first}): {', '.join(missing)}"
             )
+    if (fam == "conv").any():
+        _check_convolutions(df[fam == "conv"], where)
     dtype = df["dtype"] if "dtype" in df.columns else pd.Series("fp32", index=df.index)
     dtype = dtype.fillna("fp32").astype(str).str.strip().str.lower()
     if not dtype.isin(DTYPES).all():
@@ -161,6 +166,30 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     out["dtype"] = dtype.map(DTYPES)
     out["direction"] = direction
     return out
+
+
+def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
+    """Convolutions PyTorch would refuse: channels that the groups do not divide, or a
+    kernel larger than the padded input (no output)."""
+
+    def col(name: str, fallback: str | None = None, default: float = 0.0) -> pd.Series:
+        values = conv[name] if name in conv.columns else pd.Series(np.nan, index=conv.index)
+        if fallback is not None and fallback in conv.columns:
+            values = values.fillna(conv[fallback])
+        return values.fillna(default)
+
+    groups = col("groups", default=1)
+    split = (
+        (groups == 0) | (conv["in_channels"] % groups != 0) | (conv["out_channels"] % groups != 0)
+    )
+    height = col("input_h") + 2 * col("padding") - col("kernel_size")
+    width = (
+        col("input_w", "input_h") + 2 * col("padding_w", "padding") - col("kernel_w", "kernel_size")
+    )
+    for bad, why in ((split, "groups must divide in_channels and out_channels"),
+                     ((height < 0) | (width < 0), "kernel larger than the padded input")):  # fmt: skip
+        if bad.any():
+            raise InvalidInputError(f"{where}: convolution row {int(bad.idxmax()) + 1}: {why}")
 
 
 def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) -> pd.DataFrame:
@@ -253,9 +282,15 @@ def run(cfg: Any) -> str | None:
         table = pd.read_csv(path, dtype_backend="numpy_nullable")
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from exc
+    target = Path(str(o["output"])).expanduser() if o.get("output") else None
+    if target is not None and (not target.parent.is_dir() or target.is_dir()):
+        raise InvalidInputError(f"output {target}: not a file in an existing directory")
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
-    if o.get("output"):
-        result.to_csv(Path(str(o["output"])).expanduser(), index=False)
+    if target is not None:
+        try:
+            result.to_csv(target, index=False)
+        except OSError as exc:
+            raise InvalidInputError(f"output {target}: cannot write ({exc.strerror})") from exc
         return None
     return result.to_csv(index=False)
 

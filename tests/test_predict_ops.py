@@ -50,6 +50,31 @@ def test_neusight_conventions_map_to_canonical_rows():
     assert list(rows["dtype"]) == ["float16", "float32", "float32"]
 
 
+def test_rows_pytorch_could_not_run_are_refused(tmp_path):
+    """Sizes that are no whole count, and convolutions PyTorch refuses (channels the groups do
+    not divide; a kernel larger than the padded input, no output): one error each, not a
+    time. An output file that cannot be written is one line too."""
+    for size in (float("inf"), 2.5):
+        with pytest.raises(InvalidInputError, match="column m must hold non-negative whole"):
+            canonical_rows(pd.DataFrame({"op": ["bmm"], "B": [1], "M": [size], "N": [3], "K": [4]}))
+    conv = {"op": ["conv2d"], "batch": [32], "in_channels": [64], "out_channels": [64],
+            "kernel_size": [3], "input_h": [56], "padding": [1], "groups": [1]}  # fmt: skip
+    canonical_rows(pd.DataFrame(conv))
+    for change, why in (({"out_channels": [63], "groups": [2]}, "groups must divide"),
+                        ({"kernel_size": [7], "input_h": [5], "padding": [0]}, "kernel larger")):  # fmt: skip
+        with pytest.raises(InvalidInputError, match=f"convolution row 1: {why}"):
+            canonical_rows(pd.DataFrame({**conv, **change}))
+    (tmp_path / "ops.csv").write_text("op,B,M,N,K\nbmm,1,64,64,64\n")
+    with pytest.raises(InvalidInputError, match="not a file in an existing directory"):
+        run(
+            {
+                "input": str(tmp_path / "ops.csv"),
+                "gpu": "l4",
+                "output": str(tmp_path / "no" / "x.csv"),
+            }
+        )
+
+
 @pytest.mark.parametrize(
     "csv, message",
     [("op,B,M,N\nbmm,1,64,64\n", "missing column(s) for gemm ops (bmm, row 1): k"),
