@@ -60,6 +60,9 @@ class TimeEstimate:
     # How near the kernel measurements behind it come to this GPU (boom_ml/timing/basis.py):
     # measured | architecture measured | architecture not measured; None without heads.
     basis: str | None = None
+    # a step in bf16 (autocast or parameters) on a GPU without bf16 tensor cores (before
+    # Ampere): False, its bf16 matmuls timed at the fp32 rate; None for steps without bf16
+    bf16_tensor_cores: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

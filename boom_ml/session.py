@@ -201,8 +201,11 @@ class Session:
             estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
             times.update(zip(timed, estimates, strict=True))
         results = []
+        bf16 = "bf16" in (step.amp, step.params_dtype)
         for k, spec in enumerate(gpus):
             memory, time, graph = memories[k], times.get(k), graphs[k]
+            if time is not None and bf16:
+                time = replace(time, bf16_tensor_cores=spec.bf16_tensor_cores)
             notes = graph.meta.get("method_notes") or []
             if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
                 memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")

@@ -51,3 +51,22 @@ def test_a_gpu_from_a_yaml_file_gets_the_note_too() -> None:
     text = run({"model": "torchvision:resnet18", "gpu": str(yaml), "batch_size": 2,
                 "image_size": 32, "advice": False, "cache": False})  # fmt: skip
     assert "Time on hypothetical-x1 extrapolates: no GPU of its architecture" in text
+
+
+def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said() -> None:
+    """bf16 tensor cores came with Ampere: a T4 or V100 runs a bf16 step's matmuls at its fp32
+    rate, and the table says so; an A100 or L4 runs them on tensor cores; a step without bf16
+    carries no flag."""
+    from boom_ml import api
+    from boom_ml.report.table import render_table
+
+    assert [get_gpu(g).bf16_tensor_cores for g in ("t4", "v100-pcie-32gb", "a100-80gb-sxm", "l4")] == [
+        False, False, True, True]  # fmt: skip
+    assert get_gpu("t4").bf16_peak_tflops == get_gpu("t4").fp32_tflops
+    kw = {"batch_size": 2, "image_size": 32, "advice": False, "cache": False, "max_batch": False}
+    p = api.predict("torchvision:resnet18", gpu=["t4", "a100-80gb-sxm"], amp="bf16", **kw)
+    assert [g.time.bf16_tensor_cores for g in p.gpus] == [False, True]
+    assert "bf16 on t4: no bf16 tensor cores (before Ampere)" in render_table(p)
+    plain = api.predict("torchvision:resnet18", gpu=["t4"], **kw)
+    assert plain.gpus[0].time.bf16_tensor_cores is None
+    assert "bf16 tensor cores" not in render_table(plain)

@@ -53,15 +53,19 @@ class GpuSpec:
     source: str = ""
 
     @property
+    def bf16_tensor_cores(self) -> bool:
+        """bf16 tensor cores came with Ampere (NVIDIA A100 Tensor Core GPU Architecture
+        whitepaper); a sheet that gives a bf16 rate says so too."""
+        return bool(self.bf16_tflops) or self.sm_version >= 80
+
+    @property
     def bf16_peak_tflops(self) -> float:
-        """bf16 matrix peak: the sheet's; else fp16's on Ampere and later, whose tensor cores
-        run bf16 at the fp16 rate; else fp32's: bf16 tensor cores came with Ampere (NVIDIA
-        A100 Tensor Core GPU Architecture whitepaper), so older GPUs run bf16 GEMMs without
-        them."""
+        """bf16 matrix peak: the sheet's; else fp16's where there are bf16 tensor cores (they
+        run bf16 at the fp16 rate); else fp32's: older GPUs run bf16 GEMMs without them."""
         if self.bf16_tflops:
             return float(self.bf16_tflops)
-        ampere = self.sm_version >= 80
-        return float(self.fp16_tflops if ampere and self.fp16_tflops else self.fp32_tflops)
+        tensor = self.bf16_tensor_cores and self.fp16_tflops
+        return float(self.fp16_tflops if tensor else self.fp32_tflops)
 
     def peak_flops(self, dtype: str, tf32: bool = False) -> float:
         """Peak FLOP/s for matrix work in ``dtype`` ('float32', 'float16', 'bfloat16', ...)."""

@@ -387,6 +387,14 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
         console.print(basis, highlight=False, soft_wrap=True)
+    slow = [g.gpu for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
+    if slow:
+        console.print(
+            f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
+            "are timed at the fp32 rate; amp=fp16 runs on their tensor cores.",
+            highlight=False,
+            soft_wrap=True,
+        )
     recipe = recipe_line(graph.get("recipe") or {})
     if recipe:
         console.print(recipe, highlight=False, soft_wrap=True)
