@@ -39,8 +39,21 @@ def test_expert_loads_even_and_imbalanced() -> None:
     assert expert_loads(40, 4, 20, imbalance=2.0) == [20, 7, 7, 6]
     assert expert_loads(40, 4, 15, imbalance=2.0) == [15, 7, 7, 6]  # one token, one visit
     assert expert_loads(512, 4, 64) == [64, 64, 64, 64]  # Switch capacity drops the overflow
-    with pytest.raises(InvalidInputError, match="moe_imbalance"):
-        expert_loads(40, 4, 20, imbalance=0.5)
+    for bad in (0.5, float("inf"), float("nan")):
+        with pytest.raises(InvalidInputError, match="moe_imbalance must be a finite number"):
+            expert_loads(40, 4, 20, imbalance=bad)
+
+
+def test_top_k_routing_keeps_every_pair_so_its_imbalance_is_bounded() -> None:
+    """Top-2 of 8 experts over 20 tokens: 40 pairs; the busiest expert can take all 20 tokens
+    (imbalance 4), the others share the 20 pairs left; beyond 4 it would take more tokens than
+    there are, which routing cannot keep (capacity-free top-k drops none): an error."""
+    from boom_ml.zoo.hf_moe import topk_loads
+
+    assert topk_loads(20, 2, 8, 4.0) == [20, 3, 3, 3, 3, 3, 3, 2]
+    assert sum(topk_loads(20, 2, 8, 3.0)) == 40
+    with pytest.raises(InvalidInputError, match="at most 4 for 8 experts, top-2 routing"):
+        topk_loads(20, 2, 8, 4.5)
 
 
 def _tiny_mixtral(tmp_path: Path, **options: float) -> ModelSpec:

@@ -23,6 +23,7 @@ device for a measurement keeps transformers' own routing.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -45,9 +46,9 @@ def expert_loads(
     rest share the remainder evenly. No expert takes more than ``cap`` tokens (one token
     picks an expert at most once, and capacity limits drop the overflow).
     """
-    if imbalance < 1.0:
+    if not math.isfinite(imbalance) or imbalance < 1.0:
         raise InvalidInputError(
-            f"moe_imbalance must be >= 1.0 (1.0 = even routing), got {imbalance}"
+            f"moe_imbalance must be a finite number >= 1.0 (1.0 = even routing), got {imbalance}"
         )
     if experts <= 0 or pairs <= 0:
         return [0] * max(experts, 0)
@@ -61,6 +62,18 @@ def expert_loads(
         busiest = min(pairs, round(imbalance * pairs / experts))
         loads = [busiest, *spread(pairs - busiest, experts - 1)]
     return [min(n, cap) for n in loads]
+
+
+def topk_loads(tokens: int, top_k: int, experts: int, imbalance: float) -> list[int]:
+    """:func:`expert_loads` of top-k routing, where every token-expert pair is kept (a token
+    picks an expert once, and no capacity drops any): the busiest expert takes at most every
+    token, ``experts / top_k`` times its even share."""
+    if experts > 1 and math.isfinite(imbalance) and imbalance * top_k > experts:
+        raise InvalidInputError(
+            f"moe.imbalance={imbalance:g}: the busiest expert would take more tokens than the "
+            f"step has; at most {experts / top_k:g} for {experts} experts, top-{top_k} routing"
+        )
+    return expert_loads(tokens * top_k, experts, tokens, imbalance)
 
 
 def _expert_slots(loads: list[int], device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
@@ -107,7 +120,7 @@ def _fused_experts_forward(
     """
     tokens, hidden = hidden_states.shape
     top_k = top_k_index.shape[-1]
-    loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
+    loads = topk_loads(tokens, top_k, self.num_experts, self.boom_imbalance)
     with torch.no_grad():
         # pair p (token p // top_k) goes to the expert whose slot range holds p
         pairs = torch.arange(tokens * top_k, device=hidden_states.device)
@@ -199,7 +212,7 @@ def _dbrx_experts_forward(
     batch = hidden_states.shape[0]
     flat = hidden_states.reshape(-1, self.hidden_size)
     tokens, top_k = flat.shape[0], top_k_index.shape[-1]
-    loads = expert_loads(tokens * top_k, self.num_experts, tokens, self.boom_imbalance)
+    loads = topk_loads(tokens, top_k, self.num_experts, self.boom_imbalance)
     final = torch.zeros_like(flat)
     split = (-1, self.ffn_hidden_size, self.hidden_size)
     for expert, pairs in _expert_slots(loads, flat.device):
