@@ -38,6 +38,8 @@ BOOL_KEYS = ("explain", "advice", "tf32", "channels_last", "master_weights")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
 LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)
+# release numbers, which YAML would read as numbers (stack.torch=2.10 as 2.1): kept as text
+VERSION_KEYS = ("stack.torch", "stack.cuda", "stack.cudnn")
 _CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
 
 
@@ -68,8 +70,9 @@ def _keys_in_order(config_name: str) -> tuple[str, ...]:
 
 def rewrite_aliases(argv: list[str]) -> list[str]:
     """``optimizer.impl=X`` → ``optimizer_impl=X`` (``optimizer`` is a string, not a mapping),
-    and ``gpu=a100,h100`` → ``gpu=[a100,h100]`` for the keys that take a list (Hydra reads a
-    bare comma list as a sweep and, without ``--multirun``, stops with "Ambiguous value")."""
+    ``gpu=a100,h100`` → ``gpu=[a100,h100]`` for the keys that take a list (Hydra reads a
+    bare comma list as a sweep and, without ``--multirun``, stops with "Ambiguous value"),
+    and release numbers quoted (``stack.torch=2.10`` is not the number 2.1)."""
     sweep = any(arg in ("-m", "--multirun") for arg in argv)
     out = []
     for arg in argv:
@@ -78,6 +81,8 @@ def rewrite_aliases(argv: list[str]) -> list[str]:
         key = KEY_ALIASES.get(key, key)
         if key in LIST_KEYS and "," in value and not sweep and value[:1] not in "[('\"":
             value = f"[{value}]"
+        if key in VERSION_KEYS and value and value[:1] not in "'\"" and value != "null":
+            value = f"'{value}'"
         out.append(f"{prefix}{key}{sep}{value}" if sep else arg)
     return out
 

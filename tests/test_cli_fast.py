@@ -143,6 +143,17 @@ def test_a_bare_comma_list_is_the_list_unless_sweeping():
     assert rewrite_aliases(["--multirun", "gpu=l4,t4"]) == ["--multirun", "gpu=l4,t4"]
 
 
+def test_release_numbers_stay_text():
+    """YAML reads stack.torch=2.10 as the number 2.1, another release: quoted, it is 2.10."""
+    argv = ["stack.torch=2.10", "stack.cuda=12.8", "stack.cudnn='9.1.0.70'", "stack.torch=null"]
+    assert rewrite_aliases(argv) == [
+        "stack.torch='2.10'",
+        "stack.cuda='12.8'",
+        "stack.cudnn='9.1.0.70'",
+        "stack.torch=null",
+    ]
+
+
 def test_optimizer_impl_alias_is_rewritten():
     argv = ["optimizer.impl=fused", "+optimizer.impl=foreach", "optimizer=adamw", "--help"]
     assert rewrite_aliases(argv) == [
