@@ -67,7 +67,7 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ("plot=/dev/null/plots", "error: cannot create plot directory '/dev/null/plots'"),
         pytest.param(
             "stack.torch=1.2",
-            "error: unknown stack.torch 1.2; known releases: 1.12,",
+            "error: unknown stack.torch '1.2'; known releases: 1.12,",
             marks=NEEDS_STACK_KEYS,
         ),
         pytest.param(
