@@ -212,6 +212,12 @@ def resolve_optimizer_impl(optimizer: str, impl: str, stack: Stack) -> str:
         return "none"
     if impl == "auto":
         return stack.default_optimizer_impl(optimizer)
+    fixed = FIXED_IMPL.get(optimizer)
+    if fixed is not None and impl != fixed:  # the name says which kernels run
+        raise InvalidInputError(
+            f"optimizer {optimizer!r} runs only its {fixed} implementation; "
+            f"drop optimizer.impl={impl} or pick another optimizer"
+        )
     if impl == "fused" and optimizer not in FUSED_OPTIMIZERS:
         raise InvalidInputError(
             f"optimizer {optimizer!r} has no fused implementation in PyTorch; "

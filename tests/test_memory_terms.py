@@ -190,6 +190,16 @@ def test_optimizer_implementation_follows_the_stack():
     assert resolve_optimizer_impl("adamw", "fused", new) == "fused"
     with pytest.raises(InvalidInputError, match="no fused"):
         resolve_optimizer_impl("adafactor", "fused", new)
+    # an optimizer named after its kernels runs them: another implementation is refused
+    assert resolve_optimizer_impl("adamw-fused", "fused", new) == "fused"
+    assert resolve_optimizer_impl("adamw8bit", "loop", new) == "loop"
+    for name, impl in (
+        ("adamw-fused", "foreach"),
+        ("adamw8bit", "foreach"),
+        ("adamw8bit", "fused"),
+    ):
+        with pytest.raises(InvalidInputError, match=f"{name}' runs only its"):
+            resolve_optimizer_impl(name, impl, new)
 
 
 def test_adafactor_loop_has_no_parameter_sized_temporaries():
