@@ -172,6 +172,11 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
         raise InvalidInputError(
             f"unknown stack.module_loading {loading!r}; choose one of: {', '.join(MODULE_LOADING)}"
         )
+    if loading == "lazy" and version_tuple(cuda) < LAZY_FROM_CUDA:
+        raise InvalidInputError(
+            f"stack.module_loading=lazy needs CUDA >= 11.7 (the driver ignores "
+            f"CUDA_MODULE_LOADING before it); this stack has CUDA {cuda}"
+        )
     split = opts.get("max_split_size_mb")
     if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 20):
         raise InvalidInputError(f"stack.max_split_size_mb must be an integer >= 20, got {split!r}")

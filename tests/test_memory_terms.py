@@ -177,6 +177,8 @@ def test_stack_defaults_and_errors():
         resolve_stack({"module_loading": "sometimes"})
     with pytest.raises(InvalidInputError, match="unknown stack option"):
         resolve_stack({"pytorch": "2.6"})
+    with pytest.raises(InvalidInputError, match=r"lazy needs CUDA >= 11\.7 .* has CUDA 11\.3"):
+        resolve_stack({"torch": "1.12", "cuda": "11.3", "module_loading": "lazy"})
     with pytest.raises(InvalidInputError, match=r"expandable_segments needs torch >= 2\.1"):
         resolve_stack({"torch": "2.0", "expandable_segments": True})
     assert resolve_stack({"torch": "2.1", "expandable_segments": True}).expandable_segments
