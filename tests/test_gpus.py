@@ -426,4 +426,7 @@ def test_cli_prints_table_and_details(capsys):
     out = capsys.readouterr().out
     assert "NeuSight" in out and "hypothetical-x1" in out
     assert cli_main(["h100-sxn"]) == 2
-    assert "did you mean" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: unknown GPU 'h100-sxn' (did you mean")
+    assert err.count("\n") == 1  # one line on stderr, as boom_ml.predict's errors
+    assert cli_main(["all"]) == 0 and "h100-sxm" in capsys.readouterr().out  # as gpu=all

@@ -70,13 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         # Piped output would otherwise be squeezed into 80 columns and wrap every name.
         console = Console(width=160)
     try:
-        if not args.gpus:
+        if not args.gpus or [n.lower() for n in args.gpus] == ["all"]:  # as gpu=all says
             console.print(gpu_table(all_gpus()))
             return 0
         for name in args.gpus:
             console.print(gpu_detail(get_gpu(name)))
-    except BoomError as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False)
+    except BoomError as err:  # one line on stderr, as boom_ml.predict's
+        print(f"error: {err}", file=sys.stderr)
         return err.exit_code
     return 0
 
