@@ -143,25 +143,19 @@ def test_a_bare_comma_list_is_the_list_unless_sweeping():
     assert rewrite_aliases(["--multirun", "gpu=l4,t4"]) == ["--multirun", "gpu=l4,t4"]
 
 
-def test_release_numbers_stay_text():
-    """YAML reads stack.torch=2.10 as the number 2.1, another release: quoted, it is 2.10."""
-    argv = ["stack.torch=2.10", "stack.cuda=12.8", "stack.cudnn='9.1.0.70'", "stack.torch=null"]
-    assert rewrite_aliases(argv) == [
-        "stack.torch='2.10'",
-        "stack.cuda='12.8'",
-        "stack.cudnn='9.1.0.70'",
-        "stack.torch=null",
-    ]
-
-
-def test_optimizer_impl_alias_is_rewritten():
-    argv = ["optimizer.impl=fused", "+optimizer.impl=foreach", "optimizer=adamw", "--help"]
-    assert rewrite_aliases(argv) == [
-        "optimizer_impl=fused",
-        "+optimizer_impl=foreach",
-        "optimizer=adamw",
-        "--help",
-    ]
+@pytest.mark.parametrize(
+    ("argv", "rewritten"),
+    [
+        (["optimizer.impl=fused", "+optimizer.impl=foreach", "optimizer=adamw", "--help"],
+         ["optimizer_impl=fused", "+optimizer_impl=foreach", "optimizer=adamw", "--help"]),
+        # YAML reads stack.torch=2.10 as the number 2.1, another release: quoted, it is 2.10
+        (["stack.torch=2.10", "stack.cuda=12.8", "stack.cudnn='9.1.0.70'", "stack.torch=null"],
+         ["stack.torch='2.10'", "stack.cuda='12.8'", "stack.cudnn='9.1.0.70'", "stack.torch=null"]),
+    ],
+    ids=["optimizer.impl alias", "release numbers stay text"],
+)  # fmt: skip
+def test_aliases_and_release_numbers_are_rewritten(argv, rewritten):
+    assert rewrite_aliases(argv) == rewritten
 
 
 @pytest.mark.parametrize(
