@@ -210,3 +210,21 @@ def test_offline_error_names_close_shipped_configs(offline_cache: Path) -> None:
     assert text.endswith(
         "(shipped, same family: hf:Qwen/Qwen2.5-7B, hf:Qwen/Qwen2.5-72B, hf:Qwen/Qwen2.5-3B)"
     )
+
+
+def test_an_unknown_model_type_is_one_short_line(tmp_path: Path) -> None:
+    """transformers' own error lists every model type (12 KB on one line): the typo is named
+    with the close ones, and a hub model's own code (auto_map) is said not to run here."""
+    from boom_ml.zoo.hf_models import load_config
+
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"model_type": "gtp2", "n_layer": 2}))
+    with pytest.raises(
+        InvalidInputError, match=r"no model_type 'gtp2' \(did you mean: gpt2"
+    ) as err:
+        load_config(typo)
+    assert len(str(err.value)) < 300
+    remote = tmp_path / "remote.json"
+    remote.write_text(json.dumps({"model_type": "my_custom", "auto_map": {"AutoConfig": "m.C"}}))
+    with pytest.raises(InvalidInputError, match="auto_map: not run here"):
+        load_config(remote)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import boom_ml.zoo.hf_hub as hf_hub
-from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
@@ -111,6 +111,14 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
     raw.update(overrides or {})
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw["model_type"] not in CONFIG_MAPPING:  # transformers' own error lists every type
+        remote = " (code from the hub, auto_map: not run here)" if raw.get("auto_map") else ""
+        raise InvalidInputError(
+            f"HF config {path}: transformers has no model_type {raw['model_type']!r}{remote}"
+            f"{suggest(raw['model_type'], CONFIG_MAPPING.keys())}"
+        )
     # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
     # and transformers 5 warns about them on every build.
     raw.pop("cache_implementation", None)
