@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.errors import BoomError, InvalidInputError
-from boom_ml.timing.features import ELEMENTWISE
+from boom_ml.timing.features import ELEMENTWISE, conv_shape
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 GEMM_OPS = {"bmm": "bmm", "baddbmm": "bmm", "linear": "linear", "addmm": "linear", "mm": "mm",
@@ -171,25 +171,16 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
 def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
     """Convolutions PyTorch would refuse: channels that the groups do not divide, or a
     kernel larger than the padded input (no output)."""
-
-    def col(name: str, fallback: str | None = None, default: float = 0.0) -> pd.Series:
-        values = conv[name] if name in conv.columns else pd.Series(np.nan, index=conv.index)
-        if fallback is not None and fallback in conv.columns:
-            values = values.fillna(conv[fallback])
-        return values.fillna(default)
-
-    groups = col("groups", default=1)
-    split = (
-        (groups == 0) | (conv["in_channels"] % groups != 0) | (conv["out_channels"] % groups != 0)
-    )
-    height = col("input_h") + 2 * col("padding") - col("kernel_size")
-    width = (
-        col("input_w", "input_h") + 2 * col("padding_w", "padding") - col("kernel_w", "kernel_size")
-    )
+    s = conv_shape(conv)
+    groups = s["groups"]
+    split = (groups == 0) | (s["c"] % groups != 0) | (s["o"] % groups != 0)
+    empty = (s["h"] + 2 * s["ph"] < s["kh"]) | (s["w"] + 2 * s["pw"] < s["kw"])
     for bad, why in ((split, "groups must divide in_channels and out_channels"),
-                     ((height < 0) | (width < 0), "kernel larger than the padded input")):  # fmt: skip
+                     (empty, "kernel larger than the padded input")):  # fmt: skip
         if bad.any():
-            raise InvalidInputError(f"{where}: convolution row {int(bad.idxmax()) + 1}: {why}")
+            raise InvalidInputError(
+                f"{where}: convolution row {int(conv.index[np.argmax(bad)]) + 1}: {why}"
+            )
 
 
 def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) -> pd.DataFrame:

@@ -194,19 +194,27 @@ def _gemm_dims(df: pd.DataFrame) -> tuple[np.ndarray, ...]:
     return batch, rows, n, k, np.where(bmm, b, 1.0), bmm
 
 
+def conv_shape(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A conv row's shape, each width field defaulting to its height one (square kernels,
+    inputs, strides and padding), stride 1, padding 0, one group."""
+    kh, h = _num(df, "kernel_size"), _num(df, "input_h")
+    sh = np.nan_to_num(_num(df, "stride"), nan=1.0)
+    ph = np.nan_to_num(_num(df, "padding"), nan=0.0)
+
+    def width(col: str, height: np.ndarray) -> np.ndarray:
+        return np.where(np.isnan(_num(df, col)), height, _num(df, col))
+
+    return dict(n=_num(df, "batch"), c=_num(df, "in_channels"), o=_num(df, "out_channels"),
+                kh=kh, kw=width("kernel_w", kh), h=h, w=width("input_w", h), sh=sh,
+                sw=width("stride_w", sh), ph=ph, pw=width("padding_w", ph),
+                groups=np.nan_to_num(_num(df, "groups", 1.0), nan=1.0))  # fmt: skip
+
+
 def _conv_dims(df: pd.DataFrame) -> dict[str, np.ndarray]:
     """Conv shape and its implicit-GEMM view for the pass the row times."""
-    n = _num(df, "batch")
-    c, o = _num(df, "in_channels"), _num(df, "out_channels")
-    kh = _num(df, "kernel_size")
-    kw = np.where(np.isnan(_num(df, "kernel_w")), kh, _num(df, "kernel_w"))
-    h = _num(df, "input_h")
-    w = np.where(np.isnan(_num(df, "input_w")), h, _num(df, "input_w"))
-    sh = np.nan_to_num(_num(df, "stride"), nan=1.0)
-    sw = np.where(np.isnan(_num(df, "stride_w")), sh, _num(df, "stride_w"))
-    ph = np.nan_to_num(_num(df, "padding"), nan=0.0)
-    pw = np.where(np.isnan(_num(df, "padding_w")), ph, _num(df, "padding_w"))
-    groups = np.nan_to_num(_num(df, "groups", 1.0), nan=1.0)
+    s = conv_shape(df)
+    n, c, o, kh, kw, h, w = (s[k] for k in ("n", "c", "o", "kh", "kw", "h", "w"))
+    sh, sw, ph, pw, groups = (s[k] for k in ("sh", "sw", "ph", "pw", "groups"))
     oh = np.maximum(np.floor((h + 2 * ph - kh) / sh) + 1, 1)
     ow = np.maximum(np.floor((w + 2 * pw - kw) / sw) + 1, 1)
     grad = df["grad_wrt"].astype(str).to_numpy() if "grad_wrt" in df.columns else None
