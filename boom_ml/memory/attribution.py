@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.live import round_block
 from boom_ml.memory.replay import Replay
 from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
@@ -101,9 +102,17 @@ def attribute_peak(
     )
 
 
-def _modules(graph: OpGraph) -> list[str]:
-    """Every module the step's ops ran in: which numbered modules are blocks with children."""
-    return pd.unique(graph.nodes["module"].astype(str)).tolist() if len(graph.nodes) else []
+def _modules(graph: OpGraph) -> tuple[str, ...]:
+    """Every module the step's ops ran in: which numbered modules are blocks with children
+    (once per graph: a prediction attributes one graph's peak per GPU and level)."""
+    return _MODULES.get(
+        graph,
+        (),
+        lambda: tuple(pd.unique(graph.nodes["module"].astype(str))) if len(graph.nodes) else (),
+    )
+
+
+_MODULES: IdentityCache[tuple[str, ...]] = IdentityCache(64)
 
 
 def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
