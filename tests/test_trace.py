@@ -41,6 +41,23 @@ def test_matmul_flops_exact():
     assert qkv["flops"].sum() == 2 * 32 * 32 * 96
 
 
+@pytest.mark.parametrize("groups", [1, 2, 8])
+def test_conv_backward_flops_exact(groups):
+    # A convolution's input and weight gradients are each as many FLOPs as its forward:
+    # 2·N·OH·OW·KH·KW·O·C/groups; torch's formula counts the weight gradient as if groups
+    # were 1 (groups times too many: 8 times for this depthwise one).
+    graph = trace_step(tiny_cnn(groups), StepSpec(batch_size=2, optimizer="none"))
+    nodes = graph.nodes[graph.nodes["family"] == "conv"]
+    by = nodes.groupby(["module", "phase"])["flops"].sum()
+    second = 2 * 2 * 16 * 16 * 3 * 3 * 8 * (8 // groups)
+    assert by[("TinyCnn.blocks.1.0", "forward")] == second
+    assert by[("TinyCnn.blocks.1.0", "backward")] == 2 * second
+    first = 2 * 2 * 16 * 16 * 3 * 3 * 8 * 3
+    assert (
+        by[("TinyCnn.blocks.0.0", "backward")] == first
+    )  # the image needs no gradient: weight only
+
+
 @pytest.mark.parametrize("amp,low", [("fp16", "float16"), ("bf16", "bfloat16")])
 def test_amp_dtypes(amp, low):
     graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, amp=amp))

@@ -12,11 +12,13 @@ from boom_ml.zoo.base import BuiltModel
 
 
 class TinyCnn(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, groups: int = 1) -> None:
         super().__init__()
         self.blocks = nn.Sequential(
             nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()),
-            nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()),
+            nn.Sequential(
+                nn.Conv2d(8, 8, 3, padding=1, groups=groups), nn.BatchNorm2d(8), nn.ReLU()
+            ),
         )
         self.head = nn.Linear(8, 10)
         self.use_checkpoint = False
@@ -62,9 +64,10 @@ def _enable(module: nn.Module) -> None:
     module.use_checkpoint = True
 
 
-def tiny_cnn() -> BuiltModel:
+def tiny_cnn(groups: int = 1) -> BuiltModel:
+    """``groups``: of the second convolution (8 channels; 8 = depthwise)."""
     with torch.device("meta"):
-        module = TinyCnn()
+        module = TinyCnn(groups)
 
     def inputs(step, device):
         s = step.image_size

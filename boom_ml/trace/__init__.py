@@ -9,7 +9,9 @@ import os
 # 8: recipes of issue #15 (params_dtype, LoRA/QLoRA, 8-bit optimizers, selective checkpointing)
 # 9: SDPA follows the target GPU's attention architecture group (StepSpec.sdpa_group);
 #    native GQA in the fused kernels; causal attention FLOPs count the kept pairs only
-TRACE_VERSION = 9
+# 10: a grouped convolution's weight gradient counts its own FLOPs (torch's formula counted
+#     groups=1: a depthwise one C times over)
+TRACE_VERSION = 10
 
 # ``$BOOM_REPEAT_LAYERS=0``: trace deep models whole, never one layer repeated (trace/repeat.py);
 # torch-free here because the trace cache keys on it
