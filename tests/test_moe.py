@@ -124,8 +124,17 @@ def test_hf_build_options_elsewhere_only_at_their_defaults() -> None:
     defaults = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
     built = build_model(ModelSpec("torchvision:resnet18", defaults))
     assert type(built.module).__name__ == "ResNet"
-    with pytest.raises(InvalidInputError, match="moe_imbalance=2.0 applies to hf: models only"):
+    with pytest.raises(InvalidInputError, match="moe.imbalance=2.0 applies to hf: models only"):
         build_model(ModelSpec("torchvision:resnet18", {"moe_imbalance": 2.0}))
+    with pytest.raises(InvalidInputError, match="attention=eager applies to hf: models only"):
+        build_model(ModelSpec("torchvision:resnet18", {"attn_implementation": "eager"}))
+
+
+def test_moe_imbalance_on_a_dense_model_is_refused() -> None:
+    """A skew with no experts to skew would be ignored without a word."""
+    with pytest.raises(InvalidInputError, match="hf:gpt2 has no mixture-of-experts layers"):
+        build_model(ModelSpec("hf:gpt2", {"moe_imbalance": 1.5}))
+    assert build_model(ModelSpec("hf:gpt2", {"moe_imbalance": 1.0})).info["moe_layers"] == 0
 
 
 # A synthetic DBRX-style config (stacked expert weights, its own expert loop), shrunk.

@@ -35,6 +35,10 @@ SCHEMES = MODEL_SCHEMES
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
 # hf build options and their defaults: meaningless for other schemes
 HF_BUILD_OPTIONS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
+_CLI_KEYS = {
+    "attn_implementation": "attention",
+    "moe_imbalance": "moe.imbalance",
+}  # as users type them
 _BUILDERS = {
     "torchvision": torchvision_models.build,
     "timm": timm_models.build,
@@ -122,5 +126,7 @@ def _without_hf_options(spec: ModelSpec) -> dict:
         if str(value) != str(default) and not (
             isinstance(value, (int, float)) and float(value) == float(default)
         ):
-            raise InvalidInputError(f"{key}={value} applies to hf: models only, not {spec.text}")
+            raise InvalidInputError(
+                f"{_CLI_KEYS[key]}={value} applies to hf: models only, not {spec.text}"
+            )
     return options

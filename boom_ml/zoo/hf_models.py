@@ -266,6 +266,11 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.
     moe_layers = patch_moe(module, imbalance) if on_meta else 0
+    if on_meta and not moe_layers and imbalance != DEFAULT_IMBALANCE:
+        raise InvalidInputError(
+            f"moe.imbalance={imbalance:g}: hf:{name} has no mixture-of-experts layers the zoo "
+            "routes, so there is no expert load to skew; leave moe.imbalance out"
+        )
     if on_meta:  # Longformer / LED: no global attention in the zoo's inputs (hf_longformer)
         patch_local_attention(module)
 
