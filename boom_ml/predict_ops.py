@@ -23,7 +23,8 @@ GPU, or its architecture, has kernel rows in the model's training data; empty fo
 does not record them). A GEMM with ``N`` 0 (nothing to sum over) only zero-fills its output, so
 it is timed as a ``fill`` of ``B*M*K`` elements. Other ops are ``empty`` only forward (a
 backward can fill a gradient that has elements). A ``latency_ms`` column, if given, is passed
-through (handy to score the predictions).
+through (handy to score the predictions). bf16 matrix rows on a GPU without bf16 tensor cores
+(before Ampere) are timed at its fp32 rate, and a note on stderr says so.
 """
 
 from __future__ import annotations
@@ -256,6 +257,24 @@ def predict_ops(
     return out
 
 
+def bf16_note(table: pd.DataFrame, gpu: str) -> str | None:
+    """What to tell the user when bf16 matrix rows are timed on a GPU without bf16 tensor
+    cores (they run at its fp32 rate, as ``predict``'s table also says)."""
+    from boom_ml.gpus import get_gpu
+
+    spec = get_gpu(gpu)
+    if spec.bf16_tensor_cores:
+        return None
+    rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
+    matrix = rows["family"].isin(["gemm", "conv", "attention"]) & (rows["dtype"] == "bfloat16")
+    if not matrix.any():
+        return None
+    return (
+        f"note: {spec.id} has no bf16 tensor cores (before Ampere): {int(matrix.sum())} bf16 "
+        "matrix row(s) are timed at its fp32 rate; fp16 runs on its tensor cores"
+    )
+
+
 def run(cfg: Any) -> str | None:
     """Plain function behind the CLI: writes ``output`` (or returns the CSV text)."""
     from omegaconf import OmegaConf
@@ -277,6 +296,9 @@ def run(cfg: Any) -> str | None:
     if target is not None and (not target.parent.is_dir() or target.is_dir()):
         raise InvalidInputError(f"output {target}: not a file in an existing directory")
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
+    note = bf16_note(table, str(o["gpu"]))
+    if note:  # stderr: the CSV on stdout stays a CSV
+        print(note, file=sys.stderr)
     if target is not None:
         try:
             result.to_csv(target, index=False)
