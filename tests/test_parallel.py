@@ -177,6 +177,21 @@ def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):
     assert last["parameters"] == layer_params(1) + VOCAB * H + H
 
 
+def test_a_stage_without_the_head_holds_none_of_its_tensors(tiny_memory):
+    from boom_ml.parallel.memory import rank_memory
+
+    first, last = rank_memory(tiny_memory, Layout(pp=2), [1, 1])["per_stage"]
+    # the head's share at the loss's peak: at least the logits (2 x 32 tokens x 256, fp32)
+    assert tiny_memory.windows["loss"]["head"][1]["activation"] >= 2 * 32 * VOCAB * 4
+    assert "no_head_tensors" not in last["parallel_terms"]
+    removed = -first["parallel_terms"]["no_head_tensors"]
+    # the 2-layer trace's head share at the part of the step that is the stage's peak
+    shares = {sum(view["head"][1].values()) for view in tiny_memory.windows.values()}
+    assert removed in shares and removed > 0
+    # without the head the first stage needs less than the last, which also holds the embedding
+    assert first["total_bytes"] + removed // 2 < last["total_bytes"]
+
+
 # --- collectives: byte counts equal the analytic ones ----------------------------------
 
 

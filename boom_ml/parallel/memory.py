@@ -6,7 +6,9 @@ allocator's fragmentation, which stays within the two traces' values. Then:
 
 * a stage that does not hold the embedding (or the LM head) loses their parameters, gradients
   and optimizer state (the 1-layer trace holds both); a tied head is held again by the last
-  stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient);
+  stage when pp > 1 (Megatron keeps a copy there and all-reduces its gradient); a stage
+  without the head also loses the tensors the head's modules hold at each peak (the logits,
+  the loss's temporaries, autocast's copy of the head's weight: ``no_head_tensors``);
 * ZeRO-1 divides optimizer state by dp, and with it the optimizer's own temporaries (each
   rank steps its shard), ZeRO-2 also gradients, ZeRO-3 / FSDP also parameters,
   and adds all-gather buffers for the largest unit (one layer) plus one prefetched unit, plus
@@ -123,6 +125,15 @@ def stage_memory(
     return max(stages, key=lambda st: st["total_bytes"])
 
 
+def _head_share(view: dict[str, Any]) -> dict[str, int]:
+    """What the head's modules hold at this peak (logits, the loss's temporaries, autocast's
+    copy of the head's weight), by category: the 2-layer trace's (the head does not change
+    with depth; that trace reaches the part's peak as a deeper model does). A stage without
+    the head holds none of it."""
+    shares = view.get("head") or []
+    return {k: int(v) for k, v in shares[-1].items() if v} if shares else {}
+
+
 def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
     """The step's own peak (a profile without windows)."""
     return {"totals": prof.totals, "p10": prof.p10, "p90": prof.p90,
@@ -183,6 +194,9 @@ def _stage_at(
             prof, bd, layers, last
         )
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
+    head = _head_share(view) if pp > 1 and not last else {}
+    if head:
+        terms["no_head_tensors"] = -sum(head.values())
 
     delta = sum(terms.values())
     adjusted = dict(bd)
@@ -197,6 +211,8 @@ def _stage_at(
         adjusted["gradient"] = int(grad_peak + terms.get("zero_gradients", 0))
     adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0))
     adjusted["temporary"] = int(bd.get("temporary", 0) + terms.get("zero_optimizer_temporaries", 0))
+    for cat, nbytes in head.items():
+        adjusted[cat] = int(adjusted.get(cat, 0) - nbytes)
     for name in ("fsdp_allgather_buffers", "ddp_bucket", "nccl_buffers"):
         if terms.get(name):
             adjusted[name] = int(terms[name])

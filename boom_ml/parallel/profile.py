@@ -277,8 +277,8 @@ def memory_profile(
     for graph, params in _graphs(raw, tp, step):
         held.append(held_for_backward(graph.mem_events))
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
-        peaks.append(window_peaks(graph, gpu, WINDOWS, stack=stack,
-                                  grad_accum=step.grad_accum))  # fmt: skip
+        peaks.append(window_peaks(graph, gpu, WINDOWS, stack=stack, grad_accum=step.grad_accum,
+                                  top_n=EVERY_MODULE))  # fmt: skip
         splits.append(params)
     one, two = splits
     trainable = _roles(one, two, "trainable_")
@@ -320,10 +320,35 @@ WINDOWS: dict[str, tuple[str, ...]] = {
 }
 
 
+# window_peaks(top_n=): every module's bytes, so that the head's can be summed
+EVERY_MODULE = 1 << 30
+# What a stage without the LM head does not hold of the head's share at a peak: the tensors
+# its modules made (logits, the loss's temporaries, autocast's copy of its weight); its
+# parameters, gradients and optimizer state are the parameter split's (memory.py)
+HEAD_CATEGORIES = ("activation", "temporary", "autocast_copy")
+
+
+def head_bytes(by_module: list[dict[str, Any]]) -> dict[str, int]:
+    """Of a peak's bytes by module, those the head's modules hold (role "last": the model's
+    root, final norm, LM head and the loss inside it), by category. Bytes made outside every
+    module ("(top level)": the optimizer's temporaries, the training loop's) and the
+    synthetic entries (workspaces, parameter state) are every stage's."""
+    out = dict.fromkeys(HEAD_CATEGORIES, 0)
+    for entry in by_module:
+        name = str(entry["module"])
+        if name.startswith("("):
+            continue
+        if module_role(name) != "last":
+            continue
+        for cat in HEAD_CATEGORIES:
+            out[cat] += int(entry["by_category"].get(cat, 0))
+    return out
+
+
 def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
     """Each window's peak of the 1- and 2-layer replays as the estimate reports a peak:
     nvidia-smi's total less the allocated bytes the window lacks against the step's peak,
-    the window's own breakdown and the terms outside the allocator."""
+    the window's own breakdown, the terms outside the allocator and the head's share."""
     from boom_ml.memory.attribution import CATEGORIES
 
     out: dict[str, dict[str, Any]] = {}
@@ -332,7 +357,7 @@ def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
         if any(att is None for _, att in found):
             continue  # no such window (no optimizer step)
         view: dict[str, Any] = {"totals": [], "p10": [], "p90": [], "breakdowns": [],
-                                "optimizer_transient": []}  # fmt: skip
+                                "optimizer_transient": [], "head": []}  # fmt: skip
         for est, (allocated, att) in zip(ests, found, strict=True):
             short = est.peak_allocated_bytes - allocated
             view["totals"].append(est.total_bytes - short)
@@ -341,6 +366,7 @@ def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
             outside = {k: v for k, v in est.breakdown.items() if k not in CATEGORIES}
             view["breakdowns"].append({**att.by_category, **outside})
             view["optimizer_transient"].append(att.temporary_by_phase.get("optimizer", 0))
+            view["head"].append(head_bytes(att.by_module))
         out[name] = view
     return out
 
