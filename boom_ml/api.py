@@ -14,8 +14,9 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as validate_layout
+from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
-from boom_ml.report.advisor import advise, advise_layouts
+from boom_ml.report.advisor import advise, advise_layouts, layouts_that_fit
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.session import Session
 from boom_ml.specs import (
@@ -112,9 +113,13 @@ def predict(
     layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
+    if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace
+        for spec in gpus:
+            intra_link(nodes, spec.id, spec.name, spec.architecture)
     options = {"attn_implementation": attention, "moe_imbalance": _moe_imbalance(moe)}
     if not layout.is_single:
-        return _predict_parallel(model, gpus, step, layout, nodes, software, options)
+        return _predict_parallel(model, gpus, step, layout, nodes, software, options,
+                                 cache=cache, advice=advice)  # fmt: skip
     if plot is not None:
         check_plot_dir(plot)
     session = Session(model, cache=cache, options=options)
@@ -232,12 +237,28 @@ def _impl(optimizer: str, impl: str, stack: Stack) -> str:
 
 def _predict_parallel(
     model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, nodes: Cluster,
-    stack: Stack, options: dict[str, Any],
+    stack: Stack, options: dict[str, Any], cache: bool = True, advice: bool = True,
 ) -> Prediction:  # fmt: skip
-    """A multi-GPU layout: worst-rank memory and step time per GPU (``boom_ml.parallel``)."""
-    from boom_ml.parallel.predict import predict_parallel
+    """A multi-GPU layout: worst-rank memory and step time per GPU (``boom_ml.parallel``);
+    with ``advice``, for each GPU where it does not fit, the cheapest layouts that do (the
+    same search as a single-GPU step's, at the layout's micro-batch and micro-batch count)."""
+    from contextlib import nullcontext
 
-    out = predict_parallel(model, gpus, step, layout, nodes, stack=stack, options=options)
+    from boom_ml.parallel.predict import predict_parallel
+    from boom_ml.parallel.shard import scratch_cache
+
+    with nullcontext() if cache else scratch_cache():
+        out = predict_parallel(model, gpus, step, layout, nodes, stack=stack, options=options)
+        layout_advice = {}
+        failing = [g for g, entry in zip(gpus, out, strict=True) if not entry.get("fits", True)]
+        if advice and failing:
+            searched = replace(step, grad_accum=max(step.grad_accum, layout.microbatches))
+            search = partial(search_layouts_many, model, cluster=nodes, stack=stack,
+                             options=options)  # fmt: skip
+            again = None
+            if step.checkpointing == "none":
+                again = partial(search, step=replace(searched, checkpointing="full"))
+            layout_advice = layouts_that_fit(failing, partial(search, step=searched), again)
     return Prediction(
         model=model,
         batch_size=step.batch_size,
@@ -245,4 +266,5 @@ def _predict_parallel(
         graph={},
         gpus=[],
         parallel=out,
+        layout_advice=layout_advice,
     )

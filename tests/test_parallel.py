@@ -203,8 +203,8 @@ def _profile(layer_ms: float = 1.0):
 
 
 def _groups(tp: int = 1, dp: int = 1, pp: int = 1) -> dict[str, GroupLink]:
-    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4)
-            for name, n in (("tp", tp), ("dp", dp), ("pp", pp))}  # fmt: skip
+    sizes = (("tp", tp), ("dp", dp), ("pp", pp), ("embedding", min(pp, 2)))
+    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4) for name, n in sizes}
 
 
 def _shape(tp: int, checkpointing: bool = False) -> Shape:
@@ -222,6 +222,22 @@ def test_ddp_all_reduce_bytes():
     (ddp,) = [c for c in out["collectives"] if c["group"] == "dp"]
     assert ddp["op"] == "all_reduce" and ddp["calls"] == 1
     assert ddp["bytes"] == 4 * (LAYERS * layer_params(1) + 2 * VOCAB * H + H)
+
+
+@pytest.mark.parametrize("sharding,calls", [("zero1", 1), ("zero2", 3)])
+def test_zero_reduce_scatters_once_or_per_micro_batch(sharding, calls):
+    """ZeRO-1 accumulates whole gradients and reduces once; ZeRO-2 keeps its shard only, so
+    each of the 3 micro-batches' gradients is reduce-scattered."""
+    from boom_ml.parallel.collectives import reduce_scatter_ms
+
+    layout = Layout(dp=4, sharding=sharding, microbatches=3)
+    out = step_time(_profile(), _shape(1), layout, [LAYERS], _groups(dp=4))
+    (rs,) = [c for c in out["collectives"] if c["op"] == "reduce_scatter"]
+    grads = 4 * (LAYERS * layer_params(1) + 2 * VOCAB * H + H)
+    assert (rs["bytes"], rs["calls"]) == (grads, calls)
+    assert rs["ms"] == pytest.approx(
+        calls * reduce_scatter_ms(grads, _groups(dp=4)["dp"]), abs=1e-4
+    )
 
 
 def test_fsdp_gather_and_reduce_scatter_bytes():

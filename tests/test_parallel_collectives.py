@@ -96,6 +96,18 @@ def test_groups_count_nodes_and_nics():
     assert (inside.nodes, inside.link) == (1, "nvlink3")
 
 
+@pytest.mark.parametrize("pp,tp,nodes", [(2, 1, 1), (4, 1, 1), (8, 1, 1), (4, 4, 2), (16, 1, 2)])
+def test_the_tied_embedding_group_is_the_first_and_last_stage(pp, tp, nodes):
+    """Two ranks whatever pp is; on two nodes when the pipeline spans nodes (8 GPUs a node),
+    one NIC's bandwidth then (HDR 200: 24 GB/s bus bandwidth)."""
+    gpu, cluster = get_gpu("a100-80gb-sxm"), Cluster()
+    intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
+    got = groups(Layout(tp=tp, pp=pp), cluster, intra, inter_link(cluster, gpu.architecture))
+    emb = got["embedding"]
+    assert (emb.size, emb.nodes, got["pp"].nodes) == (2, nodes, nodes)
+    assert emb.busbw_gbs == (intra.busbw_gbs if nodes == 1 else 24.0)
+
+
 def test_pat_for_gathers_with_one_gpu_per_node():
     """64 nodes x 1 GPU, 1 MiB all-gather: PAT, latency 8 + log2(64) x 14 / 3.5 + 64 x 2.8."""
     group = dp_group("a100-80gb-sxm", tp=8, dp=64)

@@ -91,3 +91,73 @@ def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
     with pytest.raises(InvalidInputError) as err:
         boom_ml.predict("hf:gpt2", gpu="l4", **kwargs)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def _fake_parallel(record: dict):
+    """A stand-in for predict_parallel: one entry per GPU that does not fit, and where the
+    call looked for its cache."""
+
+    def fake(model, gpus, step, layout, nodes, stack=None, options=None):
+        from boom_ml.parallel.shard import cache_dir
+
+        record["cache"] = cache_dir()
+        return [{"gpu": g.id, "fits": False} for g in gpus]
+
+    return fake
+
+
+def test_a_layout_that_does_not_fit_is_advised_layouts_that_do(monkeypatch) -> None:
+    import boom_ml
+    import boom_ml.api as api
+    import boom_ml.parallel.predict as parallel_predict
+
+    seen: dict = {}
+    monkeypatch.setattr(parallel_predict, "predict_parallel", _fake_parallel(seen))
+    searched = []
+
+    def search(model, gpus, step, cluster=None, stack=None, options=None):
+        searched.append(
+            (step.batch_size, step.grad_accum, step.checkpointing, [g.id for g in gpus])
+        )
+        return {g.id: {"layouts": [], "searched": 5, "valid": 5, "fitting": 0, "seconds": 0.1,
+                       "max_gpus": 64} for g in gpus}  # fmt: skip
+
+    monkeypatch.setattr(api, "search_layouts_many", search)
+    out = boom_ml.predict("hf:gpt2", gpu="l4", batch_size=4, parallel={"dp": 2, "microbatches": 3})
+    # at the layout's micro-batch and count; again with checkpointing where nothing fits
+    assert searched == [(4, 3, "none", ["l4"]), (4, 3, "full", ["l4"])]
+    assert out.layout_advice["l4"]["searched"] == 5
+    searched.clear()
+    boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, advice=False)
+    assert searched == []
+
+
+def test_cache_off_under_a_layout_keeps_nothing(monkeypatch, tmp_path) -> None:
+    import boom_ml
+    import boom_ml.parallel.predict as parallel_predict
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path))
+    seen: dict = {}
+    monkeypatch.setattr(parallel_predict, "predict_parallel", _fake_parallel(seen))
+    boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, cache=False, advice=False)
+    assert tmp_path not in seen["cache"].parents and not seen["cache"].exists()  # removed after
+    boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, advice=False)
+    assert seen["cache"] == tmp_path / "parallel"
+
+
+def test_a_link_a_gpu_lacks_is_refused_before_any_trace(monkeypatch) -> None:
+    import boom_ml
+    import boom_ml.parallel.predict as parallel_predict
+
+    monkeypatch.setattr(parallel_predict, "predict_parallel", None)  # a call would fail
+    with pytest.raises(InvalidInputError, match="t4 has no NVLink"):
+        boom_ml.predict("hf:gpt2", gpu=["h100-sxm", "t4"], parallel={"dp": 2},
+                        cluster={"intra": "nvlink"})  # fmt: skip
+
+
+def test_an_encoder_decoder_is_refused_in_one_line() -> None:
+    from boom_ml.parallel.shard import check_model, load_raw
+
+    with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder") as err:
+        check_model(load_raw("hf:t5-small"), Layout(dp=2))
+    assert "\n" not in str(err.value)

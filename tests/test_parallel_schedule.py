@@ -156,8 +156,8 @@ def _profile(layer_ms: float = 3.0):
 
 
 def _groups(pp: int) -> dict[str, GroupLink]:
-    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4)
-            for name, n in (("tp", 1), ("dp", 1), ("pp", pp))}  # fmt: skip
+    sizes = (("tp", 1), ("dp", 1), ("pp", pp), ("embedding", min(pp, 2)))
+    return {name: GroupLink(name, n, "nvlink4", 370.0, 3.4, 8.4) for name, n in sizes}
 
 
 SHAPE = Shape(batch_size=2, seq_len=32, hidden=64, act_bytes=2, checkpointing=False,

@@ -76,11 +76,18 @@ def group_link(
 
 
 def groups(layout: Layout, cluster: Cluster, intra: Link, inter: Link) -> dict[str, GroupLink]:
+    """The tp, dp and pp groups of one rank, and the embedding group that all-reduces a tied
+    embedding's gradient: the first and the last pipeline stage, two ranks, on two nodes
+    when the pipeline spans nodes (one rank of each end per node: one NIC's bandwidth)."""
     world = layout.world
+    pp = group_link("pp", layout.pp, layout.tp * layout.dp, world, cluster, intra, inter)
+    ends = 2 if layout.pp > 1 else 1
+    apart = cluster.gpus_per_node if pp.nodes > 1 else 1  # a stride that puts them on 2 nodes
     return {
         "tp": group_link("tp", layout.tp, 1, world, cluster, intra, inter),
         "dp": group_link("dp", layout.dp, layout.tp, world, cluster, intra, inter),
-        "pp": group_link("pp", layout.pp, layout.tp * layout.dp, world, cluster, intra, inter),
+        "pp": pp,
+        "embedding": group_link("embedding", ends, apart, world, cluster, intra, inter),
     }
 
 

@@ -11,11 +11,14 @@ architecture whose attention reads ``head_dim`` from the config (``HEAD_DIM_TYPE
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,26 @@ LAYER_PATH = re.compile(r"\.\d+(\.|$)")
 EMBEDDING_PATH = re.compile(r"(embed|wte|wpe)", re.IGNORECASE)
 
 
+# cache=off: the folder the per-rank configs and profiles of the current call go to instead
+_SCRATCH: list[Path] = []
+
+
+@contextlib.contextmanager
+def scratch_cache() -> Iterator[None]:
+    """``cache=off``: nothing is read from or stored in the on-disk cache; the per-rank
+    configs (which the zoo loads by path) and profiles of the call live in a temporary
+    folder, removed after it."""
+    with tempfile.TemporaryDirectory(prefix="boom_ml_parallel_") as tmp:
+        _SCRATCH.append(Path(tmp))
+        try:
+            yield
+        finally:
+            _SCRATCH.pop()
+
+
 def cache_dir() -> Path:
+    if _SCRATCH:
+        return _SCRATCH[-1]
     # the project's cache root (boom_ml/trace_cache.py); tests point it at a temporary folder
     root = os.environ.get("BOOM_CACHE_DIR") or os.path.join(Path.home(), ".cache", "boom_ml")
     path = Path(root) / "parallel"
@@ -208,6 +230,14 @@ def module_role(module_path: str) -> str:
 
 
 def check_model(raw: dict[str, Any], layout: Layout) -> dict[str, int | None]:
+    """The model facts a layout is validated against; one-line errors for the models the
+    per-rank traces cannot cut (an encoder-decoder's two stacks of layers)."""
+    if raw.get("is_encoder_decoder"):
+        raise InvalidInputError(
+            f"parallel layouts cut one stack of layers; {raw.get('model_type')!r} is an "
+            "encoder-decoder (an encoder and a decoder stack), which they do not model: "
+            "predict it on one GPU"
+        )
     facts = model_facts(raw)
     if layout.tp > 1 and raw.get("model_type") not in HEAD_DIM_TYPES:
         rank_config(raw, layout.tp, 1)  # raises the one-line error

@@ -24,7 +24,8 @@ each rank's layers into v chunks (the first chunk of rank 0 holds the embedding,
 of the last rank head + loss) and sends v times as often. After the last
 micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
 except its last bucket, which holds the last-ready gradient, the embedding's; ZeRO-1/2
-reduce-scatter + all-gather of the updated parameters; FSDP2 per micro-batch: each layer
+reduce-scatter (ZeRO-2 after each micro-batch: it keeps only its gradient shard) + all-gather
+of the updated parameters; FSDP2 per micro-batch: each layer
 gathered in forward and backward, the root once, prefetched behind compute) and the optimizer
 step. The counts and bytes of DDP, FSDP2 and tensor-parallel collectives are checked against
 the real wrappers traced on a fake process group (``traced.py``).
@@ -193,9 +194,12 @@ def dp_collectives(
                 if not shape.overlap_grad_reduce
                 else max(reduce_scatter_ms(min(DDP_BUCKET_BYTES, grads), group), rs - backward_ms)
             )
-            out.append(
-                Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, 1, rs, exposed)
-            )
+            # ZeRO-2 keeps only its shard of the gradients (memory.py), so it reduces after
+            # every micro-batch's backward (DeepSpeed's stage 2 does); ZeRO-1 accumulates the
+            # whole gradients and reduces once
+            calls = m if layout.zero_stage == 2 else 1
+            out.append(Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, calls,
+                                  calls * rs, calls * exposed))  # fmt: skip
             pbytes = trainable * shape.param_bytes
             ag = all_gather_ms(pbytes, group)
             out.append(
@@ -315,7 +319,7 @@ def step_time(
         st["busy_ms"] = rank_busy
         st["in_flight_chunks"] = peak
     worst = max(stages, key=lambda st: st["micro_ms"])
-    embed = groups["pp"] if pp > 1 else None
+    embed = groups["embedding"] if pp > 1 else None
     tied = tied_params if pp > 1 else 0
     dp = dp_collectives(
         shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
@@ -325,10 +329,8 @@ def step_time(
         trainable=worst["trainable"], layer_trainable=worst["layers"] * shape.count("layer", True),
     )  # fmt: skip
     colls = worst["collectives"] + dp
-    for c in colls:  # what NCCL's tuner runs for one call (nccl.py); the tied embedding: pp's link
-        c.algorithm = algorithm_for(
-            c.op, c.bytes, groups["pp" if c.group == "embedding" else c.group]
-        )
+    for c in colls:  # what NCCL's tuner runs for one call (nccl.py)
+        c.algorithm = algorithm_for(c.op, c.bytes, groups[c.group])
     exposed_dp = sum(c.exposed_ms for c in dp)
     step = pipe_ms + worst["optimizer_ms"] + exposed_dp
     comm = sum(c.ms for c in colls)

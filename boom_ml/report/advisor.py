@@ -327,6 +327,14 @@ def advise_layouts(
     either, its ``closest`` miss) then carry ``settings: {"checkpointing": "full"}``.
     """
     wanted = [s for s in gpus if s.id in advised and nothing_fits(advised[s.id])]
+    return layouts_that_fit(wanted, search, with_checkpointing)
+
+
+def layouts_that_fit(
+    wanted: list[GpuSpec], search: LayoutSearch, with_checkpointing: LayoutSearch | None = None
+) -> dict[str, dict[str, Any]]:
+    """The cheapest layouts that fit on each of ``wanted`` (``advise_layouts`` for GPUs
+    already chosen: a multi-GPU layout that does not fit)."""
     if not wanted:
         return {}
     found = _search_layouts(search, wanted)

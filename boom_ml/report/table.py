@@ -350,6 +350,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(parallel_table(prediction))
         lines = collective_lines(prediction)
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
+        asked = _layout_name(prediction.parallel[0]["parallel"])
+        for gpu, found in prediction.layout_advice.items():
+            lines += [f"{gpu}: {asked} does not fit", *layout_lines(found)]
         for line in filter(None, lines):
             console.print(line, highlight=False, soft_wrap=True)
         return buf.getvalue().rstrip()
