@@ -146,6 +146,20 @@ def test_every_second_block_is_checkpointed(tiny_llama: str) -> None:
     assert every.meta["recipe"]["checkpointed_blocks"] == 4
 
 
+def test_t5_checkpoints_its_blocks_not_its_attention(tmp_path: Path) -> None:
+    """T5's attention carries a gradient_checkpointing flag of its own (for its position
+    bias); the blocks that run checkpoint are its two T5Blocks (one encoder, one decoder)."""
+    path = tmp_path / "t5.json"
+    path.write_text(json.dumps(TINY_OTHERS["t5"]))
+    full = trace(f"hf:{path}", checkpointing="full")
+    assert full.meta["recipe"]["checkpointed_blocks"] == 2
+    every = trace(f"hf:{path}", checkpointing="full", checkpointing_every=2)
+    assert every.meta["recipe"]["checkpointed_blocks"] == 1
+    selective = _recomputed(trace(f"hf:{path}", checkpointing="selective"))
+    assert len(selective) and not {"gemm", "attention"} & set(selective.family)
+    assert {"gemm"} <= set(_recomputed(full).family)
+
+
 def test_recipes_reject_bad_values() -> None:
     from boom_ml.errors import InvalidInputError
 
@@ -315,3 +329,61 @@ def test_methods_line_says_a_shared_recipe_note_once() -> None:
     assert (
         methods_line(f"allocator-sim {note}", "gnn") == f"Memory: allocator-sim {note}; time: gnn"
     )
+
+
+# Synthetic tiny configs (not published models): GPT-2 (Conv1D layers), T5 (wo kept in fp32),
+# Falcon (FalconLinear, an nn.Linear subclass), ViT (3-D position embeddings, no experts).
+TINY_OTHERS = {
+    "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32,
+             "n_layer": 2, "n_head": 2, "vocab_size": 100, "n_positions": 64},
+    "t5": {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 32,
+           "d_ff": 64, "d_kv": 16, "num_heads": 2, "num_layers": 1, "num_decoder_layers": 1,
+           "vocab_size": 100, "decoder_start_token_id": 0, "pad_token_id": 0,
+           "eos_token_id": 1},
+    "falcon": {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 32,
+               "num_attention_heads": 2, "num_hidden_layers": 1, "vocab_size": 100},
+    "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+            "image_size": 32, "patch_size": 16},
+}  # fmt: skip
+
+
+def _qlora_facts(tmp_path: Path, kind: str) -> tuple[dict, torch.nn.Module]:
+    from boom_ml.zoo.finetune import apply_recipe
+
+    path = tmp_path / f"{kind}.json"
+    path.write_text(json.dumps(TINY_OTHERS[kind]))
+    module = build_model(f"hf:{path}").module
+    targets = {"gpt2": ["c_attn"], "t5": ["q", "v"], "falcon": None, "vit": None}[kind]
+    step = StepSpec(finetune_method="qlora", lora_targets=targets)
+    return apply_recipe(module, step), module
+
+
+def test_qlora_quantises_what_transformers_quantises(tmp_path: Path) -> None:
+    from boom_ml.zoo.nf4 import NF4Linear
+
+    facts, module = _qlora_facts(tmp_path, "gpt2")
+    # GPT-2's Conv1D layers, (out, in): c_attn (96, 32), c_proj (32, 32), c_fc (128, 32),
+    # mlp.c_proj (32, 128), in each of 2 blocks; the tied head stays
+    shapes = [(96, 32), (32, 32), (128, 32), (32, 128)]
+    assert facts["nf4_layers"] == 2 * len(shapes)
+    nf4 = [m for m in module.modules() if isinstance(m, NF4Linear)]
+    assert sorted((m.out_features, m.in_features) for m in nf4) == sorted(shapes * 2)
+    # T5 keeps wo unquantised (its _keep_in_fp32_modules): q k v o and wi of the encoder
+    # block, q k v o twice and wi of the decoder block
+    facts, module = _qlora_facts(tmp_path, "t5")
+    assert facts["nf4_layers"] == 5 + 9
+    assert all(type(m) is torch.nn.Linear for n, m in module.named_modules() if n.endswith(".wo"))
+    # Falcon's layers are FalconLinear, which transformers does not convert: said, not hidden
+    facts, _ = _qlora_facts(tmp_path, "falcon")
+    assert facts["nf4_layers"] == 0
+    assert (
+        "no layer quantised" in facts["method_notes"][-1]
+        and "FalconLinear" in facts["method_notes"][-1]
+    )
+
+
+def test_qlora_counts_only_fused_experts_as_unquantised_experts(tmp_path: Path) -> None:
+    facts, _ = _qlora_facts(tmp_path, "vit")  # a 4-D patch conv and 3-D position embeddings
+    assert "unquantized_expert_parameters" not in facts
+    assert not any("MoE" in note for note in facts["method_notes"])

@@ -60,18 +60,30 @@ def selective_context() -> Any:
 
 
 def checkpointed_units(module: nn.Module) -> list[nn.Module]:
-    """Checkpointed blocks in forward order: innermost HF layers, or wrapped generic blocks."""
+    """Checkpointed blocks in forward order: innermost HF layers, or wrapped generic blocks.
+
+    HF layers are transformers' ``GradientCheckpointingLayer`` where the model has them: the
+    modules that run checkpoint. Other modules carry the same flag for their own use (T5's
+    attention reads it to make its position bias require a gradient) and are not blocks.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    def flagged(m: nn.Module) -> bool:
+        return getattr(m, "gradient_checkpointing", False) is True
+
+    layers = any(isinstance(m, GradientCheckpointingLayer) and flagged(m) for m in module.modules())
     units = []
     for m in module.modules():
         # checkpoint_blocks' wrapper (functools.wraps: __wrapped__), not a segmented stage
         if getattr(m, _FLAG, False) and hasattr(m.forward, "__wrapped__"):
             units.append(m)
-        elif getattr(m, "gradient_checkpointing", False) is True:
+        elif flagged(m) and (isinstance(m, GradientCheckpointingLayer) or not layers):
             inner = any(
-                getattr(c, "gradient_checkpointing", None) is not None
+                (isinstance(c, GradientCheckpointingLayer) if layers else
+                 getattr(c, "gradient_checkpointing", None) is not None)
                 for c in m.modules()
                 if c is not m
-            )
+            )  # fmt: skip
             if not inner:  # a model-level flag above its layers is not a block
                 units.append(m)
     return units

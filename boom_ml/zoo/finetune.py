@@ -26,6 +26,7 @@ from torch import nn
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.specs import StepSpec
+from boom_ml.zoo.hf_moe import is_expert_block
 from boom_ml.zoo.nf4 import NF4Linear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,7 +58,16 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         facts["method_notes"] = [
             "qlora: NF4 weights and dequantise kernels analytic (bitsandbytes layout)"
         ]
-        fused = sum(p.numel() for p in module.parameters() if p.dim() >= 3 and not p.requires_grad)
+        if not layers:
+            kinds = sorted({type(m).__name__ for m in module.modules()
+                            if isinstance(m, nn.Linear) and type(m) is not nn.Linear})  # fmt: skip
+            facts["method_notes"].append(
+                "qlora: no layer quantised: transformers' bitsandbytes integration converts "
+                "nn.Linear and Conv1D layers only"
+                + (f" (this model's are {', '.join(kinds)})" if kinds else "")
+            )
+        fused = sum(p.numel() for m in module.modules() if is_expert_block(m)
+                    for p in m.parameters() if p.dim() >= 3 and not p.requires_grad)  # fmt: skip
         # transformers 5 fuses MoE experts into 3-D tensors, not nn.Linear: not quantised here
         if fused:
             facts["unquantized_expert_parameters"] = fused
@@ -95,6 +105,8 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
                 message="`is_gradient_checkpointing` is deprecated",
                 category=FutureWarning,
             )
+            # GPT-2's Conv1D: peft sets fan_in_fan_out itself, as a GPT-2 recipe would
+            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
@@ -143,6 +155,16 @@ def default_targets(module: nn.Module) -> tuple[list[str] | None, dict[str, Any]
     return None, {}
 
 
+def _keep_in_fp32(module: nn.Module) -> list[str]:
+    """The model's ``_keep_in_fp32_modules`` (T5: ``wo``), which transformers' quantizer
+    leaves unquantised; the first HF model inside a peft wrapper answers."""
+    for sub in module.modules():
+        keep = getattr(type(sub), "_keep_in_fp32_modules", None)
+        if keep is not None:
+            return list(keep)
+    return []
+
+
 def _output_heads(module: nn.Module) -> set[int]:
     get = getattr(module, "get_output_embeddings", None)
     head = get() if callable(get) else None
@@ -150,22 +172,33 @@ def _output_heads(module: nn.Module) -> set[int]:
 
 
 def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) -> int:
-    """Replace every frozen ``nn.Linear`` but the output head by an NF4Linear; returns the count.
+    """Replace the frozen layers transformers' bitsandbytes integration converts
+    (``replace_with_bnb_linear``: exactly ``nn.Linear``, not its subclasses, and GPT-2's
+    ``Conv1D``) by NF4Linear, but the output head and the model's ``_keep_in_fp32_modules``
+    (T5's ``wo``, matched as transformers matches them); returns the count.
 
     LoRA's own ``lora_A`` / ``lora_B`` (trainable) stay as they are; the base layer a LoRA
     layer wraps is quantised and clones its output, as peft's 4-bit LoRA layer does.
     """
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
     skip = _output_heads(module)
-    swaps: list[tuple[nn.Module, str, nn.Linear, bool]] = []
+    keep = _keep_in_fp32(module)
+    swaps: list[tuple[nn.Module, str, nn.Module, bool]] = []
     for name, parent in module.named_modules():
         if ADAPTER_MARK in name.rpartition(".")[2]:
             continue
         for child_name, child in parent.named_children():
-            if type(child) is not nn.Linear or id(child) in skip:
+            if not (type(child) is nn.Linear or isinstance(child, Conv1D)) or id(child) in skip:
                 continue
             if child.weight.requires_grad:  # trainable (an adapter, or not frozen by peft)
                 continue
-            swaps.append((parent, child_name, child, child_name == "base_layer"))
+            wrapped = child_name == "base_layer"  # the layer's own name is its LoRA wrapper's
+            path = name if wrapped else f"{name}.{child_name}".lstrip(".")
+            if keep and not should_convert_module(path, keep):
+                continue
+            swaps.append((parent, child_name, child, wrapped))
     for parent, child_name, child, wrapped in swaps:
         setattr(parent, child_name, NF4Linear(child, dtype, double_quant, clone_output=wrapped))
     return len(swaps)

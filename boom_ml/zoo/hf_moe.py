@@ -235,6 +235,12 @@ def _is_fused_experts(module: nn.Module) -> bool:
     )
 
 
+def is_expert_block(module: nn.Module) -> bool:
+    """A module holding a MoE layer's experts as stacked 3-D weights (transformers' fused
+    experts, DBRX's own), not as ``nn.Linear`` layers."""
+    return _is_fused_experts(module) or type(module).__name__ == "DbrxExperts"
+
+
 def patch_moe(model: nn.Module, imbalance: float = DEFAULT_IMBALANCE) -> int:
     """Route every MoE layer of ``model`` evenly (see the module docstring); returns how many.
 

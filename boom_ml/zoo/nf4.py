@@ -86,14 +86,16 @@ class NF4Linear(nn.Module):
 
     def __init__(
         self,
-        linear: nn.Linear,
+        linear: nn.Module,  # nn.Linear, or transformers' Conv1D
         compute_dtype: torch.dtype,
         double_quant: bool = True,
         clone_output: bool = False,
     ) -> None:
         super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        if isinstance(linear, nn.Linear):
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+        else:  # transformers' Conv1D (GPT-2): x @ W with W (in, out), quantised transposed
+            self.in_features, self.out_features = linear.weight.shape
         self.compute_dtype = compute_dtype
         self.double_quant = double_quant
         # peft's lora.bnb.Linear4bit clones the base layer's output ("defensively", per its
