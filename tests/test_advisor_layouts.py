@@ -276,3 +276,16 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
                         f"({found['searched']} searched); the closest, with checkpointing=full:")  # fmt: skip
     assert text[at + 1] == (f"      tp=8: 8 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
                             f"of 0.1 GiB usable")  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [5, 6, 11, 12, 60, 64])
+def test_accumulation_advice_keeps_every_sample(batch):
+    """A micro-batch split trains the same samples per step (5 as 1 x 5, not 2 x 2)."""
+    from boom_ml.report.advisor import halving_micros, single_changes, stacked_changes
+
+    gpu = get_gpu("t4")
+    step = StepSpec(batch_size=batch)
+    changes = single_changes(step, gpu) + stacked_changes(step, gpu)
+    split = [s for label, s, acc in changes if acc > 1]
+    assert split and all(s.batch_size * s.grad_accum == batch for s in split)
+    assert halving_micros(batch)[-1] == 1
