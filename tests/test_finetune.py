@@ -241,6 +241,15 @@ def test_api_finetune_mapping() -> None:
     assert fields == {"finetune_method": "qlora", "lora_r": 16, "lora_targets": ["q_proj"]}
     with pytest.raises(InvalidInputError, match="rank"):
         finetune_fields({"rank": 4})
+    # keys the method does not read, set away from their defaults, are refused
+    for given, words in [({"r": 64}, "finetune.r applies to finetune.method=lora or qlora"),
+                         ({"method": "lora", "double_quant": False}, "qlora, not lora"),
+                         ({"method": "lora", "targets": []}, "names no module; leave it out")]:  # fmt: skip
+        with pytest.raises(InvalidInputError, match=words):
+            finetune_fields(given)
+    # the CLI passes every key at its default: those are not a user's setting
+    assert finetune_fields({"method": "full", "r": 8, "alpha": 16, "dropout": 0.05,
+                            "targets": None, "double_quant": True})["lora_r"] == 8  # fmt: skip
     assert torch.float32  # torch imported for the fake-mode trace above
 
 
