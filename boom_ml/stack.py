@@ -45,6 +45,14 @@ LOOP_BY_DEFAULT = ("adafactor",)
 # per tensor (recorded as the loop); adamw-fused is torch's fused AdamW.
 FIXED_IMPL = {"adamw-fused": "fused", "adamw8bit": "loop", "paged-adamw8bit": "loop"}
 FUSED_OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "sgd-nesterov", "adamw-fused")
+# The first PyTorch release that has each (a stack of an earlier one cannot run it):
+# torch.optim.Adafactor is new in 2.5 (PyTorch 2.5 release notes, "Add Adafactor"); the
+# ``fused`` flag came to Adam in 1.13, to AdamW in 2.0 (both in torch.optim's docs of those
+# releases, absent from the previous ones) and to SGD in 2.3 (pytorch/pytorch#116585,
+# January 2024).
+OPTIMIZER_FROM_TORCH = {"adafactor": (2, 5)}
+FUSED_FROM_TORCH = {"adam": (1, 13), "adamw": (2, 0), "adamw-fused": (2, 0), "sgd": (2, 3),
+                    "sgd-momentum": (2, 3), "sgd-nesterov": (2, 3)}  # fmt: skip
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -215,8 +223,14 @@ def resolve_optimizer_impl(optimizer: str, impl: str, stack: Stack) -> str:
         )
     if optimizer == "none":
         return "none"
+    since = OPTIMIZER_FROM_TORCH.get(optimizer)
+    if since and version_tuple(stack.torch)[:2] < since:
+        raise InvalidInputError(
+            f"optimizer={optimizer} is new in PyTorch {'.'.join(map(str, since))}; "
+            f"stack.torch={stack.torch} does not have it"
+        )
     if impl == "auto":
-        return stack.default_optimizer_impl(optimizer)
+        impl = stack.default_optimizer_impl(optimizer)
     fixed = FIXED_IMPL.get(optimizer)
     if fixed is not None and impl != fixed:  # the name says which kernels run
         raise InvalidInputError(
@@ -227,5 +241,12 @@ def resolve_optimizer_impl(optimizer: str, impl: str, stack: Stack) -> str:
         raise InvalidInputError(
             f"optimizer {optimizer!r} has no fused implementation in PyTorch; "
             f"fused exists for: {', '.join(FUSED_OPTIMIZERS)}"
+        )
+    since = FUSED_FROM_TORCH.get(optimizer)
+    if impl == "fused" and since and version_tuple(stack.torch)[:2] < since:
+        raise InvalidInputError(
+            f"optimizer={optimizer} fused: PyTorch's fused kernel for it is new in "
+            f"{'.'.join(map(str, since))}; stack.torch={stack.torch} does not have it"
+            + ("" if optimizer == "adamw-fused" else " (use optimizer.impl=foreach)")
         )
     return impl

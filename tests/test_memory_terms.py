@@ -8,6 +8,8 @@ PyTorch's cuBLAS workspace defaults, the bytes a convolution reads and writes).
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 
 import numpy as np
@@ -202,6 +204,22 @@ def test_optimizer_implementation_follows_the_stack():
     ):
         with pytest.raises(InvalidInputError, match=f"{name}' runs only its"):
             resolve_optimizer_impl(name, impl, new)
+
+
+@pytest.mark.parametrize(
+    "optimizer,impl,first",
+    [("adafactor", "auto", "2.5"), ("adam", "fused", "1.13"), ("adamw", "fused", "2.0"),
+     ("adamw-fused", "auto", "2.0"), ("sgd", "fused", "2.3"), ("sgd-momentum", "fused", "2.3")],
+)  # fmt: skip
+def test_what_a_release_lacks_is_refused(optimizer, impl, first):
+    """An optimizer or fused kernel from a later PyTorch than the stack's is one line; the
+    release that brought it takes it."""
+    major, minor = map(int, first.split("."))
+    before = f"{major}.{minor - 1}" if minor else "1.13"  # the release before 2.0 is 1.13
+    with pytest.raises(InvalidInputError, match=f"new in (PyTorch )?{re.escape(first)}"):
+        resolve_optimizer_impl(optimizer, impl, resolve_stack({"torch": before}))
+    assert resolve_optimizer_impl(optimizer, impl, resolve_stack({"torch": first})) in (
+        "fused", "loop")  # fmt: skip
 
 
 def test_adafactor_loop_has_no_parameter_sized_temporaries():
