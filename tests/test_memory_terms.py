@@ -8,9 +8,8 @@ PyTorch's cuBLAS workspace defaults, the bytes a convolution reads and writes).
 
 from __future__ import annotations
 
-import re
-
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -263,3 +262,14 @@ def test_kept_gradients_are_alive_when_the_forward_starts():
     gpu = get_gpu("a100-80gb-sxm")
     assert (estimate_memory(graphs["zero"], gpu).peak_allocated_bytes
             >= estimate_memory(graphs["set_to_none"], gpu).peak_allocated_bytes)  # fmt: skip
+
+
+@pytest.mark.parametrize("impl,host", [("foreach", True), ("fused", False)])
+def test_adam_step_counts_are_host_tensors_unless_fused(impl, host):
+    """torch.optim's Adam keeps its step counts on the CPU unless fused or capturable, when
+    they are made on the parameter's device: one 4-byte float each."""
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, optimizer="adamw",
+                                                    optimizer_impl=impl))  # fmt: skip
+    params = len(list(tiny_transformer().module.parameters()))
+    on_host = graph.meta["recipe"]["bytes"]["optimizer_state_on_host"]
+    assert on_host == (4 * params if host else 0)

@@ -195,15 +195,19 @@ class _StepRunner:
         return own + (extra() if callable(extra) else [])
 
     def host_tensors(self) -> list[torch.Tensor]:
-        """Tensors that live on the host in a CUDA run: Adam's non-capturable step counts,
+        """Tensors that live on the host in a CUDA run: the step counts of optimizers that
+        are neither fused nor capturable (torch.optim makes those on the parameter's device),
         and a paged optimizer's state (bitsandbytes' unified memory, paged out)."""
         if self.optimizer is None:
             return []
         paged = getattr(self.optimizer, "host_tensors", None)
+        state = self.optimizer.state
         return [
             t
-            for state in self.optimizer.state.values()
-            for key, t in state.items()
+            for group in self.optimizer.param_groups
+            if not (group.get("fused") or group.get("capturable"))
+            for p in group["params"]
+            for key, t in state.get(p, {}).items()
             if key == "step" and isinstance(t, torch.Tensor)
         ] + (paged() if callable(paged) else [])
 
