@@ -2,7 +2,8 @@
 
 Listing the shipped Hugging Face configs reads their JSON only (no torch import, well under
 a second); parameter counts come from the config by formula for the decoder families whose
-layout is known (``config_params``), else are left blank. ``--scheme torchvision`` /
+layout is known (``config_params``: Llama-like decoders, GPT-2, GPT-Neo, OPT, BERT, T5), else
+are left blank. ``--scheme torchvision`` /
 ``--scheme timm`` import those libraries to list their names.
 
     python -m boom_ml.models                     # shipped hf: configs + how to name others
@@ -51,10 +52,12 @@ def _moe_layer(raw: dict[str, Any], layer: int) -> bool:
 def config_params(raw: dict[str, Any]) -> int | None:
     """Parameters of the model a config builds, by formula; None for unknown layouts.
 
-    Exact for the families in ``_LLAMA_LIKE`` (tests compare it with a meta build of every
-    shipped config it answers for).
+    Exact for the families in ``_LLAMA_LIKE`` and ``_OTHER`` (tests compare it with a meta
+    build of every shipped config it answers for).
     """
     kind = raw.get("model_type")
+    if kind in _OTHER:
+        return _OTHER[kind](raw)
     if kind not in _LLAMA_LIKE:
         return None
     norms, qk_norm = _LLAMA_LIKE[kind]
@@ -90,6 +93,65 @@ def config_params(raw: dict[str, Any]) -> int | None:
         else:
             total += dense_mlp
     return total
+
+
+def _gpt2(raw: dict[str, Any]) -> int:
+    """GPT-2: learned positions, Conv1D layers with biases, LayerNorms, tied head."""
+    h, inner = raw["n_embd"], raw.get("n_inner") or 4 * raw["n_embd"]
+    block = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    return (raw["vocab_size"] + raw["n_positions"]) * h + raw["n_layer"] * block + 2 * h
+
+
+def _gpt_neo(raw: dict[str, Any]) -> int:
+    """GPT-Neo: GPT-2's layout with bias-free q, k, v projections."""
+    h = raw["hidden_size"]
+    inner = raw.get("intermediate_size") or 4 * h
+    block = 4 * h + 3 * h * h + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    return (
+        (raw["vocab_size"] + raw["max_position_embeddings"]) * h + raw["num_layers"] * block + 2 * h
+    )
+
+
+def _opt(raw: dict[str, Any]) -> int:
+    """OPT: positions offset by 2, projections in and out when the embedding is narrower,
+    a final LayerNorm with pre-norm layers, tied head."""
+    h, ffn = raw["hidden_size"], raw["ffn_dim"]
+    proj = raw.get("word_embed_proj_dim") or h
+    bias = raw.get("enable_bias", True)
+    block = 4 * (h * h + h * bias) + 2 * h + (h * ffn + ffn * bias) + (ffn * h + h * bias) + 2 * h
+    total = raw["vocab_size"] * proj + (raw["max_position_embeddings"] + 2) * h
+    total += 2 * proj * h if proj != h else 0
+    if raw.get("do_layer_norm_before", True) and not raw.get("_remove_final_layer_norm", False):
+        total += 2 * h
+    return total + raw["num_hidden_layers"] * block
+
+
+def _bert(raw: dict[str, Any]) -> int:
+    """BertForMaskedLM: embeddings (words, positions, token types, LayerNorm), no pooler,
+    the prediction head's transform and bias (its decoder weight is the word embedding)."""
+    h, inner, vocab = raw["hidden_size"], raw["intermediate_size"], raw["vocab_size"]
+    embed = (vocab + raw["max_position_embeddings"] + raw.get("type_vocab_size", 2)) * h + 2 * h
+    block = 4 * (h * h + h) + 2 * h + (h * inner + inner) + (inner * h + h) + 2 * h
+    return embed + raw["num_hidden_layers"] * block + (h * h + h) + 2 * h + vocab
+
+
+def _t5(raw: dict[str, Any]) -> int:
+    """T5ForConditionalGeneration: shared embedding, bias-free attention and feed-forward
+    (gated: two input projections), RMS norms, relative position buckets in each stack's
+    first layer; the head is the shared embedding (transformers 5's T5Config ties it
+    whatever the config says: flan-t5's ``tie_word_embeddings: false`` now only turns off
+    the decoder's output scaling)."""
+    d, ff, vocab = raw["d_model"], raw["d_ff"], raw["vocab_size"]
+    inner, heads = raw["num_heads"] * raw["d_kv"], raw["num_heads"]
+    buckets = raw.get("relative_attention_num_buckets", 32)
+    gated = str(raw.get("feed_forward_proj", "relu")).startswith("gated")
+    attn, mlp = 4 * d * inner + d, (3 if gated else 2) * d * ff + d
+    enc, dec = raw["num_layers"], raw.get("num_decoder_layers") or raw["num_layers"]
+    stacks = enc * (attn + mlp) + dec * (2 * attn + mlp) + 2 * (buckets * heads + d)
+    return vocab * d + stacks
+
+
+_OTHER = {"gpt2": _gpt2, "gpt_neo": _gpt_neo, "opt": _opt, "bert": _bert, "t5": _t5}
 
 
 def _human(n: int | None) -> str:
