@@ -174,6 +174,13 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
         raise InvalidInputError(
             f"unknown stack.cudnn {cudnn!r}; known: {', '.join(sorted({r.cudnn for r in rows}))}"
         )
+    # a wheel links one cuDNN major (libcudnn.so.8 or .9): a newer minor of it can be
+    # installed beside it, another major cannot be loaded
+    if version_tuple(cudnn)[0] != version_tuple(row.cudnn)[0]:
+        raise InvalidInputError(
+            f"torch {torch} (CUDA {cuda}) is built against cuDNN {version_tuple(row.cudnn)[0]} "
+            f"(its wheel ships {row.cudnn}); stack.cudnn={cudnn} is another major it cannot load"
+        )
     lazy = version_tuple(torch) >= LAZY_FROM_TORCH and version_tuple(cuda) >= LAZY_FROM_CUDA
     loading = str(opts.get("module_loading", "lazy" if lazy else "eager"))
     if loading not in MODULE_LOADING:

@@ -183,6 +183,10 @@ def test_stack_defaults_and_errors():
     with pytest.raises(InvalidInputError, match=r"expandable_segments needs torch >= 2\.1"):
         resolve_stack({"torch": "2.0", "expandable_segments": True})
     assert resolve_stack({"torch": "2.1", "expandable_segments": True}).expandable_segments
+    # a wheel loads its own cuDNN major: a newer minor of it, not another major
+    with pytest.raises(InvalidInputError, match=r"built against cuDNN 8 .* another major"):
+        resolve_stack({"torch": "2.1", "cudnn": "9.24.0.43"})
+    assert resolve_stack({"torch": "2.6", "cudnn": "9.24.0.43"}).cudnn == "9.24.0.43"
 
 
 def test_optimizer_implementation_follows_the_stack():
