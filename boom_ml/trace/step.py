@@ -201,14 +201,20 @@ class _StepRunner:
         if self.optimizer is None:
             return []
         paged = getattr(self.optimizer, "host_tensors", None)
-        state = self.optimizer.state
+        # a wrapper (fp32 master weights) steps its copies with an inner torch.optim optimizer
+        inner = getattr(self.optimizer, "inner", self.optimizer)
+        on_device = {
+            id(inner.state[p]["step"])
+            for group in getattr(inner, "param_groups", [])
+            if group.get("fused") or group.get("capturable")
+            for p in group["params"]
+            if "step" in inner.state.get(p, {})
+        }
         return [
             t
-            for group in self.optimizer.param_groups
-            if not (group.get("fused") or group.get("capturable"))
-            for p in group["params"]
-            for key, t in state.get(p, {}).items()
-            if key == "step" and isinstance(t, torch.Tensor)
+            for state in self.optimizer.state.values()
+            for key, t in state.items()
+            if key == "step" and isinstance(t, torch.Tensor) and id(t) not in on_device
         ] + (paged() if callable(paged) else [])
 
 
