@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).parent / "zoo" / "hf_configs"
+from boom_ml.hf_shipped import CONFIG_DIR
+
 SCHEMES = ("hf", "torchvision", "timm", "file")
 
 # Decoder families laid out as Llama (embedding, N x [attention, gated MLP or MoE, norms],

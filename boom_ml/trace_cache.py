@@ -89,7 +89,12 @@ def _file_digest(path: Path) -> str:
 
 
 def model_source_digest(model: ModelSpec) -> str:
-    """Digest of the user file a model is built from ('' for names looked up in libraries)."""
+    """Digest of the user file a model is built from: a file model's source, an hf: local
+    config, or the config.json a hub id resolves to in the local Hugging Face cache (a repo
+    updated by ``hf download`` points its ref at a new snapshot); '' for names looked up in
+    libraries and for shipped configs (in ``code_digest``)."""
+    from boom_ml.hf_shipped import lookup
+
     if model.scheme == "file":
         path = Path(model.name.rpartition(":")[0]).expanduser()
         return _file_digest(path)
@@ -99,6 +104,13 @@ def model_source_digest(model: ModelSpec) -> str:
             path = path / "config.json"
         if path.is_file():
             return _file_digest(path)
+        if lookup(model.name) is None and "/" in model.name:
+            from boom_ml.zoo import hf_hub  # a hub id: the zoo (and torch) load to trace it
+
+            if not hf_hub.looks_like_repo_id(model.name):
+                return ""
+            cached = hf_hub.cached_config(model.name)  # local only; fetched when traced
+            return _file_digest(cached) if cached is not None else ""
     return ""
 
 

@@ -55,6 +55,25 @@ def test_hub_id_resolves_from_local_cache_offline(offline_cache: Path) -> None:
     assert built.info["config_path"] == str(cached)
 
 
+def test_an_updated_hub_config_is_traced_afresh(offline_cache: Path) -> None:
+    """The trace cache keys a hub id on the config.json its ref points at: ``hf download``
+    of a changed repo adds a snapshot and moves ``refs/main``, and the old graph must not
+    be served for it."""
+    from boom_ml.specs import ModelSpec, StepSpec
+    from boom_ml.trace_cache import cache_key
+
+    _populate_cache(offline_cache, "someorg/tiny-llama", TINY_LLAMA)
+    model, step = ModelSpec("hf:someorg/tiny-llama"), StepSpec()
+    before = cache_key(model, step)
+    repo = offline_cache / "models--someorg--tiny-llama"
+    newer = repo / "snapshots" / ("f" * 40)
+    newer.mkdir()
+    (newer / "config.json").write_text(json.dumps({**TINY_LLAMA, "num_hidden_layers": 4}))
+    assert cache_key(model, step) == before  # refs/main still names the old snapshot
+    (repo / "refs" / "main").write_text("f" * 40)
+    assert cache_key(model, step) != before
+
+
 def test_hf_home_locates_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))

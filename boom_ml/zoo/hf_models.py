@@ -21,13 +21,14 @@ from torch import nn
 
 import boom_ml.zoo.hf_hub as hf_hub
 from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
+from boom_ml.hf_shipped import lookup as _lookup
+from boom_ml.hf_shipped import shipped
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
 
-CONFIG_DIR = Path(__file__).with_name("hf_configs")
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
 DECODER_SEQ_LEN = 2048
@@ -43,24 +44,8 @@ def safe_name(model_id: str) -> str:
 
 
 @functools.cache
-def shipped() -> dict[str, Path]:
-    """Model id -> shipped config path."""
-    found = {p.stem.replace("--", "/"): p for p in CONFIG_DIR.glob("*.json")}
-    return {k: found[k] for k in sorted(found, key=str.lower)}
-
-
 def names() -> tuple[str, ...]:
     return tuple(shipped())
-
-
-def _lookup(name: str) -> str | None:
-    """The shipped id for ``name``: exact, safe-name or case-insensitive spelling."""
-    table = shipped()
-    if name in table:
-        return name
-    wanted = name.replace("--", "/").lower()
-    hits = [mid for mid in table if mid.lower() == wanted]
-    return hits[0] if len(hits) == 1 else None
 
 
 def has(name: str) -> bool:

@@ -1,0 +1,25 @@
+"""The Hugging Face configs shipped with boom-ml (``zoo/hf_configs``), torch-free: outside the
+zoo package (which imports torch), so the model listing and the trace cache read them
+without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).parent / "zoo" / "hf_configs"
+
+
+def shipped() -> dict[str, Path]:
+    """Model id -> shipped config path."""
+    found = {p.stem.replace("--", "/"): p for p in CONFIG_DIR.glob("*.json")}
+    return {k: found[k] for k in sorted(found, key=str.lower)}
+
+
+def lookup(name: str) -> str | None:
+    """The shipped id for ``name``: exact, safe-name or case-insensitive spelling."""
+    table = shipped()
+    if name in table:
+        return name
+    wanted = name.replace("--", "/").lower()
+    hits = [mid for mid in table if mid.lower() == wanted]
+    return hits[0] if len(hits) == 1 else None
