@@ -127,6 +127,27 @@ def test_explain_table_lists_block_kinds_with_their_count() -> None:
     assert any(line.startswith("  whole blocks: ResNet.layer4.* x2, ") for line in lines)
 
 
+def test_explain_under_accumulation_speaks_of_one_micro_batch() -> None:
+    """The ops, modules and blocks are one micro-batch's: their share is of a micro-batch,
+    not of the step that runs several."""
+    import re
+
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    prediction = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2,
+                                 image_size=64, advice=False, grad_accum=3)  # fmt: skip
+    t = prediction.gpus[0].time
+    lines = render_table(prediction, explain=True).splitlines()
+    assert (
+        f"  ops, modules and blocks below are one micro-batch's ({t.micro_step_ms:.1f} ms)" in lines
+    )
+    (block,) = [line for line in lines if line.startswith("  whole blocks: ResNet.layer4.* x2, ")]
+    share = float(re.search(r"\(([\d.]+) % of a micro-batch\)", block).group(1))
+    (ms,) = [b["ms"] for b in t.block_totals if b["module"] == "ResNet.layer4.*"]
+    assert share == pytest.approx(100 * ms / t.micro_step_ms, abs=0.06)
+
+
 def test_plot_labels_drop_the_root_class_and_keep_the_tail() -> None:
     from boom_ml.report.time_plots import _short
 

@@ -172,6 +172,11 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
     """Where the time and the peak memory go on one GPU, with the method of each number."""
     m, t = result.memory, result.time
     lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
+    # under accumulation the ops, modules and blocks are one micro-batch's, run N times
+    micro = t.micro_step_ms if t.micro_step_ms else None
+    if micro:
+        lines.append(f"  ops, modules and blocks below are one micro-batch's ({micro:.1f} ms)")
+    whole, of = (micro, "a micro-batch") if micro else (t.step_ms, "the step")
     lines += [
         f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']:<5} "
         f"{o.get('method', '')}".rstrip()
@@ -179,9 +184,9 @@ def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
     ]
     lines += [
         f"  whole blocks: {b['module']} x{b['blocks']}, {b['ms']:.2f} ms "
-        f"({100 * b['ms'] / t.step_ms:.1f} % of the step)"
+        f"({100 * b['ms'] / whole:.1f} % of {of})"
         for b in t.block_totals[:4]
-        if t.step_ms > 0
+        if whole > 0
     ]
     lines.append("  by module (repeated blocks summed, xN: how many):")
     lines += [
