@@ -227,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.scheme == "file":
         print(
-            "file:<path.py>:<factory> builds whatever nn.Module your factory returns; nothing to list."
+            "[]"  # a JSON reader gets an empty list, as for any scheme with nothing to name
+            if args.json
+            else "file:<path.py>:<factory> builds whatever nn.Module your factory returns; "
+            "nothing to list."
         )
         return 0
     from boom_ml.zoo import list_models  # imports torch (and timm / torchvision)

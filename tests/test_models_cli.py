@@ -52,6 +52,8 @@ def test_other_schemes(capsys: pytest.CaptureFixture[str]) -> None:
     assert "torchvision:resnet50" in names and all(n.startswith("torchvision:") for n in names)
     assert main(["--scheme", "file"]) == 0
     assert "nothing to list" in capsys.readouterr().out
+    assert main(["--scheme", "file", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
 
 
 def test_formula_counts_a_tiny_config_exactly() -> None:

@@ -32,6 +32,14 @@ def test_flops_equal_flop_counter_mode(factory, amp):
     assert graph.flops == reference_flops(factory(), step)
 
 
+def test_a_step_beyond_int64_flops_counts_exactly():
+    """Node counts are int64; their sum is not bounded by it (resnet18 at batch 1e9 came
+    out at -7.8e18 FLOP)."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, optimizer="none"))
+    graph.nodes["flops"] = 2**62  # each within int64, their sum far beyond it
+    assert graph.flops == len(graph.nodes) * 2**62
+
+
 def test_matmul_flops_exact():
     # Linear(32→96) on 2×16 tokens: 2·M·N·K = 2·32·32·96 forward.
     graph = trace_step(tiny_transformer(), StepSpec(batch_size=2, seq_len=16, optimizer="none"))

@@ -83,7 +83,8 @@ class OpGraph:
 
     @property
     def flops(self) -> int:
-        return int(self.nodes["flops"].sum())
+        # Python integers: an int64 sum wraps negative past 9.2e18 (resnet18 at batch 1e9)
+        return sum(map(int, self.nodes["flops"].to_numpy()))
 
     @property
     def unknown_ops(self) -> dict[str, int]:
