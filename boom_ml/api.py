@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -22,6 +22,8 @@ from boom_ml.session import Session
 from boom_ml.specs import (
     MAX_BATCH_AUTO_GPUS,
     StepSpec,
+    cache_setting,
+    check_bool,
     check_number,
     max_batch_setting,
     search_max_batch,
@@ -87,6 +89,14 @@ def predict(
     ``max_batch`` (auto | on | off, or a bool): search the largest batch that fits on each
     GPU; auto does for up to ``specs.MAX_BATCH_AUTO_GPUS`` GPUs.
     """
+    check_bool("advice", advice)
+    cache = cache_setting(cache)
+    for name, value in (("stack", stack), ("moe", moe), ("parallel", parallel),
+                        ("cluster", cluster), ("finetune", finetune)):  # fmt: skip
+        if value is not None and not isinstance(value, Mapping):
+            raise InvalidInputError(f"{name} must be a mapping of its options, got {value!r}")
+    if plot is not None and not isinstance(plot, str):
+        raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
     step = StepSpec(

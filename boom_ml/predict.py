@@ -29,7 +29,14 @@ from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
-from boom_ml.specs import MODEL_SCHEMES, ModelSpec, StepSpec, max_batch_setting
+from boom_ml.specs import (
+    MODEL_SCHEMES,
+    ModelSpec,
+    StepSpec,
+    cache_setting,
+    check_bool,
+    max_batch_setting,
+)
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
@@ -40,7 +47,6 @@ KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "check
 LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)
 # release numbers, which YAML would read as numbers (stack.torch=2.10 as 2.1): kept as text
 VERSION_KEYS = ("stack.torch", "stack.cuda", "stack.cudnn")
-_CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
 
 
 @functools.cache
@@ -144,20 +150,6 @@ def check_model_syntax(text: Any) -> None:
             raise UnknownModelError(f"{spec.text}: no such file {path!r}")
 
 
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise InvalidInputError(f"{name} must be true or false, got {value!r}")
-
-
-def _cache_flag(value: Any) -> bool:
-    # YAML reads `cache: on` as True; Hydra's command line passes `cache=off` as a string.
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _CACHE_WORDS:
-        return _CACHE_WORDS[value.strip().lower()]
-    raise InvalidInputError(f"cache must be on or off, got {value!r}")
-
-
 def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     """Check every option without importing torch; returns them with ``cache`` as a bool.
 
@@ -176,12 +168,12 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         )
     for name in BOOL_KEYS:
         if name in options:
-            _check_bool(name, options[name])
+            check_bool(name, options[name])
     for name in ("tf32_matmul", "tf32_cudnn"):  # null: the default
         if options.get(name) is not None:
-            _check_bool(name, options[name])
+            check_bool(name, options[name])
     if "cache" in options:
-        options["cache"] = _cache_flag(options["cache"])
+        options["cache"] = cache_setting(options["cache"])
     if "max_batch" in options:
         options["max_batch"] = max_batch_setting(options["max_batch"])
     check_model_syntax(options.get("model"))

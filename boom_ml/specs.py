@@ -116,18 +116,13 @@ class StepSpec:
         # 16 and 16.0 are one setting: one trace-cache key
         object.__setattr__(self, "lora_alpha", float(self.lora_alpha))
         object.__setattr__(self, "lora_dropout", float(self.lora_dropout))
-        if not isinstance(self.double_quant, bool):
-            raise InvalidInputError(
-                f"finetune.double_quant must be true or false, got {self.double_quant!r}"
-            )
-        if not isinstance(self.channels_last, bool):
-            raise InvalidInputError(
-                f"channels_last must be true or false, got {self.channels_last!r}"
-            )
-        if not isinstance(self.master_weights, bool):
-            raise InvalidInputError(
-                f"master_weights must be true or false, got {self.master_weights!r}"
-            )
+        check_bool("finetune.double_quant", self.double_quant)
+        check_bool("channels_last", self.channels_last)
+        check_bool("master_weights", self.master_weights)
+        check_bool("tf32", self.tf32)
+        for name in ("tf32_matmul", "tf32_cudnn"):  # None: the default
+            if getattr(self, name) is not None:
+                check_bool(name, getattr(self, name))
         if self.master_weights and (self.params_dtype == "fp32" or self.amp != "none"):
             raise InvalidInputError(
                 "master_weights=true keeps fp32 copies of 16-bit parameters: it needs "
@@ -171,6 +166,25 @@ class StepSpec:
         matmul = self.tf32 if self.tf32_matmul is None else self.tf32_matmul
         cudnn = True if self.tf32_cudnn is None else self.tf32_cudnn  # on by default anyway
         return bool(matmul), bool(cudnn)
+
+
+def check_bool(name: str, value: Any) -> None:
+    """true or false, not a string that reads like one (the API takes "false" as truthy)."""
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be true or false, got {value!r}")
+
+
+CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
+
+
+def cache_setting(value: Any) -> bool:
+    """``cache``: a bool, or on / off (YAML reads `cache: on` as True; Hydra's command line
+    passes `cache=off` as a string)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in CACHE_WORDS:
+        return CACHE_WORDS[value.strip().lower()]
+    raise InvalidInputError(f"cache must be on or off, got {value!r}")
 
 
 def check_positive(name: str, value: Any) -> None:

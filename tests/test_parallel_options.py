@@ -83,6 +83,15 @@ def test_build_options_reach_the_rank_model() -> None:
         ({"cluster": {"gpu_per_node": 2}}, "unknown cluster option(s): gpu_per_node"),
         ({"moe": {"imbalanse": 3}}, "unknown moe option(s): imbalanse"),
         ({"moe": {"imbalance": 0.5}}, "moe.imbalance must be a number >= 1.0"),
+        # the CLI's checks, from Python: a string is not a switch, a number not a mapping
+        ({"tf32": "false"}, "tf32 must be true or false"),
+        ({"tf32_matmul": "no"}, "tf32_matmul must be true or false"),
+        ({"advice": "no"}, "advice must be true or false"),
+        ({"cache": "offf"}, "cache must be on or off"),
+        ({"moe": 2}, "moe must be a mapping of its options"),
+        ({"parallel": 2}, "parallel must be a mapping of its options"),
+        ({"finetune": "lora"}, "finetune must be a mapping of its options"),
+        ({"plot": 5}, "plot must be a directory path"),
     ],  # fmt: skip
 )
 def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
