@@ -135,3 +135,18 @@ def test_spec_without_l2_or_clock_still_featurises():
     row = pd.DataFrame([PAIRS[0][1] | {"dtype": "float32", "direction": "forward"}])
     f = kernel_features(row, gpu)
     assert np.isnan(f["g_l2_mb"].iloc[0]) and np.isfinite(f["roof_ms"].iloc[0])
+
+
+def test_a_blank_spec_field_takes_its_architectures_median():
+    """The GH200's sheet gives no TDP (its power covers the CPU) and no clock: the features
+    take the Hopper GPUs' medians, not a NaN no trained model has seen."""
+    import statistics
+
+    from boom_ml.gpus import all_gpus
+    from boom_ml.timing.features import gpu_table
+
+    hopper = [g for g in all_gpus() if g.architecture == "hopper"]
+    g = gpu_table({"gh200": get_gpu("gh200")}).loc["gh200"]
+    assert g["g_tdp"] == statistics.median(x.tdp_w for x in hopper if x.tdp_w)
+    assert g["g_clock"] == statistics.median(x.boost_clock_mhz for x in hopper if x.boost_clock_mhz)
+    assert not gpu_table({g.id: g for g in all_gpus()}).isna().any().any()

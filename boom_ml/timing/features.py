@@ -18,6 +18,7 @@ single (n -> k) weight to b*m rows. So n is always the reduction dim and k the o
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -142,10 +143,36 @@ def _pow2(x: np.ndarray) -> np.ndarray:
     return out
 
 
+# Spec-sheet fields some sheets leave blank (GH200: its power covers the CPU too; H20, A30:
+# no clock or L2 published): gpu_table fills them from the GPUs of the same architecture.
+SPARSE_FIELDS = ("boost_clock_mhz", "l2_cache_mb", "tdp_w")
+
+
+def spec_medians(architecture: str) -> dict[str, float]:
+    """Median of each sparse field over the packaged GPUs of ``architecture`` that give it
+    (over every packaged GPU where none does). No GPU with kernel or step measurements lacks
+    one, so the learned models never saw a blank: one reached a tree's missing-value branch
+    (the GH200 ran 12 % slower than the H100 it contains, for lack of a TDP)."""
+    from boom_ml.gpus import all_gpus
+
+    table = all_gpus()
+    out = {}
+    for field in SPARSE_FIELDS:
+        same = [getattr(g, field) for g in table if g.architecture == architecture]
+        known = [float(v) for v in same if v] or [float(getattr(g, field)) for g in table
+                                                  if getattr(g, field)]  # fmt: skip
+        out[field] = float(np.median(known))
+    return out
+
+
 def gpu_table(specs: Mapping[str, GpuSpec]) -> pd.DataFrame:
-    """Spec-sheet numbers per GPU id that the features need (NaN where the sheet is silent)."""
+    """Spec-sheet numbers per GPU id that the features need (a field the sheet is silent on
+    takes its architecture's median: ``spec_medians``)."""
     rows = []
     for gid, s in specs.items():
+        if any(not getattr(s, f) for f in SPARSE_FIELDS):
+            fill = spec_medians(s.architecture)
+            s = replace(s, **{f: getattr(s, f) or fill[f] for f in SPARSE_FIELDS})
         clock = float(s.boost_clock_mhz) if s.boost_clock_mhz else np.nan
         rows.append(
             {
