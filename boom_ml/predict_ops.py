@@ -9,7 +9,8 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 - GEMM (bmm, linear, mm, matmul, addmm): NeuSight's ``B,M,N,K``. ``bmm`` multiplies
   (B,M,N) x (B,N,K); ``linear``/``mm`` apply one N->K weight to B*M rows (B defaults to 1).
 - conv2d: ``batch, in_channels, out_channels, kernel_size, input_h`` (+ optional
-  ``input_w, stride, padding, kernel_w, stride_w, padding_w, groups``).
+  ``input_w, stride, padding, kernel_w, stride_w, padding_w, groups``); conv1d: the same
+  without the width columns (``input_h`` is its length).
 - row-wise and elementwise ops (layer_norm, rms_norm, softmax, add, mul, gelu, ... and the
   ``*_scalar`` forms): ``rows, cols`` (NeuSight's ``B, H``) or ``numel``.
 - embedding: ``rows`` (lookups) and ``cols`` (embedding dim).
@@ -86,7 +87,7 @@ def _family(op: str) -> str | None:
 
 
 def known_ops() -> list[str]:
-    return sorted({*GEMM_OPS, "conv2d", "sdpa", *ROW_OPS, *ELEMENTWISE})
+    return sorted({*GEMM_OPS, "conv2d", "conv1d", "sdpa", *ROW_OPS, *ELEMENTWISE})
 
 
 def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
@@ -143,6 +144,13 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
             raise InvalidInputError(
                 f"{where}: missing column(s) for {family} ops ({df.loc[rows, 'op'].iloc[0]}, row {first}): {', '.join(missing)}"
             )
+    one_d = (df["op"] == "conv1d").to_numpy()
+    if one_d.any():  # PyTorch runs conv1d as a 2-D convolution one pixel wide
+        for col, value in (("input_w", 1), ("kernel_w", 1), ("stride_w", 1), ("padding_w", 0)):
+            given = df[col] if col in df.columns else pd.Series(np.nan, index=df.index)
+            if (one_d & given.notna().to_numpy() & (given != value).to_numpy()).any():
+                raise InvalidInputError(f"{where}: conv1d has no width; leave {col} out")
+            df[col] = given.where(~one_d, value)
     if (fam == "conv").any():
         _check_convolutions(df[fam == "conv"], where)
     dtype = df["dtype"] if "dtype" in df.columns else pd.Series("fp32", index=df.index)
@@ -158,6 +166,15 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     direction = direction.fillna("forward").astype(str).str.strip().str.lower()
     if not direction.isin(["forward", "backward"]).all():
         raise InvalidInputError(f"{where}: direction must be forward or backward")
+    if "grad_wrt" in df.columns:  # which gradient a backward convolution computes
+        grad = df["grad_wrt"].astype(object).where(df["grad_wrt"].notna(), None)
+        grad = grad.map(lambda v: None if v is None else str(v).strip().lower())
+        set_ = grad.notna()
+        if (set_ & ~grad.isin(["input", "weight"])).any():
+            raise InvalidInputError(f"{where}: grad_wrt must be input or weight")
+        if (set_ & ~((fam == "conv") & (direction == "backward"))).any():
+            raise InvalidInputError(f"{where}: grad_wrt applies to backward conv rows only")
+        df["grad_wrt"] = grad
     out = df.drop(columns=[c for c in ("h", "latency_ms") if c in df.columns])
     out["family"] = fam
     out["op"] = [

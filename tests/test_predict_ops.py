@@ -216,3 +216,27 @@ def test_bf16_matrix_rows_before_ampere_are_noted(tmp_path, capsys):
     )
     run({"input": str(src), "gpu": "a100-80gb-pcie"})
     assert capsys.readouterr().err == ""
+
+
+def test_conv1d_is_a_conv2d_one_pixel_wide_and_grad_wrt_is_checked():
+    one_d = predict_ops(pd.DataFrame({"op": ["conv1d"], "batch": [8], "in_channels": [64],
+                                      "out_channels": [64], "kernel_size": [3],
+                                      "input_h": [512]}), "l4")  # fmt: skip
+    two_d = predict_ops(pd.DataFrame({"op": ["conv2d"], "batch": [8], "in_channels": [64],
+                                      "out_channels": [64], "kernel_size": [3], "input_h": [512],
+                                      "input_w": [1], "kernel_w": [1]}), "l4")  # fmt: skip
+    assert one_d["pred_ms"].iloc[0] == two_d["pred_ms"].iloc[0]
+    conv = {"op": ["conv2d"] * 2, "batch": [8] * 2, "in_channels": [64] * 2,
+            "out_channels": [64] * 2, "kernel_size": [3] * 2, "input_h": [56] * 2,
+            "direction": ["backward"] * 2}  # fmt: skip
+    spelled = predict_ops(pd.DataFrame({**conv, "grad_wrt": [" Weight", "weight"]}), "l4")
+    assert spelled["pred_ms"].iloc[0] == spelled["pred_ms"].iloc[1]
+    for grad, direction, words in [("bogus", "backward", "grad_wrt must be input or weight"),
+                                   ("weight", "forward", "backward conv rows only")]:  # fmt: skip
+        with pytest.raises(InvalidInputError, match=words):
+            predict_ops(pd.DataFrame({**conv, "direction": [direction] * 2,
+                                      "grad_wrt": [grad] * 2}), "l4")  # fmt: skip
+    with pytest.raises(InvalidInputError, match="conv1d has no width; leave input_w out"):
+        predict_ops(pd.DataFrame({"op": ["conv1d"], "batch": [8], "in_channels": [64],
+                                  "out_channels": [64], "kernel_size": [3], "input_h": [512],
+                                  "input_w": [7]}), "l4")  # fmt: skip
