@@ -190,7 +190,12 @@ def predict(
     if plot is not None:
         from boom_ml.report.figures import write_plots  # matplotlib: only when asked
 
-        prediction.plots = [str(p) for p in write_plots(prediction, graph, gpus, plot)]
+        prediction.plots = [
+            str(p)
+            for p in write_plots(
+                prediction, graph, gpus, plot, stack=software, grad_accum=grad_accum
+            )
+        ]
     return prediction
 
 

@@ -202,6 +202,22 @@ def test_timeline_png(tmp_path, graph):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_timeline_replays_what_the_table_predicts(graph):
+    """The plot's peak is the table's, with the stack's allocator options and accumulation
+    (it replayed PyTorch's default allocator and no accumulation, whatever was asked)."""
+    from boom_ml.report.plots import timeline_replay
+    from boom_ml.stack import resolve_stack
+
+    gpu = get_gpu("l4")
+    stack = resolve_stack({"expandable_segments": True})
+    drawn = timeline_replay(graph, gpu, stack=stack, grad_accum=2)
+    table = estimate_memory(graph, gpu, stack=stack, grad_accum=2)
+    assert drawn.total == table.total_bytes
+    assert drawn.result.peak_allocated == table.peak_allocated_bytes
+    # without accumulation the gradients are freed between steps: another, lower peak
+    assert timeline_replay(graph, gpu).result.peak_allocated < table.peak_allocated_bytes
+
+
 def test_batch_one_scales_from_batches_two_and_four(tmp_path):
     """HF decoders trace another structure at batch 1 than at 2: the search from batch 1
     takes its affine model from batches 2 and 4 instead of tracing every probe."""

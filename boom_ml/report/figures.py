@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from boom_ml.estimates import Prediction
 from boom_ml.gpus.spec import GpuSpec
@@ -13,9 +14,11 @@ from boom_ml.trace.graph import OpGraph
 
 
 def write_plots(
-    prediction: Prediction, graph: OpGraph, gpus: list[GpuSpec], directory: str | Path
-) -> list[Path]:
-    """Memory timeline and time breakdown on the fastest GPU that fits (else the fastest),
+    prediction: Prediction, graph: OpGraph, gpus: list[GpuSpec], directory: str | Path,
+    stack: Any = None, grad_accum: int = 1,
+) -> list[Path]:  # fmt: skip
+    """Memory timeline (replayed as the prediction was: ``stack``'s allocator options,
+    ``grad_accum``) and time breakdown on the fastest GPU that fits (else the fastest),
     plus the GPU comparison when there is more than one GPU."""
     out = check_plot_dir(directory)
     ranked = sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms))
@@ -23,7 +26,14 @@ def write_plots(
     spec = next(s for s in gpus if s.id == best.gpu)
     stem = prediction.model.replace(":", "_").replace("/", "_")
     written = [
-        memory_timeline(graph, spec, out / f"{stem}_memory_{best.gpu}.png", title=prediction.model),
+        memory_timeline(
+            graph,
+            spec,
+            out / f"{stem}_memory_{best.gpu}.png",
+            title=prediction.model,
+            stack=stack,
+            grad_accum=grad_accum,
+        ),  # fmt: skip
         plot_time_breakdown(best, out / f"{stem}_time_{best.gpu}.png", prediction.model),
     ]
     if len(prediction.gpus) > 1:

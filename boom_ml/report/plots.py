@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,27 +31,42 @@ def _phase_runs(phases: np.ndarray) -> list[tuple[str, int, int]]:
     return [(str(phases[s]), int(s), int(e)) for s, e in zip(starts, ends, strict=True)]
 
 
+def timeline_replay(
+    graph: OpGraph, gpu: GpuSpec, stack: Any = None, grad_accum: int = 1, steps: int | None = None
+) -> Any:
+    """The replay a memory timeline draws: the prediction's (the stack's allocator options,
+    gradients kept across micro-batches under accumulation), without the GPU's limit."""
+    from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
+
+    return simulate_step(graph, gpu, stack=stack, steps=steps or DEFAULT_STEPS, capacity=False,
+                         accumulate=grad_accum > 1)  # fmt: skip
+
+
 def memory_timeline(
     graph: OpGraph,
     gpu: GpuSpec,
     path: str | Path,
     steps: int | None = None,
     title: str | None = None,
+    stack: Any = None,
+    grad_accum: int = 1,
 ) -> Path:
     """Write a PNG of allocated and reserved memory over the replayed training steps.
 
-    Shaded bands mark forward, loss, backward, recompute and optimizer phases; dashed
-    lines mark the peak as nvidia-smi would show it (reserved plus the terms outside the
-    allocator) and the GPU's capacity.
+    The replay is the prediction's: the stack's allocator options (``stack``) and, with
+    ``grad_accum`` > 1, gradients kept between micro-batches. Shaded bands mark forward,
+    loss, backward, recompute and optimizer phases; dashed lines mark the peak as nvidia-smi
+    would show it (reserved plus the terms outside the allocator) and the memory the step
+    may use (the GPU's, less what the driver and the runtime keep: ``capacity_bytes``), the
+    latter only when the curves come within half of it (else the curves would be a line
+    along the bottom: the legend then gives it).
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
-
-    sm = simulate_step(graph, gpu, steps=steps or DEFAULT_STEPS, capacity=False)
+    sm = timeline_replay(graph, gpu, stack, grad_accum, steps)
     res, replay = sm.result, sm.replay
     ev_phase = graph.mem_events["phase"].to_numpy().astype(str)
     src = replay.src[: len(res.timeline_allocated)]
@@ -82,9 +98,14 @@ def memory_timeline(
     outside = sum(sm.outside_bytes.values())
     ax.axhline((res.peak_reserved + outside) / GIB, color="#c0392b", lw=0.8, ls="--",
                label=f"peak as nvidia-smi ({outside / GIB:.2f} GiB outside the allocator)")  # fmt: skip
-    ax.axhline(gpu.memory_bytes / GIB, color="black", lw=0.8, ls="--", label=f"{gpu.id} capacity")
+    peak, usable = res.peak_reserved + outside, gpu.capacity_bytes
+    label = f"{gpu.id} usable memory ({usable / GIB:.1f} GiB)"
+    if peak >= usable / 2:
+        ax.axhline(usable / GIB, color="black", lw=0.8, ls="--", label=label)
+    else:  # far below: the axis follows the curves, the legend names the limit
+        ax.plot([], [], color="black", lw=0.8, ls="--", label=label + ", above the axis")
     ax.set_xlim(0, max(len(x) - 1, 1))
-    ax.set_ylim(0, max(gpu.memory_bytes, res.peak_reserved + outside) / GIB * 1.05)
+    ax.set_ylim(0, max(usable if peak >= usable / 2 else 0, peak) / GIB * 1.08)
     ax.set_xlabel(f"allocator event ({int(step_of.max()) if len(step_of) else 0} training steps)")
     ax.set_ylabel("GiB")
     model = graph.meta.get("model", "")
