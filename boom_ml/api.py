@@ -180,7 +180,13 @@ def predict(
                 k: getattr(step, k)
                 for k in ("seq_len", "image_size")
                 if getattr(step, k) and graph.meta["step"].get(k) is None
-            },  # fmt: skip
+            }  # fmt: skip
+            # channels_last lays out convolutions' tensors: a model without one ignores it
+            | (
+                {"channels_last": True}
+                if step.channels_last and not graph.nodes["family"].eq("conv").any()
+                else {}
+            ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,
         },
         gpus=results,

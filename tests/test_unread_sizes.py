@@ -59,3 +59,16 @@ def test_a_cnn_given_a_sequence_length_says_it_was_not_used() -> None:
     text = render_table(pred)
     assert "seq=512" not in text.splitlines()[0]
     assert "Not used: seq_len=512 (this model's inputs do not read it)" in text
+
+
+def test_channels_last_on_a_model_without_convolutions_says_it_was_not_used() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    pred = boom_ml.predict(model="hf:gpt2", gpu="l4", batch_size=1, seq_len=32,
+                           channels_last=True, advice=False, max_batch="off")  # fmt: skip
+    assert pred.graph["unread"] == {"channels_last": True}
+    assert "Not used: channels_last=true (this model has no convolutions)" in render_table(pred)
+    cnn = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+                          channels_last=True, advice=False, max_batch="off")  # fmt: skip
+    assert cnn.graph["unread"] == {}

@@ -388,10 +388,15 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
-    unread = graph.get("unread") or {}
+    unread = dict(graph.get("unread") or {})
+    layout = unread.pop("channels_last", None)
     if unread:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
+    if layout:
+        console.print(
+            "Not used: channels_last=true (this model has no convolutions)", highlight=False
+        )
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
         console.print(basis, highlight=False, soft_wrap=True)
