@@ -11,9 +11,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from zoo_helpers import CPU, all_on_meta, fake_step
 
 from boom_ml.errors import InvalidInputError
+from boom_ml.hf_shipped import CONFIG_DIR, shipped
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo import build_model
-from boom_ml.zoo.hf_models import CONFIG_DIR, shipped
 
 REQUIRED_HF = [
     "gpt2",
