@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -95,7 +96,7 @@ def predict(
                         ("cluster", cluster), ("finetune", finetune)):  # fmt: skip
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputError(f"{name} must be a mapping of its options, got {value!r}")
-    if plot is not None and not isinstance(plot, str):
+    if plot is not None and not isinstance(plot, (str, os.PathLike)):
         raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
@@ -226,6 +227,7 @@ def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
     fields = {FINETUNE_KEYS[k]: v for k, v in finetune.items() if v is not None}
     if isinstance(fields.get("lora_targets"), str):  # finetune.targets=q_proj
         fields["lora_targets"] = [fields["lora_targets"]]
+    StepSpec(**fields)  # types and ranges first: "r must be an integer", not "applies to"
     method = fields.get("finetune_method", "full")
     # a key set away from its default that the method does not read would change nothing
     # without a word (the CLI's config passes every key, at its default unless set)

@@ -4,11 +4,13 @@ without it."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).parent / "zoo" / "hf_configs"
 
 
+@functools.cache
 def shipped() -> dict[str, Path]:
     """Model id -> shipped config path."""
     found = {p.stem.replace("--", "/"): p for p in CONFIG_DIR.glob("*.json")}

@@ -244,7 +244,8 @@ def test_api_finetune_mapping() -> None:
     # keys the method does not read, set away from their defaults, are refused
     for given, words in [({"r": 64}, "finetune.r applies to finetune.method=lora or qlora"),
                          ({"method": "lora", "double_quant": False}, "qlora, not lora"),
-                         ({"method": "lora", "targets": []}, "names no module; leave it out")]:  # fmt: skip
+                         ({"method": "lora", "targets": []}, "names no module; leave it out"),
+                         ({"method": "lora", "r": "8"}, "finetune.r must be an integer")]:  # fmt: skip
         with pytest.raises(InvalidInputError, match=words):
             finetune_fields(given)
     # the CLI passes every key at its default: those are not a user's setting

@@ -125,6 +125,9 @@ def test_explain_table_lists_block_kinds_with_their_count() -> None:
     assert len(conv) == 1 and conv[0][-1] == "x2"  # resnet18's layer4 holds two BasicBlocks
     assert not any("ResNet.layer4.0.conv2" in line for line in lines)
     assert any(line.startswith("  whole blocks: ResNet.layer4.* x2, ") for line in lines)
+    # one micro-batch is the step: shares of the step, no word of micro-batches
+    assert any(line.endswith("% of the step)") for line in lines)
+    assert not any("micro-batch" in line for line in lines)
 
 
 def test_explain_under_accumulation_speaks_of_one_micro_batch() -> None:

@@ -168,3 +168,24 @@ def test_dbrx_experts_route_evenly(tmp_path: Path) -> None:
     gemms = experts[experts.op.isin(["mm", "matmul", "bmm"])]
     assert len(gemms) == 3 * 4 * 2  # w1, v1, w2 for each of 4 experts in 2 layers
     assert int(gemms.flops.sum()) == 3 * 2 * pairs * hidden * ffn * 2
+
+
+def test_qlora_names_dbrxs_stacked_experts_as_unquantised(tmp_path: Path) -> None:
+    """DBRX keeps its experts as 2-D stacks (experts x ffn rows): not nn.Linear, so not
+    quantised, and the recipe counts them: w1, v1, w2 of 4 experts in each of 2 layers."""
+    from boom_ml.zoo.finetune import apply_recipe
+
+    path = tmp_path / "tiny_dbrx_synthetic.json"
+    path.write_text(json.dumps(TINY_DBRX))
+    module = build_model(f"hf:{path}").module
+    facts = apply_recipe(module, StepSpec(finetune_method="qlora", lora_targets=("Wqkv",)))
+    hidden, ffn = TINY_DBRX["d_model"], TINY_DBRX["ffn_config"]["ffn_hidden_size"]
+    assert facts["unquantized_expert_parameters"] == 2 * 3 * 4 * ffn * hidden
+
+
+def test_moe_imbalance_is_kept_where_a_cut_of_a_moe_model_has_no_experts() -> None:
+    """A pipeline rank's first layer of DeepSeek-V2-Lite is dense (first_k_dense_replace=1):
+    the skew is the model's, not refused because that cut routes nothing."""
+    built = build_model(ModelSpec("hf:deepseek-ai/DeepSeek-V2-Lite",
+                                  {"num_hidden_layers": 1, "moe_imbalance": 2.0}))  # fmt: skip
+    assert built.info["moe_layers"] == 0

@@ -170,3 +170,14 @@ def test_an_encoder_decoder_is_refused_in_one_line() -> None:
     with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder") as err:
         check_model(load_raw("hf:t5-small"), Layout(dp=2))
     assert "\n" not in str(err.value)
+
+
+def test_the_layout_search_says_why_it_cannot_cut_an_encoder_decoder() -> None:
+    """The advisor's search raises the one line (its reason) before any trace, where each
+    layout's refusal was swallowed and the advice came out empty."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.search import search_layouts_many
+    from boom_ml.specs import StepSpec
+
+    with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder"):
+        search_layouts_many("hf:t5-small", [get_gpu("l4")], StepSpec(batch_size=2))

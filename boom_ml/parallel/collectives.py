@@ -34,7 +34,7 @@ def scalar_fields(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GroupLink:
-    name: str  # tp | dp | pp
+    name: str  # tp | dp | pp | embedding
     size: int
     link: str  # link name, or "intra+inter" names
     busbw_gbs: float

@@ -171,6 +171,7 @@ def search_layouts_many(
     started = time.perf_counter()
     cluster = cluster or Cluster()
     raw = with_build_options(load_raw(model) if isinstance(model, str) else model, options)
+    check_model(raw, Layout(dp=2))  # a model no layout can cut: one line, the advice's reason
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     closest: dict[str, dict[str, Any]] = {}  # the smallest worst rank (p90) that does not fit

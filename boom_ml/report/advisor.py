@@ -20,7 +20,9 @@ layouts that fit, ranked by $ per step (``boom_ml/parallel/search.py``).
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -105,11 +107,13 @@ def halving_micros(batch: int) -> list[int]:
     """Micro-batch sizes about halving from ``batch`` down to 1, each dividing it exactly
     (the largest divisor at or below each half): a split that does not (5 as 2 x 2) trains
     fewer samples per step and looks faster for it."""
+    small = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
+    divisors = sorted({*small, *(batch // d for d in small)})  # trial division to the root
     out: list[int] = []
     target = batch
     while target > 1:
         target //= 2
-        micro = max(d for d in range(1, target + 1) if batch % d == 0)
+        micro = divisors[bisect.bisect_right(divisors, target) - 1]
         if micro not in out:
             out.append(micro)
     return out

@@ -168,12 +168,12 @@ def _layout_name(lay: dict[str, Any]) -> str:
     )
 
 
-def explain_lines(result: GpuPrediction, top_n: int = 8) -> list[str]:
+def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) -> list[str]:
     """Where the time and the peak memory go on one GPU, with the method of each number."""
     m, t = result.memory, result.time
     lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
     # under accumulation the ops, modules and blocks are one micro-batch's, run N times
-    micro = t.micro_step_ms if t.micro_step_ms else None
+    micro = t.micro_step_ms if grad_accum > 1 and t.micro_step_ms else None
     if micro:
         lines.append(f"  ops, modules and blocks below are one micro-batch's ({micro:.1f} ms)")
     whole, of = (micro, "a micro-batch") if micro else (t.step_ms, "the step")
@@ -389,11 +389,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
     unread = dict(graph.get("unread") or {})
-    layout = unread.pop("channels_last", None)
+    channels_last = unread.pop("channels_last", None)
     if unread:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
-    if layout:
+    if channels_last:
         console.print(
             "Not used: channels_last=true (this model has no convolutions)", highlight=False
         )
@@ -418,7 +418,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(line, highlight=False, soft_wrap=True)
     if explain:
         fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
-        for line in explain_lines(fastest):
+        for line in explain_lines(fastest, grad_accum=int(prediction.step.get("grad_accum", 1))):
             console.print(line, highlight=False, soft_wrap=True)
         if unknown := prediction.graph.get("unknown_ops"):  # OpGraph.unknown_ops
             names = ", ".join(f"{op} x{n}" for op, n in unknown.items())

@@ -34,11 +34,13 @@ SCHEMES = MODEL_SCHEMES
 # Bare-name lookup order (file models always need their scheme).
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
 # hf build options and their defaults: meaningless for other schemes
-HF_BUILD_OPTIONS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
-_CLI_KEYS = {
-    "attn_implementation": "attention",
-    "moe_imbalance": "moe.imbalance",
-}  # as users type them
+# (default, the key as users type it)
+_HF_OPTIONS = {
+    "attn_implementation": ("sdpa", "attention"),
+    "moe_imbalance": (1.0, "moe.imbalance"),
+}
+HF_BUILD_OPTIONS = {k: default for k, (default, _) in _HF_OPTIONS.items()}
+_CLI_KEYS = {k: cli for k, (_, cli) in _HF_OPTIONS.items()}
 _BUILDERS = {
     "torchvision": torchvision_models.build,
     "timm": timm_models.build,

@@ -66,7 +66,10 @@ def checkpointed_units(module: nn.Module) -> list[nn.Module]:
     modules that run checkpoint. Other modules carry the same flag for their own use (T5's
     attention reads it to make its position bias require a gradient) and are not blocks.
     """
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers < 4.52: no such class; every flagged module counts
+        GradientCheckpointingLayer = ()  # noqa: N806 (isinstance(x, ()) is False)
 
     def flagged(m: nn.Module) -> bool:
         return getattr(m, "gradient_checkpointing", False) is True

@@ -66,8 +66,9 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
                 "nn.Linear and Conv1D layers only"
                 + (f" (this model's are {', '.join(kinds)})" if kinds else "")
             )
+        # an expert block holds only expert weights (3-D in transformers 5, DBRX's 2-D stacks)
         fused = sum(p.numel() for m in module.modules() if is_expert_block(m)
-                    for p in m.parameters() if p.dim() >= 3 and not p.requires_grad)  # fmt: skip
+                    for p in m.parameters() if not p.requires_grad)  # fmt: skip
         # transformers 5 fuses MoE experts into 3-D tensors, not nn.Linear: not quantised here
         if fused:
             facts["unquantized_expert_parameters"] = fused
@@ -181,7 +182,13 @@ def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) 
     layer wraps is quantised and clones its output, as peft's 4-bit LoRA layer does.
     """
     from transformers.pytorch_utils import Conv1D
-    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    try:
+        from transformers.quantizers.quantizers_utils import should_convert_module
+    except ImportError:  # older transformers: the name itself or a suffix of it
+
+        def should_convert_module(path: str, patterns: list[str]) -> bool:
+            return not any(path == k or path.endswith("." + k) for k in patterns)
 
     skip = _output_heads(module)
     keep = _keep_in_fp32(module)

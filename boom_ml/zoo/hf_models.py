@@ -232,6 +232,18 @@ def _sequence_classifier(config: Any) -> None:
         config.problem_type = "single_label_classification"
 
 
+# Config fields that give a MoE model's expert count (Mixtral; Qwen-MoE; DeepSeek; DBRX's
+# ffn_config holds moe_num_experts)
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _has_experts(config: Any) -> bool:
+    """Whether the config describes experts, even where a cut of it has none built (a
+    pipeline rank's first layers of DeepSeek are dense: ``first_k_dense_replace``)."""
+    ffn = getattr(config, "ffn_config", None)
+    return any((getattr(config, k, 0) or getattr(ffn, k, 0) or 0) > 1 for k in _EXPERT_KEYS)
+
+
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
     overrides, attention, imbalance = split_options(spec.options)
     path = config_path(name)
@@ -251,7 +263,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.
     moe_layers = patch_moe(module, imbalance) if on_meta else 0
-    if on_meta and not moe_layers and imbalance != DEFAULT_IMBALANCE:
+    if on_meta and not moe_layers and imbalance != DEFAULT_IMBALANCE and not _has_experts(config):
         raise InvalidInputError(
             f"moe.imbalance={imbalance:g}: hf:{name} has no mixture-of-experts layers the zoo "
             "routes, so there is no expert load to skew; leave moe.imbalance out"

@@ -236,8 +236,8 @@ def _is_fused_experts(module: nn.Module) -> bool:
 
 
 def is_expert_block(module: nn.Module) -> bool:
-    """A module holding a MoE layer's experts as stacked 3-D weights (transformers' fused
-    experts, DBRX's own), not as ``nn.Linear`` layers."""
+    """A module holding a MoE layer's experts as stacked weights, not as ``nn.Linear``
+    layers: transformers' fused experts (3-D), DBRX's own (2-D, experts x ffn rows)."""
     return _is_fused_experts(module) or type(module).__name__ == "DbrxExperts"
 
 
