@@ -180,6 +180,14 @@ def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):
 def test_a_stage_without_the_head_holds_none_of_its_tensors(tiny_memory):
     from boom_ml.parallel.memory import rank_memory
 
+    from boom_ml.parallel.profile import _graphs, head_modules
+    from boom_ml.specs import StepSpec
+
+    # what runs after the last layer: the final norm, the head, the root's loss; the rotary
+    # tables run before the layers, on every stage
+    graph = _graphs(SYNTHETIC_TINY_LLAMA, 1, StepSpec(batch_size=2, seq_len=32))[0][0]
+    assert head_modules(graph) == {"LlamaForCausalLM", "LlamaForCausalLM.lm_head",
+                                   "LlamaForCausalLM.model.norm"}  # fmt: skip
     first, last = rank_memory(tiny_memory, Layout(pp=2), [1, 1])["per_stage"]
     # the head's share at the loss's peak: at least the logits (2 x 32 tokens x 256, fp32)
     assert tiny_memory.windows["loss"]["head"][1]["activation"] >= 2 * 32 * VOCAB * 4

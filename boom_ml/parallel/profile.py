@@ -273,8 +273,9 @@ def memory_profile(
     if hit is not None:
         _MEMO[key] = MemoryProfile(**hit)
         return _MEMO[key]
-    ests, peaks, splits, held = [], [], [], []
+    ests, peaks, splits, held, heads = [], [], [], [], []
     for graph, params in _graphs(raw, tp, step):
+        heads.append(head_modules(graph))
         held.append(held_for_backward(graph.mem_events))
         ests.append(estimate_memory(graph, gpu, stack=stack, grad_accum=step.grad_accum))
         peaks.append(window_peaks(graph, gpu, WINDOWS, stack=stack, grad_accum=step.grad_accum,
@@ -295,7 +296,7 @@ def memory_profile(
         method=ests[0].method,
         terms=list(ests[0].terms),
         trainable=trainable,
-        windows=_windows(ests, peaks),
+        windows=_windows(ests, peaks, heads),
         held=held,
     )  # fmt: skip
     disk_put("memory", key, asdict(prof))
@@ -328,24 +329,32 @@ EVERY_MODULE = 1 << 30
 HEAD_CATEGORIES = ("activation", "temporary", "autocast_copy")
 
 
-def head_bytes(by_module: list[dict[str, Any]]) -> dict[str, int]:
-    """Of a peak's bytes by module, those the head's modules hold (role "last": the model's
-    root, final norm, LM head and the loss inside it), by category. Bytes made outside every
-    module ("(top level)": the optimizer's temporaries, the training loop's) and the
-    synthetic entries (workspaces, parameter state) are every stage's."""
+def head_modules(graph: Any) -> set[str]:
+    """The modules that run after the last layer in the forward pass (final norm, LM head,
+    the model's root computing the loss): what only the last pipeline stage runs. Modules
+    outside the layers that run before them (rotary tables, the mask) are every stage's."""
+    fwd = graph.nodes[graph.nodes["phase"].eq("forward")]
+    modules = fwd["module"].astype(str).tolist()
+    layer_at = [i for i, m in enumerate(modules) if module_role(m) == "layer"]
+    after = modules[layer_at[-1] + 1 :] if layer_at else []
+    return {m for m in after if module_role(m) == "last"}
+
+
+def head_bytes(by_module: list[dict[str, Any]], heads: set[str]) -> dict[str, int]:
+    """Of a peak's bytes by module, those the head's modules (``heads``: head_modules) hold,
+    by category. Bytes made outside every module ("(top level)": the optimizer's temporaries,
+    the training loop's) and the synthetic entries (workspaces, parameter state) are every
+    stage's."""
     out = dict.fromkeys(HEAD_CATEGORIES, 0)
     for entry in by_module:
-        name = str(entry["module"])
-        if name.startswith("("):
-            continue
-        if module_role(name) != "last":
+        if str(entry["module"]) not in heads:
             continue
         for cat in HEAD_CATEGORIES:
             out[cat] += int(entry["by_category"].get(cat, 0))
     return out
 
 
-def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
+def _windows(ests: list[Any], peaks: list[Any], heads: list[set[str]]) -> dict[str, dict[str, Any]]:
     """Each window's peak of the 1- and 2-layer replays as the estimate reports a peak:
     nvidia-smi's total less the allocated bytes the window lacks against the step's peak,
     the window's own breakdown, the terms outside the allocator and the head's share."""
@@ -358,7 +367,7 @@ def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
             continue  # no such window (no optimizer step)
         view: dict[str, Any] = {"totals": [], "p10": [], "p90": [], "breakdowns": [],
                                 "optimizer_transient": [], "head": []}  # fmt: skip
-        for est, (allocated, att) in zip(ests, found, strict=True):
+        for est, (allocated, att), head in zip(ests, found, heads, strict=True):
             short = est.peak_allocated_bytes - allocated
             view["totals"].append(est.total_bytes - short)
             view["p10"].append(est.p10_bytes - short)
@@ -366,7 +375,7 @@ def _windows(ests: list[Any], peaks: list[Any]) -> dict[str, dict[str, Any]]:
             outside = {k: v for k, v in est.breakdown.items() if k not in CATEGORIES}
             view["breakdowns"].append({**att.by_category, **outside})
             view["optimizer_transient"].append(att.temporary_by_phase.get("optimizer", 0))
-            view["head"].append(head_bytes(att.by_module))
+            view["head"].append(head_bytes(att.by_module, head))
         out[name] = view
     return out
 
