@@ -179,7 +179,6 @@ def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):
 
 def test_a_stage_without_the_head_holds_none_of_its_tensors(tiny_memory):
     from boom_ml.parallel.memory import rank_memory
-
     from boom_ml.parallel.profile import _graphs, head_modules
     from boom_ml.specs import StepSpec
 
