@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -18,7 +17,7 @@ from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
 from boom_ml.report.advisor import advise, advise_layouts, layouts_that_fit
-from boom_ml.report.plot_dir import check_plot_dir
+from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
 from boom_ml.session import Session
 from boom_ml.specs import (
     MAX_BATCH_AUTO_GPUS,
@@ -96,8 +95,8 @@ def predict(
                         ("cluster", cluster), ("finetune", finetune)):  # fmt: skip
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputError(f"{name} must be a mapping of its options, got {value!r}")
-    if plot is not None and not isinstance(plot, (str, os.PathLike)):
-        raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
+    if plot is not None:
+        check_plot_path(plot)  # the directory itself is made and checked for one GPU only
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
     step = StepSpec(

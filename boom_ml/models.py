@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from boom_ml.hf_shipped import CONFIG_DIR
+from boom_ml.hf_shipped import shipped
 
 SCHEMES = ("hf", "torchvision", "timm", "file")
 
@@ -163,9 +163,8 @@ def _human(n: int | None) -> str:
 def shipped_rows() -> list[dict[str, Any]]:
     """One row per shipped HF config: id, architecture, model type, params, source."""
     rows = []
-    for path in sorted(CONFIG_DIR.glob("*.json"), key=lambda p: p.stem.lower()):
+    for model_id, path in shipped().items():
         raw = json.loads(path.read_text())
-        model_id = path.stem.replace("--", "/")
         rows.append(
             {
                 "id": f"hf:{model_id}",

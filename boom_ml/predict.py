@@ -199,10 +199,8 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         finetune_method=options.get("finetune_method"),
     )
     plot = options.get("plot")
-    if plot is not None and not isinstance(plot, str):
-        raise InvalidInputError(f"plot must be a directory path, got {plot!r}")
     if plot is not None:
-        check_plot_dir(plot)  # an unwritable directory fails here, not after the trace
+        check_plot_dir(plot)  # a non-path or unwritable directory fails here, not after the trace
     return options
 
 

@@ -8,8 +8,15 @@ from pathlib import Path
 from boom_ml.errors import InvalidInputError
 
 
+def check_plot_path(directory: object) -> None:
+    """``plot=`` names a directory: a path, not a number or a flag (the API takes any value)."""
+    if not isinstance(directory, (str, os.PathLike)):
+        raise InvalidInputError(f"plot must be a directory path, got {directory!r}")
+
+
 def check_plot_dir(directory: str | Path) -> Path:
     """Create ``directory`` or fail with one clear line if it cannot be written."""
+    check_plot_path(directory)
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ single (n -> k) weight to b*m rows. So n is always the reduction dim and k the o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -148,6 +149,7 @@ def _pow2(x: np.ndarray) -> np.ndarray:
 SPARSE_FIELDS = ("boost_clock_mhz", "l2_cache_mb", "tdp_w")
 
 
+@functools.cache  # the packaged table does not change within a process
 def spec_medians(architecture: str) -> dict[str, float]:
     """Median of each sparse field over the packaged GPUs of ``architecture`` that give it
     (over every packaged GPU where none does). No GPU with kernel or step measurements lacks
@@ -173,7 +175,7 @@ def gpu_table(specs: Mapping[str, GpuSpec]) -> pd.DataFrame:
         if any(not getattr(s, f) for f in SPARSE_FIELDS):
             fill = spec_medians(s.architecture)
             s = replace(s, **{f: getattr(s, f) or fill[f] for f in SPARSE_FIELDS})
-        clock = float(s.boost_clock_mhz) if s.boost_clock_mhz else np.nan
+        clock = float(s.boost_clock_mhz)  # every sparse field is filled by now
         rows.append(
             {
                 "gpu_id": gid,
@@ -184,10 +186,10 @@ def gpu_table(specs: Mapping[str, GpuSpec]) -> pd.DataFrame:
                 "bw": s.bandwidth_bytes_per_s,
                 "g_sm": float(s.sm_count),
                 "g_clock": clock,
-                "g_l2_mb": float(s.l2_cache_mb) if s.l2_cache_mb else np.nan,
-                "g_tdp": float(s.tdp_w) if s.tdp_w else np.nan,
+                "g_l2_mb": float(s.l2_cache_mb),
+                "g_tdp": float(s.tdp_w),
                 # FP32 FLOPs per SM per clock: 128 (64 lanes) or 256 (128 lanes per SM).
-                "g_lanes": s.fp32_tflops * 1e6 / (s.sm_count * clock) if clock else np.nan,
+                "g_lanes": s.fp32_tflops * 1e6 / (s.sm_count * clock),
             }
         )
     return pd.DataFrame(rows).set_index("gpu_id")
