@@ -132,7 +132,7 @@ def test_neusight_rows_trace_eager_attention(tmp_path) -> None:
 def test_cnn_2020_script_rows_zero_gradients_in_place() -> None:
     """cnn_step_times' 2020 script calls model.zero_grad() on PyTorch 1.7 (set_to_none=False
     by default): its rows trace zero_grad="zero"; the 2018 script's rows and other sources
-    keep the default, whose cache key did not change when the field was added."""
+    keep the default, whose cache key did not change when the fields were added."""
     row = {"model": "torchvision:squeezenet1_1", "batch_size": 12, "seq_len": None,
            "image_size": 64, "optimizer": "none", "amp": None, "checkpointing": None,
            "precision": "float32", "phase_scope": "fwd+bwd", "source": "cnn_step_times"}  # fmt: skip
@@ -140,12 +140,35 @@ def test_cnn_2020_script_rows_zero_gradients_in_place() -> None:
     old = row_trace_config(pd.Series({**row, "run_id": "script2018-card1"}))
     assert (new.zero_grad, old.zero_grad) == ("zero", "set_to_none")
     assert new.key() != old.key()
-    fields = {k: v for k, v in dataclasses.asdict(old).items() if k != "zero_grad"}
+    new_fields = ("zero_grad", "zero_grad_timed")
+    fields = {k: v for k, v in dataclasses.asdict(old).items() if k not in new_fields}
     blob = json.dumps([fields, torch.__version__, timm.__version__, transformers.__version__],
                       sort_keys=True)  # fmt: skip
     assert old.key() == hashlib.sha1(blob.encode()).hexdigest()[:16]
     zeroed = trace_config(new).nodes
     assert (zeroed["op"][zeroed["phase"] == "zero_grad"] == "zero_").sum() == 52  # parameters
+
+
+def test_timm_rows_add_into_gradients_zeroed_before_the_timer() -> None:
+    """timm's benchmark calls optimizer.zero_grad() (PyTorch 1.12: in place) before its timer:
+    the timed backward adds into each kept gradient (one add_ per parameter, 52 in
+    squeezenet1_1) and the zeroing kernels are not in the step."""
+    row = {"model": "torchvision:squeezenet1_1", "batch_size": 12, "seq_len": None,
+           "image_size": 64, "optimizer": "sgd", "amp": "fp16", "checkpointing": None,
+           "precision": "amp", "phase_scope": "fwd+bwd", "source": "timm_train"}  # fmt: skip
+    timm_cfg = row_trace_config(pd.Series(row))
+    assert (timm_cfg.zero_grad, timm_cfg.zero_grad_timed) == ("zero", False)
+    timed = dataclasses.replace(timm_cfg, zero_grad_timed=True)
+    assert timed.key() != timm_cfg.key()
+    nodes = trace_config(timm_cfg).nodes
+    whole = trace_config(timed).nodes
+    assert not (nodes["phase"] == "zero_grad").any()
+    assert (whole["phase"] == "zero_grad").sum() > 0
+    backward_adds = nodes["op"][nodes["phase"] == "backward"].eq("add_").sum()
+    assert backward_adds == 52
+    assert len(whole) - len(nodes) == (whole["phase"] == "zero_grad").sum()
+    inference = row_trace_config(pd.Series({**row, "phase_scope": "fwd"}))
+    assert (inference.zero_grad, inference.zero_grad_timed) == ("set_to_none", True)
 
 
 def test_graph_round_trips_through_cache(tmp_path) -> None:

@@ -36,6 +36,11 @@ SOURCE_ATTENTION = {"neusight_labels": "eager"}
 # so each step zeroes every gradient in place and backward adds into them. The 2018 script's
 # step is not described beyond its input, so its rows keep the default.
 ZERO_GRAD_RUNS = {"cnn_step_times": ("script2020",)}
+# Sources whose loop cleared gradients in place before its timer started: timm's
+# TrainBenchmarkRunner calls optimizer.zero_grad() (PyTorch 1.12: set_to_none=False) and then
+# starts the timer (timm_bench/SOURCE.md), so its timed backward adds into the kept gradients
+# while the zeroing kernels stay out of the step.
+ZERO_GRAD_UNTIMED = ("timm_train",)
 # timm's benchmark builds its "sgd" with create_optimizer_v2: SGD, nesterov momentum 0.9.
 OPTIMIZER_ALIASES = {("timm_train", "sgd"): "sgd-momentum"}
 
@@ -55,14 +60,16 @@ class TraceConfig:
     forward_only: bool  # inference rows: keep the forward nodes only
     attention: str = "sdpa"  # HF attn_implementation the measured run used (hf: models only)
     zero_grad: str = "set_to_none"  # StepSpec.zero_grad of the measured loop
+    zero_grad_timed: bool = True  # False: the loop zeroed before its timer (nodes dropped)
 
     def key(self) -> str:
         import timm
         import transformers
 
         fields = asdict(self)
-        if fields["zero_grad"] == "set_to_none":  # keys from before the field stay valid
-            del fields["zero_grad"]
+        for name, default in (("zero_grad", "set_to_none"), ("zero_grad_timed", True)):
+            if fields[name] == default:  # keys from before the field stay valid
+                del fields[name]
         blob = json.dumps([fields, torch.__version__, timm.__version__,
                            transformers.__version__], sort_keys=True)  # fmt: skip
         return hashlib.sha1(blob.encode()).hexdigest()[:16]
@@ -103,20 +110,22 @@ def trace_config(cfg: TraceConfig) -> OpGraph:
     step = StepSpec(cfg.batch_size, cfg.seq_len, cfg.image_size, cfg.optimizer, cfg.amp,
                     cfg.checkpointing, zero_grad=cfg.zero_grad)  # fmt: skip
     graph = trace_step(built, step)
-    if cfg.forward_only:
-        graph = forward_subgraph(graph)
+    phase = graph.nodes["phase"].astype(str)
+    if cfg.forward_only:  # an inference row: the forward nodes of the step
+        graph = subgraph(graph, phase.eq("forward").to_numpy(), forward_only=True)
+    elif not cfg.zero_grad_timed:
+        graph = subgraph(graph, phase.ne("zero_grad").to_numpy(), zero_grad_timed=False)
     return graph
 
 
-def forward_subgraph(graph: OpGraph) -> OpGraph:
-    """The forward nodes of a step (an inference row), with the edges among them."""
-    keep = graph.nodes["phase"].astype(str).eq("forward").to_numpy()
+def subgraph(graph: OpGraph, keep: Any, **meta: Any) -> OpGraph:
+    """The nodes under the mask ``keep``, with the edges and memory events among them."""
     nodes = graph.nodes[keep].reset_index(drop=True)
     ids = set(nodes["id"].tolist())
     edges = graph.edges[graph.edges["src"].isin(ids) & graph.edges["dst"].isin(ids)]
     events = graph.mem_events[graph.mem_events["node_id"].isin(ids)]
-    meta = {**graph.meta, "forward_only": True}
-    return OpGraph(nodes, edges.reset_index(drop=True), events.reset_index(drop=True), meta)
+    return OpGraph(nodes, edges.reset_index(drop=True), events.reset_index(drop=True),
+                   {**graph.meta, **meta})  # fmt: skip
 
 
 class GraphCache:
@@ -169,7 +178,8 @@ def tracer_source_hash() -> str:
 def row_trace_config(row: pd.Series) -> TraceConfig:
     opt = str(row["optimizer"]) if pd.notna(row["optimizer"]) else "none"
     src = str(row["source"])
-    zero = str(row.get("run_id")) in ZERO_GRAD_RUNS.get(src, ())
+    untimed = src in ZERO_GRAD_UNTIMED and row["phase_scope"] != "fwd"
+    zero = str(row.get("run_id")) in ZERO_GRAD_RUNS.get(src, ()) or untimed
     return TraceConfig(
         model=str(row["model"]),
         batch_size=int(row["batch_size"]),
@@ -182,6 +192,7 @@ def row_trace_config(row: pd.Series) -> TraceConfig:
         forward_only=row["phase_scope"] == "fwd",
         attention=SOURCE_ATTENTION.get(str(row["source"]), "sdpa"),
         zero_grad="zero" if zero else "set_to_none",
+        zero_grad_timed=not untimed,
     )
 
 
