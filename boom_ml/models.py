@@ -2,8 +2,8 @@
 
 Listing the shipped Hugging Face configs reads their JSON only (no torch import, well under
 a second); parameter counts come from the config by formula for the decoder families whose
-layout is known (``config_params``: Llama-like decoders, GPT-2, GPT-Neo, OPT, BERT, T5), else
-are left blank. ``--scheme torchvision`` /
+layout is known (``config_params``: Llama-like decoders, GPT-2, GPT-Neo, OPT, BERT, T5, ViT,
+Falcon, DeepSeek-V2), else are left blank. ``--scheme torchvision`` /
 ``--scheme timm`` import those libraries to list their names.
 
     python -m boom_ml.models                     # shipped hf: configs + how to name others
@@ -151,7 +151,65 @@ def _t5(raw: dict[str, Any]) -> int:
     return vocab * d + stacks
 
 
-_OTHER = {"gpt2": _gpt2, "gpt_neo": _gpt_neo, "opt": _opt, "bert": _bert, "t5": _t5}
+def _vit(raw: dict[str, Any]) -> int:
+    """ViTForImageClassification: a patch convolution, the class token and a position per
+    patch, pre-norm blocks with biased projections, a final LayerNorm, no pooler, and the
+    classifier over ``num_labels`` (or the labels the config names)."""
+    h, inner = raw["hidden_size"], raw["intermediate_size"]
+    patch, channels = raw.get("patch_size", 16), raw.get("num_channels", 3)
+    size = raw.get("image_size", 224)
+    labels = len(raw.get("id2label") or {}) or raw.get("num_labels", 2)
+    qkv = 3 * (h * h + h * raw.get("qkv_bias", True))
+    block = 4 * h + qkv + (h * h + h) + (h * inner + inner) + (inner * h + h)
+    embed = channels * patch * patch * h + h + h + ((size // patch) ** 2 + 1) * h
+    return embed + raw["num_hidden_layers"] * block + 2 * h + h * labels + labels
+
+
+def _falcon(raw: dict[str, Any]) -> int:
+    """FalconForCausalLM: fused q/k/v over ``num_kv_heads`` (one under ``multi_query``),
+    a 4x MLP, LayerNorms (one per block when attention and MLP run in parallel on the old
+    layout, two on the new one), tied head."""
+    h, heads, bias = raw["hidden_size"], raw["num_attention_heads"], raw.get("bias", False)
+    hd = h // heads
+    new = raw.get("new_decoder_architecture", False)
+    if new:
+        kv = raw.get("num_kv_heads") or heads
+    else:
+        kv = 1 if raw.get("multi_query", True) else heads
+    inner = raw.get("ffn_hidden_size") or 4 * h
+    qkv = h * (heads + 2 * kv) * hd + bias * (heads + 2 * kv) * hd
+    dense, mlp = h * h + bias * h, 2 * h * inner + bias * (inner + h)
+    norms = 2 if new or not raw.get("parallel_attn", True) else 1
+    tied = raw.get("tie_word_embeddings", True)
+    total = raw["vocab_size"] * h * (1 if tied else 2) + 2 * h
+    return total + raw["num_hidden_layers"] * (qkv + dense + mlp + 2 * h * norms)
+
+
+def _deepseek_v2(raw: dict[str, Any]) -> int:
+    """DeepseekV2ForCausalLM: multi-head latent attention (queries through an optional
+    low-rank ``q_lora_rank``, keys and values through ``kv_lora_rank`` with a decoupled
+    rotary key), dense MLPs in the first ``first_k_dense_replace`` layers, then routed and
+    shared experts every ``moe_layer_freq`` layers; RMS norms, untied head."""
+    h, heads, vocab = raw["hidden_size"], raw["num_attention_heads"], raw["vocab_size"]
+    nope, rope, v = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["v_head_dim"]
+    kv_rank, q_rank = raw["kv_lora_rank"], raw.get("q_lora_rank")
+    q_out = heads * (nope + rope)
+    query = h * q_out if not q_rank else h * q_rank + q_rank + q_rank * q_out
+    attn = query + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v) + heads * v * h
+    dense = 3 * h * raw["intermediate_size"]
+    experts, moe_inter = raw["n_routed_experts"], raw["moe_intermediate_size"]
+    sparse = experts * h + (experts + raw.get("n_shared_experts", 0)) * 3 * h * moe_inter
+    freq, first = raw.get("moe_layer_freq", 1), raw.get("first_k_dense_replace", 0)
+    tied = raw.get("tie_word_embeddings", False)
+    total = vocab * h * (1 if tied else 2) + h
+    for layer in range(raw["num_hidden_layers"]):
+        moe = layer >= first and layer % freq == 0
+        total += attn + 2 * h + (sparse if moe else dense)
+    return total
+
+
+_OTHER = {"gpt2": _gpt2, "gpt_neo": _gpt_neo, "opt": _opt, "bert": _bert, "t5": _t5,
+          "vit": _vit, "falcon": _falcon, "deepseek_v2": _deepseek_v2}  # fmt: skip
 
 
 def _human(n: int | None) -> str:

@@ -43,7 +43,8 @@ def test_json_rows(capsys: pytest.CaptureFixture[str]) -> None:
     assert llama["source"].startswith("https://huggingface.co/meta-llama/Llama-3.1-8B")
     assert rows["hf:Qwen/Qwen3-30B-A3B"]["moe"] and not rows["hf:gpt2"]["moe"]
     assert rows["hf:gpt2"]["params"] == 124_439_808  # GPT-2 small, as published
-    assert rows["hf:tiiuae/falcon-7b"]["params"] is None  # no formula for Falcon: left blank
+    assert rows["hf:tiiuae/falcon-7b"]["params"] == 6_921_720_704  # "7B"
+    assert rows["hf:deepseek-ai/DeepSeek-V2-Lite"]["params"] == 15_706_484_224  # "15.7B"
 
 
 def test_other_schemes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +76,7 @@ def test_formula_counts_a_tiny_config_exactly() -> None:
     dense = 3 * 8 * 16
     sparse = 3 * 8 + 3 * 3 * 8 * 4 + 3 * 8 * 6 + 8
     assert config_params(raw) == 2 * 10 * 8 + 8 + 2 * attn + dense + sparse
-    assert config_params({"model_type": "falcon"}) is None
+    assert config_params({"model_type": "mamba"}) is None  # no formula: left blank
 
 
 @pytest.mark.parametrize("model_id", WITH_FORMULA)
