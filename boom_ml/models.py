@@ -252,8 +252,8 @@ def _print_hf(rows: list[dict[str, Any]]) -> None:
     print(
         "  Any other hub id works too: hf:<org>/<name> reads config.json from the local "
         "Hugging Face cache\n  (HF_HOME / HF_HUB_CACHE), else downloads config.json alone "
-        "(never weights) unless HF_HUB_OFFLINE=1;\n  hf:<path> takes a local config.json "
-        "or a folder holding one."
+        "(never weights) unless HF_HUB_OFFLINE=1;\n  hf:<org>/<name>@<revision> pins a branch, "
+        "tag or commit; hf:<path> takes a local config.json or a folder holding one."
     )
 
 

@@ -74,6 +74,26 @@ def test_an_updated_hub_config_is_traced_afresh(offline_cache: Path) -> None:
     assert cache_key(model, step) != before
 
 
+def test_a_pinned_revision_reads_that_snapshot(offline_cache: Path) -> None:
+    """``hf:org/name@rev``: a tag or a commit hash picks its own snapshot, offline; an
+    uncached revision's error names the download that would fetch it."""
+    first = _populate_cache(offline_cache, "someorg/tiny-llama", TINY_LLAMA)
+    repo = offline_cache / "models--someorg--tiny-llama"
+    (repo / "snapshots" / ("f" * 40)).mkdir()
+    (repo / "snapshots" / ("f" * 40) / "config.json").write_text(
+        json.dumps({**TINY_LLAMA, "num_hidden_layers": 4})
+    )
+    (repo / "refs" / "v2").write_text("f" * 40)
+    layers = {
+        rev: build_model(f"hf:someorg/tiny-llama{rev}").module.config.num_hidden_layers
+        for rev in ("", "@v2", "@" + "f" * 40, "@" + first.parent.name)
+    }
+    assert layers == {"": 2, "@v2": 4, "@" + "f" * 40: 4, "@" + first.parent.name: 2}
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:someorg/tiny-llama@v3")
+    assert "`hf download someorg/tiny-llama config.json --revision v3`" in str(err.value)
+
+
 def test_hf_home_locates_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -108,7 +128,7 @@ def test_online_downloads_config_json_only(tmp_path: Path, monkeypatch: pytest.M
     calls: list[tuple] = []
 
     def fake_download(repo_id: str, filename: str, **kwargs: object) -> str:
-        calls.append((repo_id, filename, kwargs.get("cache_dir")))
+        calls.append((repo_id, filename, kwargs.get("cache_dir"), kwargs.get("revision")))
         return str(_populate_cache(tmp_path, repo_id, TINY_LLAMA))
 
     import huggingface_hub
@@ -116,7 +136,11 @@ def test_online_downloads_config_json_only(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     monkeypatch.setattr(hf_hub, "hub_resolves", lambda: True)
     built = build_model("hf:someorg/remote-llama")
-    assert calls == [("someorg/remote-llama", "config.json", tmp_path)]
+    build_model("hf:someorg/pinned-llama@refs/pr/1")
+    assert calls == [
+        ("someorg/remote-llama", "config.json", tmp_path, None),
+        ("someorg/pinned-llama", "config.json", tmp_path, "refs/pr/1"),
+    ]
     assert sum(p.numel() for p in built.module.parameters()) == TINY_LLAMA_PARAMS
 
 
@@ -135,6 +159,7 @@ def _http_error(cls: type, status: int) -> Exception:
         ("RepositoryNotFoundError", 401, InvalidInputError, "needs authentication.*HF_TOKEN"),
         ("RepositoryNotFoundError", 404, UnknownModelError, "no such repository"),
         ("RemoteEntryNotFoundError", 404, UnknownModelError, "has no config.json"),
+        ("RevisionNotFoundError", 404, UnknownModelError, "locked@v9: no revision 'v9' on"),
     ],
 )
 def test_hub_errors_are_one_line(
@@ -158,7 +183,7 @@ def test_hub_errors_are_one_line(
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fail)
     monkeypatch.setattr(hf_hub, "hub_resolves", lambda: True)
     with pytest.raises(expected, match=match) as err:
-        build_model("hf:someorg/locked")
+        build_model("hf:someorg/locked@v9")
     assert "\n" not in str(err.value)
 
 

@@ -3,8 +3,9 @@
 ``hf:<org>/<name>`` that is not shipped is looked up in the local cache first (``HF_HUB_CACHE``,
 else ``HF_HOME/hub``, else huggingface_hub's default), which works offline; when nothing is
 cached and ``HF_HUB_OFFLINE`` is not set, ``config.json`` alone is downloaded (never weights)
-with ``huggingface_hub.hf_hub_download``, into that same cache. Every failure is one line
-that says what to do.
+with ``huggingface_hub.hf_hub_download``, into that same cache. ``hf:<org>/<name>@<revision>``
+pins a branch, tag or commit (the cache is read at that revision, and that revision is
+downloaded). Every failure is one line that says what to do.
 
 The environment is read at call time, not when huggingface_hub was imported, so a test (or a
 notebook) that sets ``HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` afterwards is obeyed.
@@ -22,14 +23,27 @@ from urllib.parse import urlparse
 from boom_ml.errors import InvalidInputError, UnknownModelError
 
 CONFIG_NAME = "config.json"
-# org/name as the hub spells repo ids (one slash, no path tricks)
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# org/name as the hub spells repo ids (one slash, no path tricks), then an optional
+# @revision: a branch or tag (which may hold slashes, as refs/pr/1) or a commit hash
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-]+(/[\w.\-]+)*)?$")
 _TRUE = {"1", "on", "yes", "true"}
 
 
 def looks_like_repo_id(name: str) -> bool:
-    """``org/name`` that is not an existing local path (a local path always wins)."""
+    """``org/name[@revision]`` that is not an existing local path (a local path always wins)."""
     return bool(_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
+
+
+def split_revision(name: str) -> tuple[str, str | None]:
+    """``org/name@rev`` -> (``org/name``, ``rev``); without ``@``, the revision is None (main)."""
+    repo_id, _, revision = name.partition("@")
+    return repo_id, revision or None
+
+
+def _download_hint(name: str) -> str:
+    repo_id, revision = split_revision(name)
+    pin = f" --revision {revision}" if revision else ""
+    return f"`hf download {repo_id} config.json{pin}`"
 
 
 def offline() -> bool:
@@ -48,11 +62,12 @@ def cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def cached_config(repo_id: str) -> Path | None:
-    """The cached ``config.json`` of ``repo_id`` (revision ``main``), without the network."""
+def cached_config(name: str) -> Path | None:
+    """The cached ``config.json`` of ``org/name[@revision]`` (default ``main``), offline."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=cache_dir())
+    repo_id, revision = split_revision(name)
+    found = try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=cache_dir(), revision=revision)
     return Path(found) if isinstance(found, str) else None
 
 
@@ -60,7 +75,7 @@ def _offline_message(repo_id: str) -> str:
     return (
         f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
         f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access unset it "
-        f"(HF_HUB_OFFLINE=0), or run `hf download {repo_id} config.json`, or "
+        f"(HF_HUB_OFFLINE=0), or run {_download_hint(repo_id)}, or "
         "pass a local config.json path as hf:<path>"
     )
 
@@ -68,7 +83,7 @@ def _offline_message(repo_id: str) -> str:
 def _unreachable_message(repo_id: str) -> str:
     return (
         f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
-        f"cached ({cache_dir()}); run `hf download {repo_id} config.json` "
+        f"cached ({cache_dir()}); run {_download_hint(repo_id)} "
         "where there is network, or pass a local config.json path as hf:<path>"
     )
 
@@ -122,8 +137,9 @@ def fetch_config(repo_id: str) -> Path:
         if not os.environ.get("HF_TOKEN")
         else "the token in HF_TOKEN has no access to it (accept the terms on its hub page)"
     )
+    repo, revision = split_revision(repo_id)
     try:
-        return Path(hf_hub_download(repo_id, CONFIG_NAME, cache_dir=cache_dir()))
+        return Path(hf_hub_download(repo, CONFIG_NAME, cache_dir=cache_dir(), revision=revision))
     except GatedRepoError as err:  # before RepositoryNotFoundError: it is a subclass
         raise InvalidInputError(f"hf:{repo_id} is a gated repository: {token_hint}") from err
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as err:
@@ -138,7 +154,11 @@ def fetch_config(repo_id: str) -> Path:
         raise UnknownModelError(
             f"hf:{repo_id}: no such repository on the Hugging Face hub"
         ) from err
-    except (RemoteEntryNotFoundError, EntryNotFoundError, RevisionNotFoundError) as err:
+    except RevisionNotFoundError as err:
+        raise UnknownModelError(
+            f"hf:{repo_id}: no revision {revision or 'main'!r} on the hub"
+        ) from err
+    except (RemoteEntryNotFoundError, EntryNotFoundError) as err:
         raise UnknownModelError(f"hf:{repo_id} has no config.json on the hub") from err
     except HfHubHTTPError as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
