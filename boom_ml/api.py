@@ -188,6 +188,8 @@ def predict(
                 else {}
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,
+            # what the zoo says of the model it built (hub code it did not run)
+            "model_notes": graph.meta.get("model_notes", []),
         },
         gpus=results,
         advice=advised,

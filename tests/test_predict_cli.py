@@ -341,3 +341,24 @@ def test_ctrl_c_ends_a_prediction_with_one_line_and_its_workers_with_it(tmp_path
     time.sleep(1)
     left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True)
     assert left.stdout.strip() == ""  # the session it led holds no worker
+
+
+def test_a_config_naming_hub_code_says_which_class_was_traced(tmp_path, monkeypatch):
+    """A config.json with auto_map (trust_remote_code models) is built from transformers'
+    own class for its model_type; the table and JSON say so, once."""
+    from tiny_models import tiny_llama_config
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path / "cache"))
+    raw = {**tiny_llama_config(vocab_size=128),
+           "auto_map": {"AutoConfig": "org/repo--configuration_x.XConfig",
+                        "AutoModelForCausalLM": "modeling_x.XForCausalLM"}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    options = {**BASE, "model": f"hf:{tmp_path / 'config.json'}", "seq_len": 16,
+               "image_size": None, "advice": False}  # fmt: skip
+    note = ("the config's auto_map names the repository's own code (configuration_x.XConfig, "
+            "modeling_x.XForCausalLM); traced with transformers' LlamaForCausalLM instead "
+            "(that code is never run here)")  # fmt: skip
+    assert json.loads(run(options))["graph"]["model_notes"] == [note]
+    assert run({**options, "output": "table"}).count(f"Note: {note}.") == 1
+    (tmp_path / "config.json").write_text(json.dumps(tiny_llama_config(vocab_size=128)))
+    assert json.loads(run(options))["graph"]["model_notes"] == []

@@ -397,6 +397,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(
             "Not used: channels_last=true (this model has no convolutions)", highlight=False
         )
+    for note in graph.get("model_notes") or []:
+        console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
         console.print(basis, highlight=False, soft_wrap=True)

@@ -335,6 +335,7 @@ def trace_step_with_blocks(
                 p.numel() for p in built.module.parameters() if p.requires_grad
             ),
             "recipe": runner.recipe,
+            "model_notes": list(built.info.get("notes", [])),  # what the zoo built instead
             "method_notes": runner.recipe.get("method_notes", [])
             + getattr(runner.optimizer, "method_notes", []),
             "torch_version": torch.__version__,

@@ -118,6 +118,20 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         raise InvalidInputError(f"HF config {path}: {err}") from err
 
 
+def _remote_code_note(config: Any, head: str) -> list[str]:
+    """A config whose ``auto_map`` names the repo's own modelling code (trust_remote_code)
+    is built from transformers' class for its model_type: say so, since that code is what
+    the user's run would execute, and it may differ (fused kernels, other layouts)."""
+    auto_map = getattr(config, "auto_map", None)
+    if not isinstance(auto_map, dict) or not auto_map:
+        return []
+    hub_classes = sorted({str(v).split("--")[-1] for v in auto_map.values()})
+    return [
+        f"the config's auto_map names the repository's own code ({', '.join(hub_classes)}); "
+        f"traced with transformers' {head} instead (that code is never run here)"
+    ]
+
+
 def _in_mapping(mapping: Any, config: Any) -> bool:
     try:
         return type(config) in mapping
@@ -394,5 +408,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
+            "notes": _remote_code_note(config, head),
         },
     )
