@@ -51,6 +51,9 @@ class TimeEstimate:
     by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase of the whole step
     overhead_ms: float = 0.0  # step time not attributed to any op (GNN overhead term)
     micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
+    # a later micro-batch's adds into the kept gradients (grad_accum with set_to_none; in
+    # step_ms and by_phase["backward"] once per micro-batch after the first)
+    accumulate_ms: float = 0.0
     top_ops: list[dict[str, Any]] = field(default_factory=list)
     top_modules: list[dict[str, Any]] = field(default_factory=list)
     # top_modules with repeated blocks summed: "h.*.attn" with "blocks": 36 (trace/module_paths)

@@ -21,6 +21,7 @@ from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import Stack, resolve_stack
+from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.cudnn_from_flash import cudnn_from_flash, derivable, trace_order
@@ -199,6 +200,12 @@ class Session:
             # Time for the bucket's GPUs in one call (one GNN pass, one LightGBM call per head).
             timed = [k for k in members if memories[k].fits or not time_unless_oom]
             estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
+            if step.grad_accum > 1 and step.zero_grad == "set_to_none":
+                # micro-batches 2..N add into the gradients the first one left
+                adds = gradient_adds_ms(graph, [gpus[k] for k in timed], tf32)
+                estimates = [
+                    replace(e, accumulate_ms=a) for e, a in zip(estimates, adds, strict=True)
+                ]
             times.update(zip(timed, estimates, strict=True))
         results = []
         bf16 = "bf16" in (step.amp, step.params_dtype)
@@ -283,24 +290,33 @@ def _largest_batch(
 
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
     """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
-    micro-batch, zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
+    micro-batch, each after the first adding into the kept gradients (``accumulate_ms``, set
+    when the trace is a first micro-batch), zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
     time without them; ``by_phase`` is the step's, so it adds up to ``step_ms`` as without
-    accumulation; ``by_family`` and the top lists stay one micro-batch and the optimizer's)."""
+    accumulation; ``by_family`` and the top lists stay one micro-batch and the optimizer's;
+    p10 / p90 keep their ratio to the step)."""
     once_ms = time.by_phase.get("optimizer", 0.0) + time.by_phase.get("zero_grad", 0.0)
     micro = time.step_ms - once_ms
     if grad_accum == 1:
         return replace(time, micro_step_ms=micro)
+    adds = (grad_accum - 1) * time.accumulate_ms  # the later micro-batches' gradient adds
+    step_ms = grad_accum * micro + adds + once_ms
 
-    def scale(v: float | None) -> float | None:
-        return None if v is None else grad_accum * (v - once_ms) + once_ms
+    def scale(bound: float | None) -> float | None:
+        # the interval is calibrated as a ratio to the step (log(measured / estimated)), so
+        # it keeps that ratio: shifting it by the optimizer's median would skew it
+        return None if bound is None or time.step_ms <= 0 else bound * step_ms / time.step_ms
 
     once = ("optimizer", "zero_grad")
     return replace(
         time,
-        step_ms=scale(time.step_ms),
+        step_ms=step_ms,
         p10_ms=scale(time.p10_ms),
         p90_ms=scale(time.p90_ms),
         micro_step_ms=micro,
-        by_phase={k: v if k in once else grad_accum * v for k, v in time.by_phase.items()},
+        by_phase={
+            k: v if k in once else grad_accum * v + (adds if k == "backward" else 0.0)
+            for k, v in time.by_phase.items()
+        },
         overhead_ms=grad_accum * time.overhead_ms,
     )

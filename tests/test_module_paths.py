@@ -142,9 +142,13 @@ def test_explain_under_accumulation_speaks_of_one_micro_batch() -> None:
                                  image_size=64, advice=False, grad_accum=3)  # fmt: skip
     t = prediction.gpus[0].time
     lines = render_table(prediction, explain=True).splitlines()
+    once = t.by_phase["optimizer"] + t.by_phase.get("zero_grad", 0.0)
+    assert t.accumulate_ms > 0  # micro-batches 2 and 3 add into the kept gradients
     assert (
-        f"  ops, modules and blocks below are one micro-batch's ({t.micro_step_ms:.1f} ms)" in lines
-    )
+        f"  ops, modules and blocks below are one micro-batch's ({t.micro_step_ms:.1f} ms, run 3 "
+        f"times, each after the first adding {t.accumulate_ms:.2f} ms into the kept gradients) "
+        f"and the optimizer step's ({once:.1f} ms, run once)"
+    ) in lines
     (block,) = [line for line in lines if line.startswith("  whole blocks: ResNet.layer4.* x2, ")]
     share = float(re.search(r"\(([\d.]+) % of a micro-batch\)", block).group(1))
     (ms,) = [b["ms"] for b in t.block_totals if b["module"] == "ResNet.layer4.*"]

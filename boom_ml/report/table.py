@@ -175,7 +175,17 @@ def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) ->
     # under accumulation the ops, modules and blocks are one micro-batch's, run N times
     micro = t.micro_step_ms if grad_accum > 1 and t.micro_step_ms else None
     if micro:
-        lines.append(f"  ops, modules and blocks below are one micro-batch's ({micro:.1f} ms)")
+        once = t.by_phase.get("optimizer", 0.0) + t.by_phase.get("zero_grad", 0.0)
+        adds = (
+            f", each after the first adding {t.accumulate_ms:.2f} ms into the kept gradients"
+            if t.accumulate_ms
+            else ""
+        )
+        lines.append(
+            f"  ops, modules and blocks below are one micro-batch's ({micro:.1f} ms, run "
+            f"{grad_accum} times{adds})"
+            + (f" and the optimizer step's ({once:.1f} ms, run once)" if once else "")
+        )
     whole, of = (micro, "a micro-batch") if micro else (t.step_ms, "the step")
     lines += [
         f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']:<5} "
@@ -420,6 +430,13 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(line, highlight=False, soft_wrap=True)
     if explain:
         fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
+        if len(prediction.gpus) > 1:
+            console.print(
+                f"Explained: {fastest.gpu}, the fastest of the {len(prediction.gpus)} GPUs "
+                "(gpu=<id> alone explains another)",
+                highlight=False,
+                soft_wrap=True,
+            )
         for line in explain_lines(fastest, grad_accum=int(prediction.step.get("grad_accum", 1))):
             console.print(line, highlight=False, soft_wrap=True)
         if unknown := prediction.graph.get("unknown_ops"):  # OpGraph.unknown_ops

@@ -11,7 +11,8 @@ import os
 #    native GQA in the fused kernels; causal attention FLOPs count the kept pairs only
 # 10: a grouped convolution's weight gradient counts its own FLOPs (torch's formula counted
 #     groups=1: a depthwise one C times over)
-TRACE_VERSION = 10
+# 11: meta["gradients"]: the gradients' sizes per dtype (gradient accumulation's adds)
+TRACE_VERSION = 11
 
 # ``$BOOM_REPEAT_LAYERS=0``: trace deep models whole, never one layer repeated (trace/repeat.py);
 # torch-free here because the trace cache keys on it

@@ -78,6 +78,8 @@ class _StepRunner:
         self.state_blocks: set[int] = set()
         self.sdpa: dict = {}  # the SDPA calls' backends (attention.SdpaLog), graph meta "sdpa"
         self.with_grad: set[int] = set()  # ids of the parameters backward gave a gradient
+        # those gradients per dtype (tensors, elements): what a further micro-batch adds into
+        self.gradient_sizes: dict[str, dict[str, int]] = {}
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -161,6 +163,9 @@ class _StepRunner:
         del loss, inputs
         # parameters that got a gradient (a master-weight optimizer drops them in its step)
         self.with_grad = {id(p) for p in self.module.parameters() if p.grad is not None}
+        self.gradient_sizes = _sizes_by_dtype(
+            [p.grad for p in self.module.parameters() if p.grad is not None]
+        )
         if self.recorder is not None:
             self.grad_blocks = {
                 self.recorder.block_of(p.grad)
@@ -336,6 +341,7 @@ def trace_step_with_blocks(
             ),
             "recipe": runner.recipe,
             "model_notes": list(built.info.get("notes", [])),  # what the zoo built instead
+            "gradients": runner.gradient_sizes,
             "method_notes": runner.recipe.get("method_notes", [])
             + getattr(runner.optimizer, "method_notes", []),
             "torch_version": torch.__version__,
@@ -413,6 +419,17 @@ def _state_tensors(runner: _StepRunner, host: set[int]) -> list[torch.Tensor]:
         ]
     loose = getattr(runner.optimizer, "loose_tensors", None)  # a master-weight loss scale
     return tensors + (loose() if callable(loose) else [])
+
+
+def _sizes_by_dtype(tensors: list[torch.Tensor]) -> dict[str, dict[str, int]]:
+    """{dtype: {"tensors": count, "numel": elements}}: counts only, so that a deep model's
+    meta extends from its shallow traces' by a layer's share (trace/repeat.py)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in tensors:
+        entry = out.setdefault(str(t.dtype).removeprefix("torch."), {"tensors": 0, "numel": 0})
+        entry["tensors"] += 1
+        entry["numel"] += t.numel()
+    return out
 
 
 def _recipe_bytes(built: BuiltModel, runner: _StepRunner) -> dict[str, int]:
