@@ -24,6 +24,7 @@ from boom_ml.specs import (
     StepSpec,
     cache_setting,
     check_bool,
+    check_model_options,
     check_number,
     max_batch_setting,
     search_max_batch,
@@ -62,6 +63,7 @@ def predict(
     finetune: dict[str, Any] | None = None,
     checkpointing_every: int = 1,
     max_batch: str | bool = "auto",
+    model_options: dict[str, Any] | None = None,
 ) -> Prediction:
     """Predict memory and step time of one training step of ``model`` on each GPU in ``gpu``.
 
@@ -87,14 +89,18 @@ def predict(
     With ``cache`` (default), traced steps are reused from and stored in the on-disk
     cache (:mod:`boom_ml.trace_cache`); ``cache=False`` traces afresh and stores nothing.
     ``max_batch`` (auto | on | off, or a bool): search the largest batch that fits on each
-    GPU; auto does for up to ``specs.MAX_BATCH_AUTO_GPUS`` GPUs.
+    GPU; auto does for up to ``specs.MAX_BATCH_AUTO_GPUS`` GPUs. ``model_options`` are what
+    the model is built with: torchvision / timm / file-factory keyword arguments, or hf
+    config fields (``{"aux_logits": False}``, ``{"num_hidden_layers": 12}``).
     """
     check_bool("advice", advice)
     cache = cache_setting(cache)
     for name, value in (("stack", stack), ("moe", moe), ("parallel", parallel),
-                        ("cluster", cluster), ("finetune", finetune)):  # fmt: skip
+                        ("cluster", cluster), ("finetune", finetune),
+                        ("model_options", model_options)):  # fmt: skip
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputError(f"{name} must be a mapping of its options, got {value!r}")
+    check_model_options(model_options)
     if plot is not None:
         check_plot_path(plot)  # the directory itself is made and checked for one GPU only
     software = resolve_stack(stack)
@@ -126,7 +132,8 @@ def predict(
     if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace
         for spec in gpus:
             intra_link(nodes, spec.id, spec.name, spec.architecture)
-    options = {"attn_implementation": attention, "moe_imbalance": _moe_imbalance(moe)}
+    options = {**dict(model_options or {}), "attn_implementation": attention,
+               "moe_imbalance": _moe_imbalance(moe)}  # fmt: skip
     if not layout.is_single:
         return _predict_parallel(model, gpus, step, layout, nodes, software, options,
                                  cache=cache, advice=advice)  # fmt: skip

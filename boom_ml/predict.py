@@ -35,12 +35,15 @@ from boom_ml.specs import (
     StepSpec,
     cache_setting,
     check_bool,
+    check_model_options,
     max_batch_setting,
 )
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 OUTPUTS = ("table", "json")
+# the group whose keys are the model constructor's, free-form (model_options.aux_logits=false)
+OPEN_GROUP = "model_options"
 BOOL_KEYS = ("explain", "advice", "tf32", "channels_last", "master_weights")
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
@@ -78,7 +81,8 @@ def rewrite_aliases(argv: list[str]) -> list[str]:
     """``optimizer.impl=X`` → ``optimizer_impl=X`` (``optimizer`` is a string, not a mapping),
     ``gpu=a100,h100`` → ``gpu=[a100,h100]`` for the keys that take a list (Hydra reads a
     bare comma list as a sweep and, without ``--multirun``, stops with "Ambiguous value"),
-    and release numbers quoted (``stack.torch=2.10`` is not the number 2.1)."""
+    release numbers quoted (``stack.torch=2.10`` is not the number 2.1), and
+    ``model_options.K=V`` added as a new key (the constructor's keys cannot be listed)."""
     sweep = any(arg in ("-m", "--multirun") for arg in argv)
     out = []
     for arg in argv:
@@ -89,6 +93,8 @@ def rewrite_aliases(argv: list[str]) -> list[str]:
             value = f"[{value}]"
         if key in VERSION_KEYS and value and value[:1] not in "'\"" and value != "null":
             value = f"'{value}'"
+        if key.startswith(OPEN_GROUP + ".") and not prefix:
+            prefix = "+"  # a key the config cannot list (Hydra needs "+" to add it)
         out.append(f"{prefix}{key}{sep}{value}" if sep else arg)
     return out
 
@@ -104,7 +110,7 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
         key = key.lstrip("+~")
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
-        if key not in known:
+        if key not in known and not key.startswith(OPEN_GROUP + "."):
             raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
         if value.strip() not in ("", "null") and not value.lstrip().startswith("{"):
             check_group(key, value, config_name)
@@ -177,6 +183,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     if "max_batch" in options:
         options["max_batch"] = max_batch_setting(options["max_batch"])
     check_model_syntax(options.get("model"))
+    check_model_options(options.get("model_options"))
     step_fields = {f.name for f in dataclasses.fields(StepSpec)}
     StepSpec(**{k: v for k, v in options.items() if k in step_fields})  # ranges and choices
     parse_gpu_list(options.get("gpu"))  # ids, aliases, YAML files: gpus.csv read with csv

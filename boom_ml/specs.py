@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -166,6 +167,25 @@ class StepSpec:
         matmul = self.tf32 if self.tf32_matmul is None else self.tf32_matmul
         cudnn = True if self.tf32_cudnn is None else self.tf32_cudnn  # on by default anyway
         return bool(matmul), bool(cudnn)
+
+
+# hf build choices with keys of their own (the zoo's build options), never model_options
+BUILD_OPTION_KEYS = {"attn_implementation": "attention", "moe_imbalance": "moe.imbalance"}
+
+
+def check_model_options(value: Any) -> None:
+    """``model_options``: keyword names to values (what the model is built with)."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise InvalidInputError(f"model_options must be a mapping of its options, got {value!r}")
+    for key in value:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise InvalidInputError(f"model_options keys are keyword names, got {key!r}")
+        if key in BUILD_OPTION_KEYS:
+            raise InvalidInputError(
+                f"model_options.{key}: set it with {BUILD_OPTION_KEYS[key]}= instead"
+            )
 
 
 def check_bool(name: str, value: Any) -> None:

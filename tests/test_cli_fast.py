@@ -151,8 +151,11 @@ def test_a_bare_comma_list_is_the_list_unless_sweeping():
         # YAML reads stack.torch=2.10 as the number 2.1, another release: quoted, it is 2.10
         (["stack.torch=2.10", "stack.cuda=12.8", "stack.cudnn='9.1.0.70'", "stack.torch=null"],
          ["stack.torch='2.10'", "stack.cuda='12.8'", "stack.cudnn='9.1.0.70'", "stack.torch=null"]),
+        # the constructor's keys are not in the config: Hydra adds them with "+"
+        (["model_options.aux_logits=false", "+model_options.x=1", "model_options={a: 1}"],
+         ["+model_options.aux_logits=false", "+model_options.x=1", "model_options={a: 1}"]),
     ],
-    ids=["optimizer.impl alias", "release numbers stay text"],
+    ids=["optimizer.impl alias", "release numbers stay text", "model_options keys added"],
 )  # fmt: skip
 def test_aliases_and_release_numbers_are_rewritten(argv, rewritten):
     assert rewrite_aliases(argv) == rewritten

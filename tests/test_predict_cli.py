@@ -259,6 +259,10 @@ def _factory_file(tmp_path, body: str) -> str:
     [
         ("def make():\n    raise ValueError('no such layer')\n", "raised ValueError"),
         ("def make():\n    return 42\n", "Module"),
+        (
+            "import torch\ndef make():\n    return torch.nn.Sequential(torch.nn.LazyLinear(4))\n",
+            r"lazy modules \(LazyLinear\) take their sizes from a first real forward",
+        ),
     ],
 )
 def test_bad_file_factory(tmp_path, body, words):
@@ -362,3 +366,47 @@ def test_a_config_naming_hub_code_says_which_class_was_traced(tmp_path, monkeypa
     assert run({**options, "output": "table"}).count(f"Note: {note}.") == 1
     (tmp_path / "config.json").write_text(json.dumps(tiny_llama_config(vocab_size=128)))
     assert json.loads(run(options))["graph"]["model_notes"] == []
+
+
+FLAT_CNN = """
+import torch
+def make():
+    # three convolutions, no nn.Sequential / ModuleList: nothing to checkpoint
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 64, 3, padding=1)
+            self.b = torch.nn.Conv2d(64, 64, 3, padding=1)
+            self.head = torch.nn.Linear(64, 10)
+        def forward(self, x):
+            return self.head(self.b(self.a(x)).mean(dim=(2, 3)))
+    return Flat()
+"""
+
+
+def test_advice_skips_a_change_the_model_cannot_take(tmp_path):
+    """A model without blocks cannot be checkpointed: that candidate is no advice, and the
+    prediction asked for (checkpointing=none) still prints, with the changes that work."""
+    options = {**BASE, "model": _factory_file(tmp_path, FLAT_CNN), "batch_size": 64,
+               "image_size": 512, "advice": True, "max_batch": "off"}  # fmt: skip
+    result = json.loads(run(options))
+    assert result["gpus"][0]["memory"]["fits"] is False
+    changes = [a["change"] for a in result["advice"]["l4"]]
+    assert changes and not any("checkpointing" in c for c in changes)
+    assert any("batch_size" in c for c in changes)
+
+
+def test_model_options_build_the_model_from_the_command_line():
+    """inception_v3 at batch 1 needs its aux head off (BatchNorm of a 1x1 map); the error
+    names model_options, and with it the step traces (torchvision's 23,834,568 parameters
+    without the aux head); build options with keys of their own are refused in it."""
+    options = {**BASE, "model": "torchvision:inception_v3", "batch_size": 1, "image_size": None,
+               "advice": False, "max_batch": "off"}  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"model_options=\{aux_logits:false\}"):
+        run(options)
+    result = json.loads(run({**options, "model_options": {"aux_logits": False}}))
+    assert result["graph"]["num_parameters"] == 23_834_568
+    with pytest.raises(InvalidInputError, match="set it with attention= instead"):
+        run({**options, "model_options": {"attn_implementation": "eager"}})
+    with pytest.raises(InvalidInputError, match="model_options must be a mapping"):
+        run({**options, "model_options": "aux_logits=false"})

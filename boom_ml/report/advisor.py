@@ -234,9 +234,10 @@ def advise(
                 try:
                     results = evaluate(changed, [spec for spec, _, _ in group])
                 except BoomError:
-                    if not recipe:
-                        raise
-                    continue  # peft has no adapter targets for this model: no recipe advice
+                    # a change this model cannot take (no blocks to checkpoint, a batch its
+                    # head refuses, no adapter targets for peft): not advice, and the
+                    # prediction the user asked for stands
+                    continue
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
                 if recipe:

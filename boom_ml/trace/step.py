@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from boom_ml import progress
-from boom_ml.errors import BoomError, TraceError
+from boom_ml.errors import BoomError, InvalidInputError, TraceError
 from boom_ml.specs import StepSpec
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 from boom_ml.trace.attention import cuda_attention
@@ -243,9 +244,23 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
 @contextlib.contextmanager
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
+    lazy = sorted(
+        {type(m).__name__ for m in built.module.modules() if isinstance(m, LazyModuleMixin)}
+    )
+    if lazy:
+        raise InvalidInputError(
+            f"{built.spec.text}: lazy modules ({', '.join(lazy)}) take their sizes from a first "
+            "real forward, which a trace on fake tensors never runs; build them with their "
+            "sizes (nn.Linear for nn.LazyLinear, nn.Conv2d for nn.LazyConv2d)"
+        )
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
     attention = cuda_attention(step.sdpa_group or DEFAULT_GROUP)  # the target GPUs' kernels
+    try:
+        recipe = apply_recipe(built.module, step)  # on the meta device: dtypes, LoRA, NF4
+    except BoomError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - peft or a quantiser failing on the user's model
+        raise TraceError(_describe_failure(built, exc)) from exc
     with (
         _quiet_fake_tensor_log(),
         fake_mode,
@@ -255,14 +270,14 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
         cuda_rnn(),
         cuda_autocast_policy(),
     ):
-        built.materialize("cpu")
-        built.module.train()
-        if step.checkpointing != "none":
-            built.enable_checkpointing(built.module)
-            recipe["checkpointed_blocks"] = configure_checkpointing(
-                built.module, step.checkpointing, step.checkpointing_every, built.spec.text
-            )
         try:
+            built.materialize("cpu")
+            built.module.train()
+            if step.checkpointing != "none":
+                built.enable_checkpointing(built.module)
+                recipe["checkpointed_blocks"] = configure_checkpointing(
+                    built.module, step.checkpointing, step.checkpointing_every, built.spec.text
+                )
             runner = _StepRunner(built, step)
             runner.recipe = recipe
             yield runner

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
-from boom_ml.specs import MODEL_SCHEMES, ModelSpec
+from boom_ml.specs import BUILD_OPTION_KEYS, MODEL_SCHEMES, ModelSpec
 from boom_ml.zoo import file_models, hf_models, timm_models, torchvision_models
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import closest
@@ -33,14 +33,10 @@ __all__ = ["BuiltModel", "SCHEMES", "build_model", "list_models", "resolve_name"
 SCHEMES = MODEL_SCHEMES
 # Bare-name lookup order (file models always need their scheme).
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
-# hf build options and their defaults: meaningless for other schemes
-# (default, the key as users type it)
-_HF_OPTIONS = {
-    "attn_implementation": ("sdpa", "attention"),
-    "moe_imbalance": (1.0, "moe.imbalance"),
-}
-HF_BUILD_OPTIONS = {k: default for k, (default, _) in _HF_OPTIONS.items()}
-_CLI_KEYS = {k: cli for k, (_, cli) in _HF_OPTIONS.items()}
+# hf build options and their defaults: meaningless for other schemes (the keys users type
+# for them: specs.BUILD_OPTION_KEYS)
+HF_BUILD_OPTIONS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
+_CLI_KEYS = BUILD_OPTION_KEYS
 _BUILDERS = {
     "torchvision": torchvision_models.build,
     "timm": timm_models.build,

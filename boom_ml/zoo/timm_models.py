@@ -86,9 +86,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         if strict is not None and size != strict:
             raise InvalidInputError(
                 f"{what} is built for {strict}x{strict} images; for {size}, leave image_size out,"
-                f' pick a variant built for {size}, or return timm.create_model("{name}",'
-                f" img_size={size}) from a factory (model=file:<path.py>:<factory>; in Python,"
-                f' Session(model, options={{"img_size": {size}}}))'
+                f" pick a variant built for {size}, or build it with"
+                f" model_options={{img_size:{size}}}"
             )
         batch = image_batch(step.batch_size, size, max(num_classes, 1), dev)
         if in_chans != 3:

@@ -110,14 +110,14 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         if fixed_size is not None and size != fixed_size:
             raise InvalidInputError(
                 f"{what} is built for {fixed_size}x{fixed_size} images; to use {size}, "
-                f'build it with options={{"image_size": {size}}}'
+                f"build it with model_options={{image_size:{size}}}"
             )
         if aux_bn_1x1 and step.batch_size < 2:
             # Its aux head batch-normalises a 1x1 map: one image has one value per channel,
             # which BatchNorm rejects in training, on a GPU as here.
             raise InvalidInputError(
                 f"{what} trains with batch_size >= 2 (its aux head); or pass "
-                'options={"aux_logits": false}'
+                "model_options={aux_logits:false}"
             )
         return image_batch(step.batch_size, size, num_classes, dev)
 
