@@ -46,6 +46,8 @@ GEMM_OPS = {"bmm": "bmm", "baddbmm": "bmm", "linear": "linear", "addmm": "linear
 ROW_OPS = {"layer_norm": "norm", "ln": "norm", "rms_norm": "norm", "batch_norm": "norm",
            "group_norm": "norm", "softmax": "softmax", "log_softmax": "softmax",
            "embedding": "embedding"}  # fmt: skip
+# NeuSight's names for an elementwise op with a Python-scalar operand (its addu.csv, ...)
+SCALAR_OPS = {f"{o}u": f"{o}_scalar" for o in ("add", "mul", "div", "pow")}
 FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
     "gemm": ("m", "n", "k"),
     "conv": ("batch", "in_channels", "out_channels", "kernel_size", "input_h"),
@@ -87,7 +89,7 @@ def _family(op: str) -> str | None:
 
 
 def known_ops() -> list[str]:
-    return sorted({*GEMM_OPS, "conv2d", "conv1d", "sdpa", *ROW_OPS, *ELEMENTWISE})
+    return sorted({*GEMM_OPS, "conv2d", "conv1d", "sdpa", *ROW_OPS, *ELEMENTWISE, *SCALAR_OPS})
 
 
 def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
@@ -101,7 +103,7 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         )
     if "op" not in df.columns:
         raise InvalidInputError(f"{where}: missing column: op")
-    df["op"] = df["op"].astype(str).str.strip().str.lower()
+    df["op"] = df["op"].astype(str).str.strip().str.lower().replace(SCALAR_OPS)
     fam = df["op"].map(_family)
     if fam.isna().any():
         bad = df.loc[fam.isna(), "op"].iloc[0]

@@ -70,3 +70,18 @@ def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_said() -> None:
     plain = api.predict("torchvision:resnet18", gpu=["t4"], **kw)
     assert plain.gpus[0].time.bf16_tensor_cores is None
     assert "bf16 tensor cores" not in render_table(plain)
+
+
+def test_a_yaml_spec_that_takes_a_measured_gpus_id_is_not_measured(tmp_path) -> None:
+    """basis 'measured' is for the packaged spec whose kernels were measured, not for any
+    spec that happens to carry its id."""
+    from boom_ml.gpus import get_gpu as lookup
+    from boom_ml.timing.basis import ARCHITECTURE, MEASURED, basis
+
+    measured = ["a100-80gb-pcie"]
+    spec = tmp_path / "mine.yaml"
+    spec.write_text("id: a100-80gb-pcie\nname: mine\narchitecture: ampere\n"
+                    "compute_capability: '8.0'\nsm_count: 10\nmemory_gb: 8\n"
+                    "memory_bandwidth_gbs: 100\nfp32_tflops: 1\n")  # fmt: skip
+    assert basis(lookup("a100-80gb-pcie"), measured) == MEASURED
+    assert basis(lookup(str(spec)), measured) == ARCHITECTURE

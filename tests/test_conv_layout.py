@@ -102,3 +102,24 @@ def test_the_traced_step_carries_the_layout_to_its_time(monkeypatch) -> None:
         times[cl] = [e.step_ms for e in estimate.estimate_times(graph, gpus)]
     assert times[False][0] > times[True][0]  # autocast's fp16 convolutions on tensor cores
     assert times[False][1] == pytest.approx(times[True][1])  # Pascal: no tensor cores
+
+
+def test_the_gnn_reads_nhwc_only_where_half_precision_convolutions_run() -> None:
+    """Every channels_last step the GNN trained on ran under AMP: an fp32 step in NHWC, whose
+    per-op times equal the NCHW step's, gets the NCHW step's context (the GNN would otherwise
+    move an fp32 P100 step on a flag it never saw in that setting); under AMP the flag counts."""
+    import numpy as np
+
+    from boom_ml.timing.gnn_features import gpu_context
+    from boom_ml.trace.step import trace_step
+    from tests.tiny_models import tiny_cnn
+
+    gpu = get_gpu("t4")
+    flag = {}
+    for amp in ("none", "fp16"):
+        spec = StepSpec(batch_size=8, image_size=32, optimizer="sgd", amp=amp, channels_last=True)
+        graph = trace_step(tiny_cnn(), spec)
+        context = [gpu_context(graph, gpu, None, np.ones(len(graph.nodes)), cl) for cl in (0, 1)]
+        flag[amp] = context[1] - context[0]
+    assert not flag["none"].any()
+    assert flag["fp16"].sum() == 1.0  # the one channels_last input, set

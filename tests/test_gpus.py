@@ -308,8 +308,8 @@ def test_yaml_minimal_fills_defaults(tmp_path: Path):
     assert spec.id == "my-future-gpu"
     assert spec.compute_capability == "10.0"
     assert spec.memory_bytes == 8 * GIB
-    assert spec.fp16_tflops is None and spec.l2_cache_mb is None
-    assert spec.peak_flops("float16") == pytest.approx(1.5e12)
+    assert spec.l2_cache_mb is None and spec.fp16_tflops > spec.fp32_tflops  # Blackwell's
+    assert spec.peak_flops("float16") == pytest.approx(spec.fp16_tflops * 1e12)
     assert str(path) in spec.source
 
 
@@ -430,3 +430,24 @@ def test_cli_prints_table_and_details(capsys):
     assert out == "" and err.startswith("error: unknown GPU 'h100-sxn' (did you mean")
     assert err.count("\n") == 1  # one line on stderr, as boom_ml.predict's errors
     assert cli_main(["all"]) == 0 and "h100-sxm" in capsys.readouterr().out  # as gpu=all
+
+
+def test_a_yaml_spec_without_tensor_rates_gets_its_architectures(tmp_path):
+    """An Ampere spec with fp32_tflops alone: its fp16 / bf16 / TF32 rates come from the
+    packaged Ampere GPUs per SM and MHz (were timed at the fp32 rate: resnet18 under bf16
+    autocast 2.9x an A100's time on an A100's own numbers), and the source says so; a Turing
+    spec gets no bf16 rate (no packaged Turing GPU has one)."""
+    from boom_ml.gpus import get_gpu
+
+    body = ("name: mine\narchitecture: {arch}\ncompute_capability: '{cc}'\nsm_count: 108\n"
+            "boost_clock_mhz: 1410\nmemory_gb: 80\nmemory_bandwidth_gbs: 2039\nfp32_tflops: 19.5\n")  # fmt: skip
+    (tmp_path / "amp.yaml").write_text(body.format(arch="ampere", cc="8.0"))
+    (tmp_path / "tur.yaml").write_text(body.format(arch="turing", cc="7.5"))
+    ampere, turing = get_gpu(str(tmp_path / "amp.yaml")), get_gpu(str(tmp_path / "tur.yaml"))
+    assert ampere.fp16_tflops > 4 * ampere.fp32_tflops and ampere.bf16_tflops > 0
+    assert ampere.tf32_tflops > ampere.fp32_tflops and ampere.fp8_tflops is None
+    assert "fp16_tflops, bf16_tflops not given: the median ampere rate" in ampere.source
+    assert turing.fp16_tflops > turing.fp32_tflops and turing.bf16_tflops is None
+    given = tmp_path / "given.yaml"
+    given.write_text(body.format(arch="ampere", cc="8.0") + "fp16_tflops: 312\n")
+    assert get_gpu(str(given)).fp16_tflops == 312.0  # a given rate is kept

@@ -44,8 +44,9 @@ def test_neusight_conventions_map_to_canonical_rows():
         "op": ["linear", "softmax", "addu", "conv2d"][:3],
         "B": [2, 8, 8], "M": [128, None, None], "N": [512, None, None], "K": [256, None, None],
         "H": [None, 1024, 1024], "dtype": ["fp16", None, "fp32"],
-    }).replace({"addu": "add_scalar"}))  # fmt: skip
+    }))  # fmt: skip
     assert list(rows["family"]) == ["gemm", "softmax", "elementwise"]
+    assert rows.loc[2, "op"] == "add_scalar"  # NeuSight's "u": a Python-scalar operand
     assert rows.loc[1, "rows"] == 8 and rows.loc[1, "cols"] == 1024 and rows.loc[1, "numel"] == 8192
     assert list(rows["dtype"]) == ["float16", "float32", "float32"]
 

@@ -112,3 +112,19 @@ def test_cli_checks_the_switches():
     )
     with pytest.raises(InvalidInputError, match="tf32_matmul must be true or false, got 'yes'"):
         validate({"model": "torchvision:resnet18", "gpu": "l4", "tf32_matmul": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("step", "label"),
+    [
+        ({"tf32": False}, ""),  # PyTorch's defaults: matmuls off, cuDNN on
+        ({"tf32": True}, "  tf32"),
+        ({"tf32": False, "tf32_matmul": True}, "  tf32"),
+        ({"tf32": False, "tf32_cudnn": False}, "  no-tf32-cudnn"),
+        ({"tf32": True, "tf32_cudnn": False}, "  tf32-matmul  no-tf32-cudnn"),
+    ],
+)
+def test_the_table_title_names_switches_off_pytorchs_defaults(step, label):
+    from boom_ml.report.table import _tf32_label
+
+    assert _tf32_label(step) == label

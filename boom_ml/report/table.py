@@ -26,9 +26,18 @@ def _title(prediction: Prediction) -> str:
         + f"  opt={step['optimizer']}  amp={step['amp']}  ckpt={step['checkpointing']}"
         + (f"  params={step['params_dtype']}" if step.get("params_dtype", "fp32") != "fp32" else "")
         + ("+fp32 master" if step.get("master_weights") else "")
-        + ("  tf32" if step.get("tf32") else "")
+        + _tf32_label(step)
         + (f"  accum={step['grad_accum']}" if step.get("grad_accum", 1) > 1 else "")
     )
+
+
+def _tf32_label(step: dict) -> str:
+    """The TF32 switches where they differ from PyTorch's defaults (matmuls off, cuDNN on)."""
+    matmul = step.get("tf32") if step.get("tf32_matmul") is None else step["tf32_matmul"]
+    cudnn = step.get("tf32_cudnn") is not False
+    if matmul and cudnn:
+        return "  tf32"
+    return ("  tf32-matmul" if matmul else "") + ("" if cudnn else "  no-tf32-cudnn")
 
 
 def _peak(m: MemoryEstimate) -> str:

@@ -34,7 +34,7 @@ def measured_gpus(model: str | None = None) -> list[str]:
 
 def basis(gpu: GpuSpec, measured: Collection[str]) -> str:
     """:data:`MEASURED`, :data:`ARCHITECTURE` or :data:`UNMEASURED` for ``gpu``."""
-    if gpu.id in measured:
+    if gpu.id in measured and get_gpu(gpu.id) == gpu:  # not a user spec that took its id
         return MEASURED
     architectures = {get_gpu(g).architecture for g in measured}
     return ARCHITECTURE if gpu.architecture in architectures else UNMEASURED

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from boom_ml.predict_ops import SCALAR_OPS
 from data_collection.importers.common import (
     GpuResolver,
     ImportResult,
@@ -36,7 +37,7 @@ OPS: dict[str, tuple[str, str]] = {
     "ln": ("layer_norm", "norm"),
     "softmax": ("softmax", "softmax"),
     **{o: (o, "elementwise") for o in ("add", "mul", "div", "pow", "relu", "gelu", "tanh")},
-    **{f"{o}u": (f"{o}_scalar", "elementwise") for o in ("add", "mul", "div", "pow")},
+    **{name: (op, "elementwise") for name, op in SCALAR_OPS.items()},
 }
 TRAIN_FILES = ("bmm", "linear", "conv", "ln", "softmax", "add", "addu", "div", "divu",
                "gelu", "mul", "mulu", "pow", "powu", "relu", "tanh")  # fmt: skip
