@@ -13,10 +13,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# The Hydra YAMLs live at the repository's top level (configs/), beside the package: boom-ml
+# runs from its checkout (pip install -e .), and a wheel without them says so in one line.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 HELP_FLAGS = ("--help", "-h")
 # Top-level YAML blocks that are Hydra's, not the user's: the defaults list and hydra.*
 _HYDRA_BLOCKS = ("defaults:", "hydra:")
+
+
+def require_configs() -> str:
+    """``CONFIG_DIR`` as text for ``hydra.main``; InvalidInputError where it is missing."""
+    if not (CONFIG_DIR / "predict.yaml").is_file():
+        from boom_ml.errors import InvalidInputError
+
+        raise InvalidInputError(
+            f"boom-ml's configs/ folder is not beside its package ({CONFIG_DIR}): boom-ml runs "
+            "from its source checkout; install it with `pip install -e .` there"
+        )
+    return str(CONFIG_DIR)
 
 
 def help_requested(argv: Sequence[str]) -> bool:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from boom_ml import config_help
 from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
@@ -40,7 +41,7 @@ from boom_ml.specs import (
 )
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIR = str(config_help.CONFIG_DIR)
 OUTPUTS = ("table", "json")
 # the group whose keys are the model constructor's, free-form (model_options.aux_logits=false)
 OPEN_GROUP = "model_options"
@@ -263,6 +264,7 @@ def main() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])
     try:
+        config_help.require_configs()
         check_override_keys(sys.argv[1:])
     except BoomError as err:
         _fail(err)

@@ -40,7 +40,6 @@ import pandas as pd
 from boom_ml.errors import BoomError, InvalidInputError
 from boom_ml.timing.features import ELEMENTWISE, conv_shape
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
 GEMM_OPS = {"bmm": "bmm", "baddbmm": "bmm", "linear": "linear", "addmm": "linear", "mm": "mm",
             "matmul": "mm", "gemm": "mm"}  # fmt: skip
 ROW_OPS = {"layer_norm": "norm", "ln": "norm", "rms_norm": "norm", "batch_norm": "norm",
@@ -328,13 +327,18 @@ def run(cfg: Any) -> str | None:
 
 
 def main() -> None:
-    from boom_ml.config_help import print_help_if_asked
+    from boom_ml.config_help import print_help_if_asked, require_configs
 
+    try:
+        config_dir = require_configs()
+    except BoomError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     if print_help_if_asked(__doc__, "predict_ops"):
         return
     import hydra
 
-    @hydra.main(config_path=CONFIG_DIR, config_name="predict_ops", version_base="1.3")
+    @hydra.main(config_path=config_dir, config_name="predict_ops", version_base="1.3")
     def _entry(cfg: Any) -> None:
         try:
             text = run(cfg)

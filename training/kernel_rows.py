@@ -12,7 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+from boom_ml import config_help
+
+CONFIG_DIR = str(config_help.CONFIG_DIR)
 
 
 def train_ops_config() -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from boom_ml import config_help
 from boom_ml.config_help import print_help_if_asked
 from boom_ml.timing.gemm import (
     GemmModel,
@@ -30,7 +31,6 @@ from boom_ml.timing.gemm import (
 )
 from training.gemm_learners import fit_variant
 
-REPO = Path(__file__).resolve().parent.parent
 SCORED_OPS = ("bmm", "linear")  # NeuSight's two GEMM tables, fp32
 MIN_TEST_ROWS = 20
 MIN_TRAIN_ROWS = 200  # fewer GEMM rows: no model (train_ops' min_rows for a head)
@@ -161,7 +161,7 @@ def load_config(**override: Any) -> dict:
     """``configs/train_gemm.yaml`` as a dict (top-level keys replaced by ``override``)."""
     from omegaconf import OmegaConf
 
-    o = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "train_gemm.yaml"))
+    o = OmegaConf.to_container(OmegaConf.load(config_help.CONFIG_DIR / "train_gemm.yaml"))
     return {**o, **override}
 
 
@@ -278,7 +278,9 @@ def main() -> None:
     import hydra
     from omegaconf import OmegaConf
 
-    @hydra.main(config_path=str(REPO / "configs"), config_name="train_gemm", version_base="1.3")
+    @hydra.main(
+        config_path=str(config_help.CONFIG_DIR), config_name="train_gemm", version_base="1.3"
+    )
     def _entry(cfg: Any) -> None:
         run(OmegaConf.to_container(cfg, resolve=True), log=lambda m: print(m, flush=True))
 

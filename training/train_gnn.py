@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from boom_ml import config_help
 from boom_ml.config_help import print_help_if_asked
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
@@ -34,7 +35,7 @@ from training import intervals, run_bias
 from training.gnn_decision import cv_table, decide, mape, markdown
 from training.graph_dataset import StepGraphDataset, build_dataset
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "configs")
+CONFIG_DIR = str(config_help.CONFIG_DIR)
 FAMILY_FOLDS = ("cnn", "transformer")
 
 
