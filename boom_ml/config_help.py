@@ -71,3 +71,17 @@ def print_help_if_asked(
         return False
     print(help_text(doc, config_name))
     return True
+
+
+def doc_help_or_no_args(doc: str | None, argv: Sequence[str] | None = None) -> bool:
+    """For commands without options: print ``doc`` and say True on ``--help``; any other
+    argument ends the process with one line and exit status 2 (it would be ignored)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if help_requested(argv):
+        print((doc or "").strip())
+        return True
+    if argv:
+        print(f"error: this command takes no arguments (got {' '.join(argv)}); --help says what it does",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    return False

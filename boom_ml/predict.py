@@ -104,11 +104,19 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
     """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error, and
     a value given to a group of keys (``parallel=4``), which Hydra also rejects in lines."""
     known = config_keys(config_name)
+    seen: dict[str, str] = {}
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
             continue  # --help, -m, --cfg job: Hydra's flags
         key, _, value = arg.partition("=")
         key = key.lstrip("+~")
+        if key in seen and not any(a in ("-m", "--multirun") for a in argv):
+            # Hydra keeps the last silently; with two spellings (optimizer.impl= and
+            # optimizer_impl=) the user cannot tell which one won
+            raise InvalidInputError(
+                f"{key} is given twice ({seen[key]!r} and {value!r}); give it once"
+            )
+        seen[key] = value
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
         if key not in known and not key.startswith(OPEN_GROUP + "."):

@@ -127,6 +127,17 @@ def test_config_keys_are_read_from_the_yaml_with_nested_keys(tmp_path, monkeypat
         check_override_keys(["+model.name=3"], "nested")
 
 
+def test_a_key_given_twice_is_refused_unless_sweeping():
+    """Two spellings of one key (optimizer.impl= and optimizer_impl=): Hydra kept the last
+    silently."""
+    argv = rewrite_aliases(["optimizer_impl=fused", "optimizer.impl=loop"])
+    with pytest.raises(
+        InvalidInputError, match=r"optimizer_impl is given twice \('fused' and 'loop'\)"
+    ):
+        check_override_keys(argv)
+    check_override_keys(["-m", "batch_size=8", "batch_size=16"])  # a sweep may repeat keys
+
+
 def test_predict_yaml_keys_include_cache():
     assert {"model", "gpu", "batch_size", "cache", "plot"} <= config_keys("predict")
 

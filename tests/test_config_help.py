@@ -46,3 +46,16 @@ def test_config_keys_keeps_comments_and_drops_hydra_blocks() -> None:
     text = config_keys("train_gnn")
     assert "  spec_context: true        # false: the GNN does not see the GPU's spec-sheet" in text
     assert "override hydra/job_logging" not in text and "output_subdir" not in text
+
+
+def test_commands_without_options_answer_help_and_refuse_arguments(capsys):
+    """training.layout_check / label_check / step_spread take no options: --help prints what
+    they do (layout_check ran its two-minute job on --help), anything else is exit 2."""
+    from boom_ml.config_help import doc_help_or_no_args
+
+    assert doc_help_or_no_args("What it does.\n", ["--help"]) is True
+    assert capsys.readouterr().out == "What it does.\n"
+    assert doc_help_or_no_args("What it does.", []) is False
+    with pytest.raises(SystemExit) as stop:
+        doc_help_or_no_args("What it does.", ["--verbose"])
+    assert stop.value.code == 2 and "takes no arguments (got --verbose)" in capsys.readouterr().err

@@ -76,4 +76,7 @@ def ops_sum_mape(table: pd.DataFrame) -> pd.Series:
 
 
 if __name__ == "__main__":
-    main()
+    from boom_ml.config_help import doc_help_or_no_args
+
+    if not doc_help_or_no_args(__doc__):
+        main()

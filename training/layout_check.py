@@ -85,4 +85,7 @@ def main(cfg: dict[str, Any] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]
 
 
 if __name__ == "__main__":
-    main()
+    from boom_ml.config_help import doc_help_or_no_args
+
+    if not doc_help_or_no_args(__doc__):
+        main()
