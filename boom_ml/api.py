@@ -20,10 +20,12 @@ from boom_ml.report.advisor import advise, advise_layouts, layouts_that_fit
 from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
 from boom_ml.session import Session
 from boom_ml.specs import (
+    ATTENTION_CHOICES,
     MAX_BATCH_AUTO_GPUS,
     StepSpec,
     cache_setting,
     check_bool,
+    check_choice,
     check_model_options,
     check_number,
     max_batch_setting,
@@ -101,6 +103,7 @@ def predict(
         if value is not None and not isinstance(value, Mapping):
             raise InvalidInputError(f"{name} must be a mapping of its options, got {value!r}")
     check_model_options(model_options)
+    check_choice("attention", attention, ATTENTION_CHOICES)
     if plot is not None:
         check_plot_path(plot)  # the directory itself is made and checked for one GPU only
     software = resolve_stack(stack)

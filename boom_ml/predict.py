@@ -31,11 +31,13 @@ from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
+    ATTENTION_CHOICES,
     MODEL_SCHEMES,
     ModelSpec,
     StepSpec,
     cache_setting,
     check_bool,
+    check_choice,
     check_model_options,
     max_batch_setting,
 )
@@ -145,6 +147,8 @@ def check_model_syntax(text: Any) -> None:
     spec = ModelSpec(text.strip())
     if spec.scheme is None:
         head, sep, _ = spec.text.partition(":")
+        if sep and head.endswith(".py"):  # a factory file without its scheme
+            raise UnknownModelError(f"a model factory in a file is named file:{spec.text}")
         # "org/name:rev" or "C:\\path" are not schemes; "torchvison:resnet50" is a typo of one
         if sep and head and "/" not in head and "." not in head:
             raise UnknownModelError(
@@ -193,6 +197,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         options["max_batch"] = max_batch_setting(options["max_batch"])
     check_model_syntax(options.get("model"))
     check_model_options(options.get("model_options"))
+    check_choice("attention", options.get("attention", "sdpa"), ATTENTION_CHOICES)
     step_fields = {f.name for f in dataclasses.fields(StepSpec)}
     StepSpec(**{k: v for k, v in options.items() if k in step_fields})  # ranges and choices
     parse_gpu_list(options.get("gpu"))  # ids, aliases, YAML files: gpus.csv read with csv

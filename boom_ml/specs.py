@@ -169,6 +169,8 @@ class StepSpec:
         return bool(matmul), bool(cudnn)
 
 
+# attention=: the HF attention implementation (attn_implementation) a model is built with
+ATTENTION_CHOICES = ("sdpa", "eager")
 # hf build choices with keys of their own (the zoo's build options), never model_options
 BUILD_OPTION_KEYS = {"attn_implementation": "attention", "moe_imbalance": "moe.imbalance"}
 

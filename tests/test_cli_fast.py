@@ -180,6 +180,7 @@ def test_aliases_and_release_numbers_are_rewritten(argv, rewritten):
         ("timn:resnet50", "unknown model scheme 'timn'.*did you mean: timm"),
         ("file:model.py", "names no factory"),
         ("file:/no/such/dir/model.py:make", "no such file '/no/such/dir/model.py'"),
+        ("my_model.py:make", "a model factory in a file is named file:my_model.py:make"),
     ],
 )
 def test_model_syntax_errors(text, words):
@@ -211,5 +212,8 @@ def test_validate_normalises_cache_and_checks_values():
         validate({**base, "tf32": "yes"})
     with pytest.raises(InvalidInputError, match="image_size must be an integer >= 1"):
         validate({**base, "image_size": "big"})
+    # before torch: a choice no model takes (was "applies to hf: models only" after 5 s)
+    with pytest.raises(InvalidInputError, match="unknown attention 'flash'; choose one of: sdpa"):
+        validate({**base, "attention": "flash"})
     with pytest.raises(UnknownGpuError, match="unknown GPU 'h100-sxn'"):
         validate({**base, "gpu": ["l4", "h100-sxn"]})

@@ -255,3 +255,8 @@ def test_vgg_checkpointing_recomputes_segments() -> None:
         with CountConvs():  # entered inside the fake mode, so it sees every aten call
             built.compute_loss(built.module(**built.forward_kwargs(batch)), batch).backward()
     assert CountConvs.n == 2 * 8  # every conv of vgg11 runs again in backward
+
+
+def test_a_quantized_classifier_is_refused_naming_its_float_model() -> None:
+    with pytest.raises(InvalidInputError, match="torchvision:resnet18 is the float model"):
+        build_model("torchvision:quantized_resnet18")

@@ -23,7 +23,7 @@ import boom_ml.zoo.hf_hub as hf_hub
 from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
 from boom_ml.hf_shipped import lookup as _lookup
 from boom_ml.hf_shipped import shipped
-from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.specs import ATTENTION_CHOICES, ModelSpec, StepSpec, check_choice
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
 from boom_ml.zoo.hf_longformer import patch_local_attention
@@ -35,7 +35,6 @@ DECODER_SEQ_LEN = 2048
 # Answers per question for ...ForMultipleChoice heads: SWAG, RACE, ARC and MMLU have 4.
 MULTIPLE_CHOICES = 4
 # HF attn_implementation values a build may ask for (issue #13's attention=sdpa|eager)
-ATTENTION_CHOICES = ("sdpa", "eager")
 
 
 def safe_name(model_id: str) -> str:
@@ -197,10 +196,7 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
     """
     overrides = dict(options)
     attention = str(overrides.pop("attn_implementation", "sdpa"))
-    if attention not in ATTENTION_CHOICES:
-        raise InvalidInputError(
-            f"attn_implementation {attention!r} is not one of: {', '.join(ATTENTION_CHOICES)}"
-        )
+    check_choice("attention", attention, ATTENTION_CHOICES)
     try:
         imbalance = float(overrides.pop("moe_imbalance", DEFAULT_IMBALANCE))
     except (TypeError, ValueError) as err:

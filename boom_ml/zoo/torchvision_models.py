@@ -79,6 +79,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     if is_task(name):
         return build_task(spec, name, device)
     if name not in _classifiers():
+        if name in _all_names() and name.startswith("quantized_"):
+            raise InvalidInputError(
+                f"torchvision:{name} is not supported: quantized models run int8 kernels that "
+                f"are not trained; torchvision:{name.removeprefix('quantized_')} is the float "
+                "model they come from"
+            )
         if name in _all_names():
             raise InvalidInputError(
                 f"torchvision:{name} is not supported: torchvision's classification, "
