@@ -23,6 +23,8 @@ class MemoryEstimate:
     # True: the search stopped at its cap (max_batch.MAX_BATCH) with the step still fitting,
     # so max_batch_size is a lower bound
     max_batch_lower_bound: bool = False
+    # why the max-batch search gave no answer ("" when it did, or was not asked)
+    max_batch_error: str = ""
     by_module: list[dict[str, Any]] = field(default_factory=list)  # top modules at the peak
     by_module_group: list[dict[str, Any]] = field(default_factory=list)  # same, blocks summed
     peak_module: str = ""  # module of the op running at the peak

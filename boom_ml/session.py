@@ -193,7 +193,9 @@ class Session:
                 spec, graphs[k] = gpus[k], graph
                 memory = estimate_memory(graph, spec, stack=stack, grad_accum=step.grad_accum)
                 found = _largest_batch(graph, spec, trace_at, stack, step) if max_batch else None
-                if found is not None:
+                if isinstance(found, str):
+                    memory.max_batch_error = found
+                elif found is not None:
                     memory.max_batch_size = found.batch_size
                     memory.max_batch_lower_bound = found.capped
                 memories[k] = memory
@@ -279,13 +281,15 @@ def _uses_sdpa(graph: OpGraph) -> bool:
 
 def _largest_batch(
     graph: OpGraph, gpu: GpuSpec, trace_at: TraceFn, stack: Stack, step: StepSpec
-) -> MaxBatch | None:
+) -> MaxBatch | str:
+    """The search's answer, or why it has none (a batch size the model refuses to trace,
+    say: the estimate at the asked batch stands, and the table says why)."""
     try:
         with progress.task(f"searching the largest batch that fits on {gpu.id}"):
             return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1)
     except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
         logging.getLogger(__name__).warning("max batch size search failed: %s", err)
-        return None
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:

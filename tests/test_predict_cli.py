@@ -410,3 +410,19 @@ def test_model_options_build_the_model_from_the_command_line():
         run({**options, "model_options": {"attn_implementation": "eager"}})
     with pytest.raises(InvalidInputError, match="model_options must be a mapping"):
         run({**options, "model_options": "aux_logits=false"})
+
+
+def test_a_max_batch_search_without_an_answer_says_why(tmp_path):
+    """inception_v3 (aux head) at batch 3 on a 0.8 GB GPU: the search halves to batch 1, which
+    the model refuses; the estimate stands and the table and JSON say why there is no max
+    batch (was a log line nobody sees)."""
+    gpu = tmp_path / "tiny.yaml"
+    gpu.write_text("name: tiny\narchitecture: ampere\ncompute_capability: '8.6'\nsm_count: 10\n"
+                   "memory_gb: 0.8\nmemory_bandwidth_gbs: 100\nfp32_tflops: 5\n")  # fmt: skip
+    options = {**BASE, "model": "torchvision:inception_v3", "gpu": str(gpu), "batch_size": 3,
+               "image_size": None, "advice": False, "max_batch": "on"}  # fmt: skip
+    memory = json.loads(run(options))["gpus"][0]["memory"]
+    assert memory["max_batch_size"] is None and memory["fits"] is False
+    assert "trains with batch_size >= 2" in memory["max_batch_error"]
+    table = run({**options, "output": "table"})
+    assert "max batch on tiny: not found (torchvision:inception_v3 trains with batch_size" in table

@@ -388,6 +388,13 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             "about 0.3 s per GPU)",
             highlight=False,
         )
+    for g in gpus:
+        if g.memory.max_batch_error:
+            console.print(
+                f"max batch on {g.gpu}: not found ({g.memory.max_batch_error})",
+                highlight=False,
+                soft_wrap=True,
+            )
     graph = prediction.graph
     traced = (
         "trace from the cache"
