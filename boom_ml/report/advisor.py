@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from boom_ml import progress
-from boom_ml.errors import BoomError
+from boom_ml.errors import BoomError, InvalidInputError
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.specs import StepSpec
@@ -233,11 +233,14 @@ def advise(
             ):
                 try:
                     results = evaluate(changed, [spec for spec, _, _ in group])
-                except BoomError:
-                    # a change this model cannot take (no blocks to checkpoint, a batch its
-                    # head refuses, no adapter targets for peft): not advice, and the
-                    # prediction the user asked for stands
+                except InvalidInputError:
+                    # a change this model refuses (no blocks to checkpoint, a batch its head
+                    # cannot train): not advice, and the prediction asked for stands
                     continue
+                except BoomError:
+                    if not recipe:
+                        raise  # a failure inside the trace says so, as the step's own would
+                    continue  # peft has no adapter targets for this model: no recipe advice
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
                 if recipe:
