@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from boom_ml.errors import InvalidInputError
+
 # The Hydra YAMLs live at the repository's top level (configs/), beside the package: boom-ml
 # runs from its checkout (pip install -e .), and a wheel without them says so in one line.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -24,8 +26,6 @@ _HYDRA_BLOCKS = ("defaults:", "hydra:")
 def require_configs() -> str:
     """``CONFIG_DIR`` as text for ``hydra.main``; InvalidInputError where it is missing."""
     if not (CONFIG_DIR / "predict.yaml").is_file():
-        from boom_ml.errors import InvalidInputError
-
         raise InvalidInputError(
             f"boom-ml's configs/ folder is not beside its package ({CONFIG_DIR}): boom-ml runs "
             "from its source checkout; install it with `pip install -e .` there"
@@ -66,7 +66,14 @@ def help_text(doc: str | None, config_name: str) -> str:
 def print_help_if_asked(
     doc: str | None, config_name: str, argv: Sequence[str] | None = None
 ) -> bool:
-    """Print :func:`help_text` and say True when ``argv`` (default: the command line) asks."""
+    """Print :func:`help_text` and say True when ``argv`` (default: the command line) asks.
+    Every Hydra entry calls it first: without the checkout's configs/ it ends the process
+    with one line (exit 2) instead of Hydra's traceback."""
+    try:
+        require_configs()
+    except InvalidInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not help_requested(sys.argv[1:] if argv is None else argv):
         return False
     print(help_text(doc, config_name))

@@ -36,3 +36,14 @@ def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ' (did you mean: a, b?)' for close matches of ``name`` in ``choices``, or ''."""
     close = difflib.get_close_matches(name.lower(), sorted(set(choices)), n=n, cutoff=0.5)
     return f" (did you mean: {', '.join(close)}?)" if close else ""
+
+
+def interrupted(err: BaseException) -> bool:
+    """Whether ``err`` comes of a Ctrl-C (a KeyboardInterrupt among its causes): such an error
+    ends the run, never a fallback."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

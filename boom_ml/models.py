@@ -179,7 +179,10 @@ def _falcon(raw: dict[str, Any]) -> int:
     inner = raw.get("ffn_hidden_size") or 4 * h
     qkv = h * (heads + 2 * kv) * hd + bias * (heads + 2 * kv) * hd
     dense, mlp = h * h + bias * h, 2 * h * inner + bias * (inner + h)
-    norms = 2 if new or not raw.get("parallel_attn", True) else 1
+    if new:  # Falcon-11B's num_ln_in_parallel_attn: 1 where the two norms are one
+        norms = int(raw.get("num_ln_in_parallel_attn") or 2)
+    else:
+        norms = 1 if raw.get("parallel_attn", True) else 2
     tied = raw.get("tie_word_embeddings", True)
     total = raw["vocab_size"] * h * (1 if tied else 2) + 2 * h
     return total + raw["num_hidden_layers"] * (qkv + dense + mlp + 2 * h * norms)

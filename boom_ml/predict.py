@@ -149,7 +149,7 @@ def check_model_syntax(text: Any) -> None:
         head, sep, _ = spec.text.partition(":")
         if sep and head.endswith(".py"):  # a factory file without its scheme
             raise UnknownModelError(f"a model factory in a file is named file:{spec.text}")
-        # "org/name:rev" or "C:\\path" are not schemes; "torchvison:resnet50" is a typo of one
+        # "C:\\path" or "org/name:x" are not schemes; "torchvison:resnet50" is a typo of one
         if sep and head and "/" not in head and "." not in head:
             raise UnknownModelError(
                 f"unknown model scheme {head!r} in {spec.text!r}{suggest(head, MODEL_SCHEMES)};"

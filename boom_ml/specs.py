@@ -164,9 +164,13 @@ class StepSpec:
 
     def tf32_switches(self) -> tuple[bool, bool]:
         """(matmul, cudnn): a switch set explicitly wins; tf32=true turns both on."""
-        matmul = self.tf32 if self.tf32_matmul is None else self.tf32_matmul
-        cudnn = True if self.tf32_cudnn is None else self.tf32_cudnn  # on by default anyway
-        return bool(matmul), bool(cudnn)
+        return tf32_switches(self.tf32, self.tf32_matmul, self.tf32_cudnn)
+
+
+def tf32_switches(tf32: bool | None, matmul: bool | None, cudnn: bool | None) -> tuple[bool, bool]:
+    """(matmul, cudnn) of a step's fields (also its JSON): an explicit switch wins, tf32
+    turns matmuls on, cuDNN's is on unless turned off (PyTorch's defaults)."""
+    return bool(tf32 if matmul is None else matmul), bool(True if cudnn is None else cudnn)
 
 
 # attention=: the HF attention implementation (attn_implementation) a model is built with

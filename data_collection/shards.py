@@ -356,7 +356,7 @@ def hydra_entry(config_name: str, task: Any) -> None:
 
     import hydra
 
-    from boom_ml.config_help import print_help_if_asked
+    from boom_ml.config_help import CONFIG_DIR, print_help_if_asked
 
     if print_help_if_asked(sys.modules[task.__module__].__doc__, config_name):
         return
@@ -364,5 +364,4 @@ def hydra_entry(config_name: str, task: Any) -> None:
     # configs/hydra/launcher/submitit_*.yaml deliberately share the plugin's names (they are
     # the documented `hydra/launcher=submitit_local|slurm` choices); Hydra warns about it.
     warnings.filterwarnings("ignore", message=".*validated against ConfigStore schema.*")
-    config_dir = str(Path(__file__).resolve().parent.parent / "configs")
-    hydra.main(version_base="1.3", config_path=config_dir, config_name=config_name)(task)()
+    hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name=config_name)(task)()

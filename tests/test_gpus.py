@@ -433,10 +433,9 @@ def test_cli_prints_table_and_details(capsys):
 
 
 def test_a_yaml_spec_without_tensor_rates_gets_its_architectures(tmp_path):
-    """An Ampere spec with fp32_tflops alone: its fp16 / bf16 / TF32 rates come from the
-    packaged Ampere GPUs per SM and MHz (were timed at the fp32 rate: resnet18 under bf16
-    autocast 2.9x an A100's time on an A100's own numbers), and the source says so; a Turing
-    spec gets no bf16 rate (no packaged Turing GPU has one)."""
+    """A compute-capability-8.0 spec with fp32_tflops alone: its fp16 / bf16 / TF32 rates come
+    from the packaged 8.0 GPUs per SM and MHz (were timed at the fp32 rate), and the source
+    says so; a Turing spec gets no bf16 rate (no packaged Turing GPU has one)."""
     from boom_ml.gpus import get_gpu
 
     body = ("name: mine\narchitecture: {arch}\ncompute_capability: '{cc}'\nsm_count: 108\n"
@@ -444,9 +443,11 @@ def test_a_yaml_spec_without_tensor_rates_gets_its_architectures(tmp_path):
     (tmp_path / "amp.yaml").write_text(body.format(arch="ampere", cc="8.0"))
     (tmp_path / "tur.yaml").write_text(body.format(arch="turing", cc="7.5"))
     ampere, turing = get_gpu(str(tmp_path / "amp.yaml")), get_gpu(str(tmp_path / "tur.yaml"))
-    assert ampere.fp16_tflops > 4 * ampere.fp32_tflops and ampere.bf16_tflops > 0
-    assert ampere.tf32_tflops > ampere.fp32_tflops and ampere.fp8_tflops is None
-    assert "fp16_tflops, bf16_tflops not given: the median ampere rate" in ampere.source
+    a100 = get_gpu("a100-80gb-sxm")  # compute capability 8.0, 108 SMs at 1410 MHz: its rates
+    assert (ampere.tf32_tflops, ampere.fp16_tflops, ampere.bf16_tflops) == (
+        a100.tf32_tflops, a100.fp16_tflops, a100.bf16_tflops)  # fmt: skip
+    assert ampere.fp8_tflops is None
+    assert "fp16_tflops, bf16_tflops not given: the median rate per SM and MHz" in ampere.source
     assert turing.fp16_tflops > turing.fp32_tflops and turing.bf16_tflops is None
     given = tmp_path / "given.yaml"
     given.write_text(body.format(arch="ampere", cc="8.0") + "fp16_tflops: 312\n")

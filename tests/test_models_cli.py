@@ -86,3 +86,17 @@ def test_formula_equals_meta_build(model_id: str) -> None:
     built = build_model(model_id)
     row = next(r for r in shipped_rows() if r["id"] == model_id)
     assert sum(p.numel() for p in built.module.parameters()) == row["params"]
+
+
+@pytest.mark.parametrize("norms", [1, None])
+def test_falcon_new_layout_counts_its_parallel_norms(tmp_path, norms) -> None:
+    """Falcon's new decoder layout has two LayerNorms per block unless
+    num_ln_in_parallel_attn says one (Falcon-11B): the formula equals a meta build."""
+    from boom_ml.zoo import build_model
+
+    raw = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 4,
+           "num_kv_heads": 2, "new_decoder_architecture": True, "parallel_attn": True,
+           "num_ln_in_parallel_attn": norms, "num_hidden_layers": 2, "vocab_size": 100}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    built = build_model(f"hf:{tmp_path / 'config.json'}")
+    assert config_params(raw) == sum(p.numel() for p in built.module.parameters())

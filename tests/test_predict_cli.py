@@ -396,22 +396,6 @@ def test_advice_skips_a_change_the_model_cannot_take(tmp_path):
     assert any("batch_size" in c for c in changes)
 
 
-def test_model_options_build_the_model_from_the_command_line():
-    """inception_v3 at batch 1 needs its aux head off (BatchNorm of a 1x1 map); the error
-    names model_options, and with it the step traces (torchvision's 23,834,568 parameters
-    without the aux head); build options with keys of their own are refused in it."""
-    options = {**BASE, "model": "torchvision:inception_v3", "batch_size": 1, "image_size": None,
-               "advice": False, "max_batch": "off"}  # fmt: skip
-    with pytest.raises(InvalidInputError, match=r"model_options=\{aux_logits:false\}"):
-        run(options)
-    result = json.loads(run({**options, "model_options": {"aux_logits": False}}))
-    assert result["graph"]["num_parameters"] == 23_834_568
-    with pytest.raises(InvalidInputError, match="set it with attention= instead"):
-        run({**options, "model_options": {"attn_implementation": "eager"}})
-    with pytest.raises(InvalidInputError, match="model_options must be a mapping"):
-        run({**options, "model_options": "aux_logits=false"})
-
-
 def test_a_max_batch_search_without_an_answer_says_why(tmp_path):
     """inception_v3 (aux head) at batch 3 on a 0.8 GB GPU: the search halves to batch 1, which
     the model refuses; the estimate stands and the table and JSON say why there is no max
@@ -426,3 +410,38 @@ def test_a_max_batch_search_without_an_answer_says_why(tmp_path):
     assert "trains with batch_size >= 2" in memory["max_batch_error"]
     table = run({**options, "output": "table"})
     assert "max batch on tiny: not found (torchvision:inception_v3 trains with batch_size" in table
+
+
+def test_an_interrupt_inside_a_trace_is_never_a_skipped_candidate():
+    from boom_ml.errors import TraceError, interrupted
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as inner:
+            raise TraceError("could not trace") from inner
+    except TraceError as err:
+        assert interrupted(err)
+    assert not interrupted(TraceError("a BatchNorm of one value"))
+
+
+BN_HEAD = """
+import torch
+def make():
+    # a BatchNorm1d over the pooled features: batch 1 cannot train it
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 10))
+"""
+
+
+def test_a_candidate_that_fails_to_trace_is_no_advice(tmp_path):
+    """The batch-1 candidate of a model whose BatchNorm1d needs two samples fails inside the
+    trace; the prediction asked for (batch 2) still prints."""
+    gpu = tmp_path / "small.yaml"
+    gpu.write_text("name: small\narchitecture: ampere\ncompute_capability: '8.6'\nsm_count: 10\n"
+                   "memory_gb: 0.3\nmemory_bandwidth_gbs: 100\nfp32_tflops: 5\n")  # fmt: skip
+    options = {**BASE, "model": _factory_file(tmp_path, BN_HEAD), "gpu": str(gpu),
+               "batch_size": 2, "image_size": 256, "max_batch": "off"}  # fmt: skip
+    result = json.loads(run(options))
+    assert result["gpus"][0]["memory"]["fits"] is False
+    assert not any("batch_size=1" in a["change"] for a in result["advice"].get("small", []))

@@ -32,6 +32,7 @@ import functools
 import io
 import math
 import re
+import statistics
 from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
@@ -310,8 +311,9 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
     filled = _fill_tensor_rates(values)
     if filled:
         values["source"] += (
-            f"; {', '.join(filled)} not given: the median {values['architecture']} rate per SM "
-            "and MHz of the packaged GPUs"
+            f"; {', '.join(filled)} not given: the median rate per SM and MHz of the packaged "
+            f"GPUs of compute capability {values['compute_capability']} (else of "
+            f"{values['architecture']})"
         )
     return GpuSpec(**values)
 
@@ -320,21 +322,32 @@ TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
 
 
 def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
-    """Tensor-core rates a user spec leaves out, from its architecture's packaged GPUs:
-    the median of rate / (SMs x boost MHz) times the spec's SMs and boost clock (the
-    architecture's median clock where it gives none). A rate none of them lists (bf16 before
-    Ampere) stays unknown. Without this, an Ampere spec with fp32_tflops alone timed its
-    fp16 matmuls at the fp32 rate, 16x too slow on an A100. Returns the fields filled."""
-    same = [g for g in all_gpus() if g.architecture == values["architecture"] and g.boost_clock_mhz]
-    clocks = sorted(float(g.boost_clock_mhz) for g in same)
-    clock = values["boost_clock_mhz"] or (clocks[len(clocks) // 2] if clocks else None)
+    """Tensor-core rates a user spec leaves out (or gives as 0), from the packaged GPUs of
+    its compute capability (the same SM: the same tensor-core work per SM and clock), else
+    of its architecture: the median of rate / (SMs x boost MHz), times the spec's SMs and
+    boost clock (a GPU without one counts at its architecture's median clock), and on tensor
+    cores never below the spec's fp32 rate. A rate none of them lists (bf16 before Ampere) stays
+    unknown. Without this, an A100 spec with fp32_tflops alone timed its fp16 matmuls at
+    the fp32 rate, 16x too slow. Returns the fields filled."""
+    arch = [g for g in all_gpus() if g.architecture == values["architecture"]]
+    same_sm = [g for g in arch if g.compute_capability == values["compute_capability"]]
+    clocks = [float(g.boost_clock_mhz) for g in arch if g.boost_clock_mhz]
+    arch_clock = statistics.median(clocks) if clocks else None
+    clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else arch_clock
+    tensor_cores = float(values["compute_capability"]) >= 7.0  # Volta on
     filled = []
     for field in TENSOR_RATES:
-        per = sorted(getattr(g, field) / (g.sm_count * g.boost_clock_mhz)
-                     for g in same if getattr(g, field))  # fmt: skip
-        if values[field] is None and per and clock:
-            values[field] = round(per[len(per) // 2] * values["sm_count"] * clock, 1)
-            filled.append(field)
+        if (values[field] or 0) > 0 or not clock:
+            continue
+        for pool in (same_sm, arch):
+            per = [getattr(g, field) / (g.sm_count * (g.boost_clock_mhz or arch_clock))
+                   for g in pool if getattr(g, field)]  # fmt: skip
+            if per:
+                rate = statistics.median(per) * values["sm_count"] * clock
+                floor = values["fp32_tflops"] if tensor_cores else 0.0  # tensor cores: >= fp32
+                values[field] = round(max(rate, floor), 1)
+                filled.append(field)
+                break
     return filled
 
 

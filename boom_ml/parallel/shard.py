@@ -24,7 +24,7 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.parallel.layout import Layout
-from boom_ml.specs import HF_LAYER_KEYS
+from boom_ml.specs import BUILD_OPTION_KEYS, HF_LAYER_KEYS
 
 # Architectures whose attention projections are heads * config.head_dim wide (not hidden).
 HEAD_DIM_TYPES = (
@@ -153,8 +153,13 @@ BUILD_OPTIONS = "_boom_build_options"
 
 
 def with_build_options(raw: dict[str, Any], options: dict[str, Any] | None) -> dict[str, Any]:
-    """``raw`` carrying the zoo's build ``options`` of its model (none: ``raw`` itself)."""
-    return {**raw, BUILD_OPTIONS: dict(options)} if options else raw
+    """``raw`` with the config fields among ``options`` applied (``model_options``: what the
+    model is, so every fact and every rank's cut starts from them), carrying the zoo's build
+    choices (attention, MoE imbalance) for the ranks' builds."""
+    fields = {k: v for k, v in (options or {}).items() if k not in BUILD_OPTION_KEYS}
+    build = {k: v for k, v in (options or {}).items() if k in BUILD_OPTION_KEYS}
+    raw = {**raw, **fields}
+    return {**raw, BUILD_OPTIONS: build} if build else raw
 
 
 def rank_model(config_json: str) -> Any:

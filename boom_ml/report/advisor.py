@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from boom_ml import progress
-from boom_ml.errors import BoomError, InvalidInputError
+from boom_ml.errors import BoomError, interrupted
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.specs import StepSpec
@@ -233,14 +233,13 @@ def advise(
             ):
                 try:
                     results = evaluate(changed, [spec for spec, _, _ in group])
-                except InvalidInputError:
-                    # a change this model refuses (no blocks to checkpoint, a batch its head
-                    # cannot train): not advice, and the prediction asked for stands
+                except BoomError as err:
+                    if interrupted(err):
+                        raise KeyboardInterrupt from err
+                    # a change this model cannot take (no blocks to checkpoint, a batch its
+                    # head or a BatchNorm refuses, no adapter targets for peft): not advice,
+                    # and the prediction asked for stands
                     continue
-                except BoomError:
-                    if not recipe:
-                        raise  # a failure inside the trace says so, as the step's own would
-                    continue  # peft has no adapter targets for this model: no recipe advice
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
                 if recipe:

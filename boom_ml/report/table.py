@@ -10,7 +10,7 @@ from rich.table import Table
 
 from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
 from boom_ml.report.advisor import Advice, nothing_fits
-from boom_ml.specs import MAX_BATCH_AUTO_GPUS
+from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
 GIB = 1024**3
 MIB = 1024**2
@@ -33,8 +33,7 @@ def _title(prediction: Prediction) -> str:
 
 def _tf32_label(step: dict) -> str:
     """The TF32 switches where they differ from PyTorch's defaults (matmuls off, cuDNN on)."""
-    matmul = step.get("tf32") if step.get("tf32_matmul") is None else step["tf32_matmul"]
-    cudnn = step.get("tf32_cudnn") is not False
+    matmul, cudnn = tf32_switches(step.get("tf32"), step.get("tf32_matmul"), step.get("tf32_cudnn"))
     if matmul and cudnn:
         return "  tf32"
     return ("  tf32-matmul" if matmul else "") + ("" if cudnn else "  no-tf32-cudnn")
@@ -388,13 +387,14 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             "about 0.3 s per GPU)",
             highlight=False,
         )
+    failed: dict[str, list[str]] = {}  # one line per reason, naming its GPUs
     for g in gpus:
         if g.memory.max_batch_error:
-            console.print(
-                f"max batch on {g.gpu}: not found ({g.memory.max_batch_error})",
-                highlight=False,
-                soft_wrap=True,
-            )
+            failed.setdefault(g.memory.max_batch_error, []).append(g.gpu)
+    for reason, ids in failed.items():
+        console.print(
+            f"max batch on {', '.join(ids)}: not found ({reason})", highlight=False, soft_wrap=True
+        )
     graph = prediction.graph
     traced = (
         "trace from the cache"

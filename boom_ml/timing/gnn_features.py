@@ -189,9 +189,10 @@ def gpu_context(
     step = graph.meta.get("step", {})
     batch = float(step.get("batch_size") or 1)
     l2 = gpu.l2_cache_mb
-    # NHWC matters where the step's convolutions run in half precision (cuDNN's layout
-    # transforms around them, conv_layout.py); every channels_last row the GNN trained on
-    # is an AMP one, so an fp32 step in NHWC is read as the NCHW step it times alike
+    # NHWC matters where the step's matrix work (its convolutions among it) runs in half
+    # precision (cuDNN's layout transforms around tensor-core convolutions, conv_layout.py);
+    # every channels_last row the GNN trained on is an AMP one, so an fp32 step in NHWC is
+    # read as the NCHW step it times alike
     channels_last = bool(channels_last) and half > 0
     return np.array(
         [np.log10(gpu.fp32_tflops * 1e12) - 13, np.log10(peak) - 13, np.log10(bw) - 12,

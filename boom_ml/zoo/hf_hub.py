@@ -31,7 +31,12 @@ _TRUE = {"1", "on", "yes", "true"}
 
 def looks_like_repo_id(name: str) -> bool:
     """``org/name[@revision]`` that is not an existing local path (a local path always wins)."""
-    return bool(_REPO_ID.match(name)) and ".." not in name and not Path(name).expanduser().exists()
+    return (
+        bool(_REPO_ID.match(name))
+        and ".." not in name
+        and not name.endswith(".json")  # a config path that does not exist, not a revision
+        and not Path(name).expanduser().exists()
+    )
 
 
 def split_revision(name: str) -> tuple[str, str | None]:

@@ -34,7 +34,6 @@ ENCODER_SEQ_LEN = 512
 DECODER_SEQ_LEN = 2048
 # Answers per question for ...ForMultipleChoice heads: SWAG, RACE, ARC and MMLU have 4.
 MULTIPLE_CHOICES = 4
-# HF attn_implementation values a build may ask for (issue #13's attention=sdpa|eager)
 
 
 def safe_name(model_id: str) -> str:
@@ -94,8 +93,10 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         raise InvalidInputError(f"malformed HF config {path}: {err}") from err
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
-    raw.update(overrides or {})
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    _check_fields(raw, overrides or {}, CONFIG_MAPPING)
+    raw.update(overrides or {})
 
     if raw["model_type"] not in CONFIG_MAPPING:  # transformers' own error lists every type
         remote = " (code from the hub, auto_map: not run here)" if raw.get("auto_map") else ""
@@ -115,6 +116,21 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         return AutoConfig.for_model(**raw)
     except (ValueError, TypeError, KeyError) as err:
         raise InvalidInputError(f"HF config {path}: {err}") from err
+
+
+def _check_fields(raw: dict[str, Any], overrides: dict[str, Any], mapping: Any) -> None:
+    """A config field to override must be one the config has or its class knows
+    (transformers accepts any name and ignores it: n_layr=2 would build all 12 layers)."""
+    cls = mapping[raw["model_type"]] if raw["model_type"] in mapping else None
+    if cls is None or not overrides:
+        return
+    known = {*raw, *cls().to_dict(), *getattr(cls, "attribute_map", {})}
+    for key in overrides:
+        if key not in known:
+            raise InvalidInputError(
+                f"model_options.{key}: {cls.__name__} has no field {key!r}"
+                f"{suggest(key, sorted(known))}"
+            )
 
 
 def _remote_code_note(config: Any, head: str) -> list[str]:

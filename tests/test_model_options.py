@@ -1,0 +1,60 @@
+"""``model_options``: what the model is built with, on one GPU and under a layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_predict_cli import BASE
+
+import boom_ml
+from boom_ml.errors import InvalidInputError
+from boom_ml.predict import run
+
+
+def test_model_options_build_the_model_from_the_command_line():
+    """inception_v3 at batch 1 needs its aux head off (BatchNorm of a 1x1 map); the error
+    names model_options, and with it the step traces (torchvision's 23,834,568 parameters
+    without the aux head); build options with keys of their own are refused in it."""
+    options = {**BASE, "model": "torchvision:inception_v3", "batch_size": 1, "image_size": None,
+               "advice": False, "max_batch": "off"}  # fmt: skip
+    with pytest.raises(InvalidInputError, match=r"model_options=\{aux_logits:false\}"):
+        run(options)
+    result = json.loads(run({**options, "model_options": {"aux_logits": False}}))
+    assert result["graph"]["num_parameters"] == 23_834_568
+    with pytest.raises(InvalidInputError, match="set it with attention= instead"):
+        run({**options, "model_options": {"attn_implementation": "eager"}})
+    with pytest.raises(InvalidInputError, match="model_options must be a mapping"):
+        run({**options, "model_options": "aux_logits=false"})
+
+
+def test_model_options_reach_the_layouts_cut_of_the_model():
+    """Under a layout the config fields are the model every fact and every rank's cut starts
+    from: gpt2 with n_layer=2 over pp=2 is one layer per stage (it was cut as the 12-layer
+    config and each rank then rebuilt with 2 layers)."""
+    kw = dict(gpu="h100-sxm", batch_size=2, seq_len=128, parallel={"pp": 2}, advice=False)
+    two = boom_ml.predict("hf:gpt2", model_options={"n_layer": 2}, **kw).parallel[0]
+    whole = boom_ml.predict("hf:gpt2", **kw).parallel[0]
+    assert two["parallel"]["layers_per_stage"] == [1, 1]
+    assert whole["parallel"]["layers_per_stage"] == [6, 6]
+    assert two["time"]["step_ms"] < whole["time"]["step_ms"]
+
+
+def test_a_misspelled_config_field_is_refused():
+    with pytest.raises(InvalidInputError, match=r"n_layr.*did you mean: n_layer"):
+        boom_ml.predict("hf:gpt2", gpu="l4", batch_size=1, seq_len=16, advice=False,
+                        model_options={"n_layr": 2})  # fmt: skip
+
+
+def test_the_command_line_spelling_composes_through_hydra():
+    """model_options.K=V is added with "+" (the constructor's keys are not in the config)
+    and reaches run() as a mapping."""
+    from hydra import compose, initialize_config_dir
+
+    from boom_ml.config_help import CONFIG_DIR
+    from boom_ml.predict import rewrite_aliases
+
+    argv = rewrite_aliases(["model_options.aux_logits=false", "model=torchvision:inception_v3"])
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("predict", argv)
+    assert dict(cfg.model_options) == {"aux_logits": False}
