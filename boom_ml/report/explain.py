@@ -1,0 +1,83 @@
+"""``explain=true``: where one GPU's step time and peak memory go, with each number's method."""
+
+from __future__ import annotations
+
+from boom_ml.estimates import GpuPrediction
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) -> list[str]:
+    """Where the time and the peak memory go on one GPU, with the method of each number."""
+    m, t = result.memory, result.time
+    lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
+    # under accumulation the ops, modules and blocks are one micro-batch's, run N times
+    micro = t.micro_step_ms if grad_accum > 1 and t.micro_step_ms else None
+    if micro:
+        once = t.by_phase.get("optimizer", 0.0) + t.by_phase.get("zero_grad", 0.0)
+        adds = (
+            f", each after the first adding {t.accumulate_ms:.2f} ms into the kept gradients"
+            if t.accumulate_ms
+            else ""
+        )
+        lines.append(
+            f"  ops, modules and blocks below are one micro-batch's ({micro:.1f} ms, run "
+            f"{grad_accum} times{adds})"
+            + (f" and the optimizer step's ({once:.1f} ms, run once)" if once else "")
+        )
+    whole, of = (micro, "a micro-batch") if micro else (t.step_ms, "the step")
+    lines += [
+        f"    {o['op']:<45} {o['phase']:<10} {o['ms']:>9.2f} ms  x{o['calls']:<5} "
+        f"{o.get('method', '')}".rstrip()
+        for o in t.top_ops[:top_n]
+    ]
+    lines += [
+        f"  whole blocks: {b['module']} x{b['blocks']}, {b['ms']:.2f} ms "
+        f"({100 * b['ms'] / whole:.1f} % of {of})"
+        for b in t.block_totals[:4]
+        if whole > 0
+    ]
+    lines.append("  by module (repeated blocks summed, xN: how many):")
+    lines += [
+        f"    {o['module']:<55} {o['ms']:>9.2f} ms{_blocks(o)}"
+        for o in (t.top_module_groups or t.top_modules)[:top_n]
+    ]
+    lines.append(
+        f"Memory on {result.gpu} at the peak ({m.method}): {m.total_bytes / GIB:.2f} GiB, "
+        f"during {m.peak_op or '-'} ({m.peak_phase or '-'})"
+    )
+    for category, nbytes in sorted(m.breakdown.items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
+    if m.by_module:
+        lines.append("  by module (repeated blocks summed):")
+        for row in (m.by_module_group or m.by_module)[:top_n]:
+            lines.append(
+                f"    {row['module'] or '(top level)':<55} {row['bytes'] / GIB:>8.2f} GiB{_blocks(row)}"
+            )
+    return lines + overhead_lines(result)
+
+
+def _blocks(row: dict) -> str:
+    """'  x36' after a module kind that sums 36 repeated blocks (trace/module_paths.py)."""
+    n = row.get("blocks", 1)
+    return f"  x{n}" if n > 1 else ""
+
+
+def overhead_lines(result: GpuPrediction) -> list[str]:
+    """Each term outside the traced tensors on one GPU (p50), with where its value comes from."""
+    m = result.memory
+    lines = [
+        f"Memory terms outside the traced tensors on {result.gpu} (p50; range "
+        f"{m.p10_bytes / GIB:.2f}–{m.p90_bytes / GIB:.2f} GiB, usable "
+        f"{m.capacity_bytes / GIB:.2f} GiB, verdict {m.fit or '-'}):"
+    ]
+    for t in m.terms:
+        lines.append(
+            f"    {t['term']:<17} {t['library']:<7} {t['bytes'] / MIB:>9.1f} MiB  "
+            f"({t['where']})  {t['source']}"
+        )
+    if m.capacity_source:
+        lines.append(f"    usable memory: {m.capacity_source}")
+    return lines
