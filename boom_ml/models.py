@@ -179,10 +179,10 @@ def _falcon(raw: dict[str, Any]) -> int:
     inner = raw.get("ffn_hidden_size") or 4 * h
     qkv = h * (heads + 2 * kv) * hd + bias * (heads + 2 * kv) * hd
     dense, mlp = h * h + bias * h, 2 * h * inner + bias * (inner + h)
-    if new:  # Falcon-11B's num_ln_in_parallel_attn: 1 where the two norms are one
-        norms = int(raw.get("num_ln_in_parallel_attn") or 2)
-    else:
-        norms = 1 if raw.get("parallel_attn", True) else 2
+    # FalconDecoderLayer: two norms unless attention and MLP run in parallel on one
+    # (num_ln_in_parallel_attn, 2 by default on the new layout: Falcon-11B sets 1)
+    parallel_norms = raw.get("num_ln_in_parallel_attn") or (2 if new else 1)
+    norms = 2 if not raw.get("parallel_attn", True) or parallel_norms == 2 else 1
     tied = raw.get("tie_word_embeddings", True)
     total = raw["vocab_size"] * h * (1 if tied else 2) + 2 * h
     return total + raw["num_hidden_layers"] * (qkv + dense + mlp + 2 * h * norms)

@@ -58,3 +58,24 @@ def test_the_command_line_spelling_composes_through_hydra():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("predict", argv)
     assert dict(cfg.model_options) == {"aux_logits": False}
+
+
+def test_names_a_model_reads_without_declaring_them_pass():
+    """Only a near miss of a known field is refused: head_dim and num_key_value_heads (the
+    harness's dry-run options, read by the attention code), num_labels, torch_dtype pass."""
+    import json as _json
+
+    from boom_ml.zoo.hf_models import check_fields, config_path
+
+    for model in ("gpt2", "bert-base-uncased", "Qwen/Qwen2.5-0.5B"):
+        raw = _json.loads(config_path(model).read_text())
+        check_fields(raw, {"num_key_value_heads": 2, "head_dim": 16, "num_labels": 3,
+                           "torch_dtype": "float32"})  # fmt: skip
+    with pytest.raises(InvalidInputError, match="did you mean: num_hidden_layers"):
+        check_fields(raw, {"num_hidden_layer": 2})
+
+
+def test_a_misspelled_field_is_refused_under_a_layout_too():
+    with pytest.raises(InvalidInputError, match=r"n_layr.*did you mean: n_layer"):
+        boom_ml.predict("hf:gpt2", gpu="h100-sxm", batch_size=2, seq_len=128, advice=False,
+                        parallel={"pp": 2}, model_options={"n_layr": 2})  # fmt: skip

@@ -330,7 +330,9 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     unknown. Without this, an A100 spec with fp32_tflops alone timed its fp16 matmuls at
     the fp32 rate, 16x too slow. Returns the fields filled."""
     arch = [g for g in all_gpus() if g.architecture == values["architecture"]]
-    same_sm = [g for g in arch if g.compute_capability == values["compute_capability"]]
+    same_sm = [
+        g for g in arch if float(g.compute_capability) == float(values["compute_capability"])
+    ]
     clocks = [float(g.boost_clock_mhz) for g in arch if g.boost_clock_mhz]
     arch_clock = statistics.median(clocks) if clocks else None
     clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else arch_clock

@@ -158,6 +158,10 @@ def with_build_options(raw: dict[str, Any], options: dict[str, Any] | None) -> d
     choices (attention, MoE imbalance) for the ranks' builds."""
     fields = {k: v for k, v in (options or {}).items() if k not in BUILD_OPTION_KEYS}
     build = {k: v for k, v in (options or {}).items() if k in BUILD_OPTION_KEYS}
+    if fields:
+        from boom_ml.zoo.hf_models import check_fields  # transformers: only with fields
+
+        check_fields(raw, fields)  # as a one-GPU build would (rank builds see no overrides)
     raw = {**raw, **fields}
     return {**raw, BUILD_OPTIONS: build} if build else raw
 

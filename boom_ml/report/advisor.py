@@ -238,7 +238,8 @@ def advise(
                         raise KeyboardInterrupt from err
                     # a change this model cannot take (no blocks to checkpoint, a batch its
                     # head or a BatchNorm refuses, no adapter targets for peft): not advice,
-                    # and the prediction asked for stands
+                    # and the prediction asked for stands; the API's log says which
+                    logging.getLogger(__name__).warning("advice: %s not tried: %s", label, err)
                     continue
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)

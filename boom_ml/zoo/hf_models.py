@@ -9,6 +9,7 @@ LM, causal LM, image classifier, else the bare model).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import json
@@ -95,7 +96,7 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    _check_fields(raw, overrides or {}, CONFIG_MAPPING)
+    check_fields(raw, overrides or {})
     raw.update(overrides or {})
 
     if raw["model_type"] not in CONFIG_MAPPING:  # transformers' own error lists every type
@@ -118,18 +119,28 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         raise InvalidInputError(f"HF config {path}: {err}") from err
 
 
-def _check_fields(raw: dict[str, Any], overrides: dict[str, Any], mapping: Any) -> None:
-    """A config field to override must be one the config has or its class knows
-    (transformers accepts any name and ignores it: n_layr=2 would build all 12 layers)."""
-    cls = mapping[raw["model_type"]] if raw["model_type"] in mapping else None
-    if cls is None or not overrides:
+def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Refuse an override that looks like a misspelled config field: unknown to the config
+    and its class, and close to a name that is known (transformers accepts any name and
+    ignores it: n_layr=2 would build all 12 layers). Names a model reads without declaring
+    them (head_dim, num_labels) are not close to another and pass."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not overrides or raw.get("model_type") not in CONFIG_MAPPING:
         return
-    known = {*raw, *cls().to_dict(), *getattr(cls, "attribute_map", {})}
+    cls = CONFIG_MAPPING[raw["model_type"]]
+    try:
+        defaults = cls().to_dict()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare
+        return
+    known = {*raw, *defaults, *getattr(cls, "attribute_map", {}),
+             *inspect.signature(cls.__init__).parameters}  # fmt: skip
     for key in overrides:
-        if key not in known:
+        close = [] if key in known else difflib.get_close_matches(key, sorted(known), 1, 0.85)
+        if close:
             raise InvalidInputError(
-                f"model_options.{key}: {cls.__name__} has no field {key!r}"
-                f"{suggest(key, sorted(known))}"
+                f"model_options.{key}: {cls.__name__} has no field {key!r} (did you mean: "
+                f"{close[0]}?)"
             )
 
 
