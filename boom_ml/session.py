@@ -295,10 +295,10 @@ def _largest_batch(
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
     """One optimizer step of ``grad_accum`` micro-batches: forward and backward run once per
     micro-batch, each after the first adding into the kept gradients (``accumulate_ms``, set
-    when the trace is a first micro-batch), zero_grad and the optimizer once (``micro_step_ms`` keeps one micro-batch's
-    time without them; ``by_phase`` is the step's, so it adds up to ``step_ms`` as without
-    accumulation; ``by_family`` and the top lists stay one micro-batch and the optimizer's;
-    p10 / p90 keep their ratio to the step)."""
+    when the trace is a first micro-batch), zero_grad and the optimizer once.
+    ``micro_step_ms`` keeps one micro-batch's time without them; ``by_phase`` is the step's,
+    so it adds up to ``step_ms`` as without accumulation; ``by_family`` and the top lists stay
+    one micro-batch and the optimizer's; p10 / p90 keep their ratio to the step."""
     once_ms = time.by_phase.get("optimizer", 0.0) + time.by_phase.get("zero_grad", 0.0)
     micro = time.step_ms - once_ms
     if grad_accum == 1:
