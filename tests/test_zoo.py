@@ -191,7 +191,7 @@ def test_inception_aux_loss_and_batch_one() -> None:
 
 def test_fixed_size_vit_explains_option() -> None:
     built = build_model("torchvision:vit_b_16")
-    with pytest.raises(InvalidInputError, match='"image_size": 384'):
+    with pytest.raises(InvalidInputError, match=r"model_options=\{image_size:384\}"):
         built.make_inputs(StepSpec(batch_size=1, image_size=384), CPU)
     assert (
         build_model(ModelSpec("torchvision:vit_b_16", {"image_size": 384})).default_image_size
