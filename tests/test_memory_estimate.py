@@ -21,8 +21,8 @@ from boom_ml.memory.live import live_peak
 from boom_ml.memory.overheads import TABLE_PATH, load_overheads
 from boom_ml.memory.replay import build_replay
 from boom_ml.specs import StepSpec
-from boom_ml.trace.graph import OpGraph
-from boom_ml.trace.step import canonical_free_order, trace_step
+from boom_ml.trace.graph import OpGraph, canonical_free_order
+from boom_ml.trace.step import trace_step
 
 MiB = 1 << 20
 

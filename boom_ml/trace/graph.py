@@ -48,6 +48,26 @@ MEMORY_CATEGORIES = (
 )
 
 
+def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs of frees outside any op in one phase, in block order.
+
+    Such frees happen together (autocast's cache of weight copies cleared at its exit, a
+    dict of tensors dropped) in an order that follows hashes of tensor addresses, which
+    differ between traces. Freed at one instant, their order changes no block's life; in
+    block order the same step always traces to the same events, which the max-batch
+    search's affine scaling compares across batch sizes.
+    """
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for event in events:
+        loose = event["action"] == "free" and event["node_id"] == -1
+        if run and not (loose and event["phase"] == run[-1]["phase"]):
+            out += sorted(run, key=lambda e: e["block"])
+            run = []
+        (run if loose else out).append(event)
+    return out + sorted(run, key=lambda e: e["block"])
+
+
 def _frame(rows: list[dict[str, Any]] | pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=list(columns))
     return df.astype(columns) if len(df) else df.astype(columns, errors="ignore")

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -28,7 +27,7 @@ from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
 from boom_ml.trace.dropout import cuda_dropout
-from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.graph import OpGraph, canonical_free_order
 from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
 from boom_ml.trace.optimizers import make_optimizer
@@ -383,26 +382,6 @@ def _param_blocks(
         blocks = [recorder.known_block(x) for x in now if isinstance(x, torch.Tensor)]
         out.update((b, name) for b in blocks + owned.get(id(t), []) if b is not None)
     return out
-
-
-def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Runs of frees outside any op in one phase, in block order.
-
-    Such frees happen together (autocast's cache of weight copies cleared at its exit, a
-    dict of tensors dropped) in an order that follows hashes of tensor addresses, which
-    differ between traces. Freed at one instant, their order changes no block's life; in
-    block order the same step always traces to the same events, which the max-batch
-    search's affine scaling compares across batch sizes.
-    """
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for event in events:
-        loose = event["action"] == "free" and event["node_id"] == -1
-        if run and not (loose and event["phase"] == run[-1]["phase"]):
-            out += sorted(run, key=lambda e: e["block"])
-            run = []
-        (run if loose else out).append(event)
-    return out + sorted(run, key=lambda e: e["block"])
 
 
 def reference_flops(built: BuiltModel, step: StepSpec) -> int:

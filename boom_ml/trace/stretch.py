@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.graph import OpGraph, canonical_free_order
 from boom_ml.trace.recorder import BlockNotes
 
 OUTSIDE_PHASES = ("zero_grad", "optimizer")  # ops on every parameter, outside any module
@@ -350,8 +350,6 @@ def _widen(
 def canonical(graph: OpGraph) -> OpGraph:
     """``graph`` with blocks numbered in order of allocation and each run of frees outside
     any op in block order (two traces of one step then compare equal)."""
-    from boom_ml.trace.step import canonical_free_order  # imports torch
-
     events = graph.mem_events.sort_values("seq").to_dict("records")
     number: dict[int, int] = {}
     for event in events:
