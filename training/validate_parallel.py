@@ -115,7 +115,9 @@ def predict_row(
     from boom_ml.specs import StepSpec
 
     micro = row["global"] // (row["micro"] * row["dp"])
-    layout = Layout(dp=row["dp"], tp=row["tp"], pp=row["pp"], microbatches=micro)
+    # Megatron accumulates in its weight-gradient GEMMs (gradient accumulation fusion)
+    layout = Layout(dp=row["dp"], tp=row["tp"], pp=row["pp"], microbatches=micro,
+                    grad_accumulation="fused")  # fmt: skip
     # Megatron steps Adam with apex's FusedAdam: one fused kernel, as torch's fused Adam
     step = StepSpec(batch_size=row["micro"], seq_len=row["seq"], optimizer="adam",
                     optimizer_impl="fused", checkpointing="full",

@@ -20,6 +20,10 @@ SHARDING_MODES = ("none", "zero1", "zero2", "zero3", "fsdp")
 # backwards) and interleaved 1F1B (each rank holds ``virtual_stages`` chunks of layers).
 SCHEDULES = ("1f1b", "gpipe", "interleaved")
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "interleaved 1F1B"}
+# How micro-batches 2..N of a step reach the kept gradients: "add", autograd's one in-place
+# add per gradient (PyTorch DDP's no_sync, FSDP2, DeepSpeed); "fused", inside the weight-
+# gradient GEMMs (Megatron-LM's gradient accumulation fusion into ``main_grad``): no add kernels.
+GRAD_ACCUMULATION = ("add", "fused")
 INTRA_LINKS = ("auto", "nvlink", "pcie")
 INTER_LINKS = ("auto", "ib-ndr400", "ib-hdr200", "roce-100g", "eth-25g")
 
@@ -48,12 +52,14 @@ class Layout:
     microbatches: int = 1  # per optimizer step: pipeline micro-batches / accumulation steps
     schedule: str = "1f1b"  # 1f1b | gpipe | interleaved (pipeline schedule when pp > 1)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved only)
+    grad_accumulation: str = "add"  # add | fused (GRAD_ACCUMULATION): micro-batches 2..N
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "microbatches", "virtual_stages"):
             _positive(f"parallel.{name}", getattr(self, name))
         _choice("parallel.sharding", self.sharding, SHARDING_MODES)
         _choice("parallel.schedule", self.schedule, SCHEDULES)
+        _choice("parallel.grad_accumulation", self.grad_accumulation, GRAD_ACCUMULATION)
         if (self.schedule == "interleaved") != (self.virtual_stages > 1):
             raise InvalidInputError(
                 "parallel.schedule=interleaved needs parallel.virtual_stages >= 2, and"

@@ -60,6 +60,11 @@ class TimeProfile:
     # of layer_ms and last_ms: matrix kernels (GEMMs and attention), the rest is memory-bound
     layer_matrix_ms: float = 0.0
     last_matrix_ms: float = 0.0
+    # what one further micro-batch spends adding into the kept gradients (``parallel.
+    # grad_accumulation=add``; timing/accumulation.py): per layer, and of the parameters
+    # outside the layers (embedding, final norm, head)
+    accumulate_layer_ms: float = 0.0
+    accumulate_ends_ms: float = 0.0
 
 
 @dataclass
@@ -172,9 +177,13 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
 
 
 def _time_parts(graph: Any, gpus: list[GpuSpec]) -> list[dict[str, Any]]:
+    from boom_ml.timing.accumulation import gradient_adds_ms
     from boom_ml.timing.estimate import estimate_times  # the timing entry, wherever it lives
+    from boom_ml.timing.tf32 import Tf32
 
-    return [_parts(graph, est) for est in estimate_times(graph, gpus, tf32=False, top_n=1_000_000)]
+    estimates = estimate_times(graph, gpus, tf32=False, top_n=1_000_000)
+    adds = gradient_adds_ms(graph, gpus, Tf32.of(False))
+    return [{**_parts(graph, est), "adds": a} for est, a in zip(estimates, adds, strict=True)]
 
 
 def _parts(graph: Any, est: Any) -> dict[str, Any]:
@@ -254,6 +263,8 @@ def _profile(one: dict[str, Any], two: dict[str, Any]) -> TimeProfile:
         # the embedding runs no matrix kernel: the ends' GEMMs are the LM head's (last stage)
         layer_matrix_ms=two["matrix"] - one["matrix"],
         last_matrix_ms=max(2 * one["matrix"] - two["matrix"], 0.0),
+        accumulate_layer_ms=max(two["adds"] - one["adds"], 0.0),
+        accumulate_ends_ms=max(2 * one["adds"] - two["adds"], 0.0),
     )
 
 

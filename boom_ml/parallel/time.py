@@ -21,7 +21,11 @@ and the bubble (total minus the busiest rank's busy time). For equal stages with
 with a bubble of ``(pp - 1) / (m + pp - 1)``; interleaved 1F1B over v chunks per rank
 ``(m + (pp - 1) / v) T`` with a bubble of ``(pp - 1) / (v m + pp - 1)``. Interleaving splits
 each rank's layers into v chunks (the first chunk of rank 0 holds the embedding, the last chunk
-of the last rank head + loss) and sends v times as often. After the last
+of the last rank head + loss) and sends v times as often. Each micro-batch
+after the first adds its gradients into the kept ones (``parallel.grad_accumulation=add``,
+PyTorch's autograd: one add per gradient, timed in the profile; ZeRO-2 and FSDP add into
+their shards), spread evenly over the micro-batches' backward passes; ``fused`` (Megatron-LM's
+gradient accumulation fusion) has no add kernels. After the last
 micro-batch: data-parallel gradient reduction (DDP all-reduce overlapping the last backward
 except its last bucket, which holds the last-ready gradient, the embedding's; ZeRO-1/2
 reduce-scatter (ZeRO-2 after each micro-batch: it keeps only its gradient shard) + all-gather
@@ -272,20 +276,36 @@ def step_time(
         ops = n * prof.layer_ops + (prof.first_ops if first else 0) + (prof.last_ops if last else 0)
         return max(compute, ops * dispatch_us * 1e-3)
 
+    def chunk_adds(n: int, first: bool, last: bool) -> float:
+        """ms each micro-batch after the first adds into the chunk's kept gradients."""
+        if layout.grad_accumulation != "add" or m == 1:
+            return 0.0
+        # the ends' adds split by their trainable parameters (embedding first, head last)
+        ends = [shape.count("first", True), shape.count("last", True)]
+        mine = (ends[0] if first else 0) + (ends[1] if last else 0)
+        share = mine / sum(ends) if sum(ends) else float(first or last)
+        ms = n * prof.accumulate_layer_ms + share * prof.accumulate_ends_ms
+        if layout.zero_stage >= 2:  # ZeRO-2 / FSDP reduce each micro-batch, add into shards
+            ms /= layout.dp
+        return compute_scale * other_scale * ms  # memory-bound kernels
+
     # per virtual stage j = chunk * pp + rank (model order): forward and backward of one
     # micro-batch, compute and tensor-parallel all-reduces split by the backward share
     bwd = prof.backward_fraction
     fwd_ms, bwd_ms = [0.0] * (pp * v), [0.0] * (pp * v)
     stages = []
     for s, layers_c in enumerate(chunks):
-        compute = 0.0
+        compute = accumulate = 0.0
         for c, n in enumerate(layers_c):
             j = c * pp + s
             cfirst, clast = j == 0, j == pp * v - 1
             cc = chunk_compute(n, cfirst, clast)
             tp = sum(x.ms for x in tp_collectives(shape, n, cfirst, clast, groups["tp"]))
-            fwd_ms[j], bwd_ms[j] = (1 - bwd) * (cc + tp), bwd * (cc + tp)
-            compute += cc
+            # micro-batches are alike in the schedule: each carries its share of the adds
+            add = chunk_adds(n, cfirst, clast) * (m - 1) / m
+            fwd_ms[j], bwd_ms[j] = (1 - bwd) * (cc + tp), bwd * (cc + tp) + add
+            compute += cc + add
+            accumulate += add * m
         n = sum(layers_c)
         first, last = s == 0, s == pp - 1
         # the rank's all-reduces: linear in layers, so the sum over its chunks
@@ -303,6 +323,7 @@ def step_time(
             opt /= layout.dp  # each rank steps its shard
         stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
                        "micro_ms": compute + crit, "optimizer_ms": opt, "params": params,
+                       "accumulate_ms": accumulate,
                        "trainable": trainable,
                        "collectives": colls, "first": first, "last": last})  # fmt: skip
     p2p = 0.0
@@ -344,6 +365,7 @@ def step_time(
         "bubble_fraction": round(bubble_ms / step, 4) if step > 0 else 0.0,
         "pipeline_ms": round(pipe_ms, 4),
         "optimizer_ms": round(worst["optimizer_ms"], 4),
+        "accumulate_ms": round(worst["accumulate_ms"], 4),
         "critical_stage": worst["stage"],
         "collectives": sorted((c.to_dict() for c in colls), key=lambda c: -c["ms"]),
         "per_stage": [

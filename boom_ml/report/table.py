@@ -253,6 +253,9 @@ def parallel_table(prediction: Prediction) -> Table:
         f"{_title(prediction)}  dp={first['dp']} tp={first['tp']} pp={first['pp']}{schedule} "
         f"{first['sharding']} x{first['microbatches']} micro-batches ({first['world']} GPUs)"
     )
+    if first["microbatches"] > 1:
+        fused = first.get("grad_accumulation") == "fused"
+        title += ", gradients " + ("accumulated in the GEMMs" if fused else "added")
     table = Table(title=title)
     for col in ("GPU", "fits", "worst rank (p10–p90) / usable GiB", "step ms", "compute ms",
                 "exposed comm ms", "bubble ms", "samples/s"):  # fmt: skip
@@ -287,6 +290,12 @@ def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
             f"(exposed {c.get('exposed_ms', 0):.2f})"
             for c in colls[:top_n]
         ]
+        if g["time"].get("accumulate_ms"):
+            lines.append(
+                f"    micro-batches 2..{g['parallel']['microbatches']} add into the kept"
+                f" gradients: {g['time']['accumulate_ms']:.2f} ms of the step on the critical"
+                " rank (parallel.grad_accumulation=fused: Megatron-LM's fusion, none)"
+            )
     return lines
 
 
