@@ -326,9 +326,11 @@ class DistributedStepRunner(StepRunner):
                 self.optimizer = ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
 
     def _sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Gradient sync on the last micro-batch only (DDP ``no_sync`` / FSDP2's switch)."""
+        """DDP: gradient sync on the last micro-batch only (``no_sync``). FSDP2 (ZeRO-2/3)
+        reduce-scatters every micro-batch's gradients and adds them into the rank's shards
+        (its default), as ``boom_ml.parallel`` predicts it: skipping the sync would keep
+        whole unsharded gradients between micro-batches."""
         if self.fsdp:
-            self.module.set_requires_gradient_sync(last)  # type: ignore[operator]
             return contextlib.nullcontext()
         no_sync = getattr(self.module, "no_sync", None)  # DDP; tensor parallel alone has none
         return contextlib.nullcontext() if last or no_sync is None else no_sync()

@@ -63,6 +63,8 @@ def tiny_memory(tmp_path_factory):
         (Layout(pp=4), Cluster(), {"layers": 2}, "exceeds the model's 2 layers"),
         (Layout(dp=12), Cluster(gpus_per_node=8), {}, "not a multiple of cluster.gpus_per_node=8"),
         (Layout(dp=2), Cluster(), {"global_batch": 7, "batch_size": 1}, "not divisible"),
+        (Layout(tp=2, sharding="fsdp"), Cluster(), {}, "fsdp shards over data-parallel ranks"),
+        (Layout(sharding="zero2"), Cluster(), {}, "needs parallel.dp >= 2 (got parallel.dp=1)"),
     ],
 )
 def test_bad_layouts_raise_one_line(layout, cluster, facts, words):
@@ -78,6 +80,7 @@ def test_bad_layouts_raise_one_line(layout, cluster, facts, words):
         (lambda: Cluster(intra="nvswitch"), "unknown cluster.intra 'nvswitch'"),
         (lambda: Layout(sharding="zero4"), "unknown parallel.sharding 'zero4'"),
         (lambda: Layout(dp=0), "parallel.dp must be an integer >= 1"),
+        (lambda: Layout(bucket_view="yes"), "parallel.bucket_view must be true or false"),
     ],
 )
 def test_bad_values_raise_one_line(make, words):
@@ -155,10 +158,14 @@ def test_shard_sizes_under_each_mode(tiny_memory, sharding):
         expect["zero_parameters"] = -int(4 * held * (dp - 1) / dp)
         # two layer units, and the root (embedding, head, norm) gathered through backward
         expect["fsdp_allgather_buffers"] = 4 * (2 * layer_params(1) + 2 * VOCAB * H + H)
-    if stage == 0:
-        expect["ddp_bucket"] = DDP_BUCKET_BYTES
+    if stage == 0:  # PyTorch's default: the buckets copy every gradient (fp32 here)
+        expect["ddp_bucket"] = 4 * held
     expect["nccl_buffers"] = 1 * 4 * 2**20 * 8 * 2  # one communicator (dp)
     assert terms == pytest.approx(expect, abs=1)  # terms are whole bytes
+    if stage == 0:  # gradient_as_bucket_view=True: the gradients are the buckets
+        viewed = stage_memory(tiny_memory, Layout(dp=dp, bucket_view=True, microbatches=2), 0,
+                              LAYERS, 2)["parallel_terms"]  # fmt: skip
+        assert viewed["ddp_bucket"] == DDP_BUCKET_BYTES
 
 
 def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):

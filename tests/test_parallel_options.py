@@ -181,3 +181,26 @@ def test_the_layout_search_says_why_it_cannot_cut_an_encoder_decoder() -> None:
 
     with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder"):
         search_layouts_many("hf:t5-small", [get_gpu("l4")], StepSpec(batch_size=2))
+
+
+def test_pipeline_stages_step_only_their_own_ends() -> None:
+    """The optimizer step of the ends (embedding; final norm and head) goes to the stage that
+    holds them, by their parameters (``_shape``: V*H first, V*H + H last), not to both; a tied
+    head's copy on the last stage is stepped there as well."""
+    from dataclasses import replace
+
+    prof = replace(_profile(), opt_layer_ms=1.0, opt_ends_ms=3.0)
+    first, last = 256 * 64, 256 * 64 + 64
+    whole = step_time(prof, _shape(1), Layout(), [2], _groups())
+    piped = step_time(prof, _shape(1), Layout(pp=2), [1, 1], _groups(pp=2))
+    stage = {s["stage"]: s["optimizer_ms"] for s in piped["per_stage"]}
+    assert whole["optimizer_ms"] == pytest.approx(2 + 3)
+    assert stage[0] == pytest.approx(1 + 3 * first / (first + last), abs=1e-4)
+    assert stage[1] == pytest.approx(1 + 3 * last / (first + last), abs=1e-4)
+    # tied: the 1-layer trace timed the shared weight once (ends 256*64 + 64); the last stage
+    # holds a copy of it (params_last 256*64 + 64 + the tied 256*64)
+    tied = replace(_shape(1), params_last=64 + 256 * 64, params_first=256 * 64)
+    tied_piped = step_time(prof, tied, Layout(pp=2), [1, 1], _groups(pp=2), tied_params=256 * 64)
+    stage = {s["stage"]: s["optimizer_ms"] for s in tied_piped["per_stage"]}
+    assert stage[0] == pytest.approx(1 + 3 * first / (first + 64), abs=1e-4)
+    assert stage[1] == pytest.approx(1 + 3 * (64 + 256 * 64) / (first + 64), abs=1e-4)

@@ -53,6 +53,8 @@ class Layout:
     schedule: str = "1f1b"  # 1f1b | gpipe | interleaved (pipeline schedule when pp > 1)
     virtual_stages: int = 1  # model chunks per pipeline rank (interleaved only)
     grad_accumulation: str = "add"  # add | fused (GRAD_ACCUMULATION): micro-batches 2..N
+    # DDP's gradient_as_bucket_view (PyTorch's default False: its buckets copy every gradient)
+    bucket_view: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "microbatches", "virtual_stages"):
@@ -60,6 +62,10 @@ class Layout:
         _choice("parallel.sharding", self.sharding, SHARDING_MODES)
         _choice("parallel.schedule", self.schedule, SCHEDULES)
         _choice("parallel.grad_accumulation", self.grad_accumulation, GRAD_ACCUMULATION)
+        if not isinstance(self.bucket_view, bool):
+            raise InvalidInputError(
+                f"parallel.bucket_view must be true or false, got {self.bucket_view!r}"
+            )
         if (self.schedule == "interleaved") != (self.virtual_stages > 1):
             raise InvalidInputError(
                 "parallel.schedule=interleaved needs parallel.virtual_stages >= 2, and"
@@ -131,6 +137,15 @@ def validate(
     also wants pp > 2 unless ``--overlap-p2p-comm`` is on; pp = 2 is accepted here (as with
     that flag) and its sends are charged as blocking anyway (``schedule.py``).
     """
+    if layout.sharding != "none" and layout.dp == 1:
+        raise InvalidInputError(
+            f"parallel.sharding={layout.sharding} shards over data-parallel ranks: it needs"
+            " parallel.dp >= 2 (got parallel.dp=1)"
+        )
+    if layers is not None and layout.pp > layers:
+        raise InvalidInputError(
+            f"parallel.pp={layout.pp} exceeds the model's {layers} layers (one stage per layer at most)"
+        )
     if layout.schedule == "interleaved":
         if layout.pp == 1:
             raise InvalidInputError(
@@ -167,10 +182,6 @@ def validate(
     if hidden is not None and hidden % layout.tp:
         raise InvalidInputError(
             f"parallel.tp={layout.tp} does not divide the model's hidden size {hidden}"
-        )
-    if layers is not None and layout.pp > layers:
-        raise InvalidInputError(
-            f"parallel.pp={layout.pp} exceeds the model's {layers} layers (one stage per layer at most)"
         )
     chunks = layout.pp * layout.virtual_stages
     if layout.schedule == "interleaved" and layers is not None and layers % chunks:

@@ -16,8 +16,11 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   forward, so they stay gathered through the backward (``_fsdp_state.py``, "For the root, do
   not reshard after forward"; one all-gather of the root per micro-batch in
   ``parallel/traced.py``'s trace);
-* DDP (dp > 1, no sharding): one 25 MiB bucket of communication buffer (gradients are viewed
-  into the buckets, ``gradient_as_bucket_view``);
+* DDP (dp > 1, no sharding): its Reducer allocates flat buckets over every trainable
+  gradient when it is built (``reducer.cpp``, ``initialize_buckets``) and, with PyTorch's
+  default ``gradient_as_bucket_view=False``, copies each gradient into them: a second copy of
+  the gradients, alive all step; ``parallel.bucket_view=true`` (the gradients are views into
+  the buckets, as Megatron's contiguous gradient buffers are) leaves one 25 MiB bucket;
 * pipeline activations in flight (``schedule.peak_in_flight``, from the schedule's operation
   order): 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches (the
   first stage the most); GPipe: all m on every stage; interleaved 1F1B: Megatron's warm-up
@@ -187,7 +190,7 @@ def _stage_at(
         root = held - layers * p["layers"]
         terms["fsdp_allgather_buffers"] = (2 * p["layers"] + root) * prof.param_bytes
     if dp > 1 and zero == 0:
-        terms["ddp_bucket"] = DDP_BUCKET_BYTES
+        terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else held_t * prof.param_bytes
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
         terms["pipeline_activations"] = (in_flight - 1) * _held_per_microbatch(

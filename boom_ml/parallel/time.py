@@ -276,15 +276,22 @@ def step_time(
         ops = n * prof.layer_ops + (prof.first_ops if first else 0) + (prof.last_ops if last else 0)
         return max(compute, ops * dispatch_us * 1e-3)
 
+    tied = tied_params if pp > 1 else 0
+    ends = [shape.count("first", True), shape.count("last", True)]
+    traced_ends = sum(ends) - tied  # the 1-layer trace holds a tied weight once
+
+    def ends_share(first: bool, last: bool) -> float:
+        """Of the per-parameter work of the ends (embedding, final norm, head: optimizer step,
+        gradient adds) the 1-layer trace timed, the share of a stage holding first / last (a
+        tied head's copy on the last stage of a pipeline is stepped there too)."""
+        mine = (ends[0] if first else 0) + (ends[1] if last else 0)
+        return mine / traced_ends if traced_ends > 0 else float(first or last)
+
     def chunk_adds(n: int, first: bool, last: bool) -> float:
         """ms each micro-batch after the first adds into the chunk's kept gradients."""
         if layout.grad_accumulation != "add" or m == 1:
             return 0.0
-        # the ends' adds split by their trainable parameters (embedding first, head last)
-        ends = [shape.count("first", True), shape.count("last", True)]
-        mine = (ends[0] if first else 0) + (ends[1] if last else 0)
-        share = mine / sum(ends) if sum(ends) else float(first or last)
-        ms = n * prof.accumulate_layer_ms + share * prof.accumulate_ends_ms
+        ms = n * prof.accumulate_layer_ms + ends_share(first, last) * prof.accumulate_ends_ms
         if layout.zero_stage >= 2:  # ZeRO-2 / FSDP reduce each micro-batch, add into shards
             ms /= layout.dp
         return compute_scale * other_scale * ms  # memory-bound kernels
@@ -318,7 +325,7 @@ def step_time(
             c.exposed_ms *= m
         params = shape.stage_params(n, first, last)
         trainable = shape.stage_params(n, first, last, trainable=True)
-        opt = compute_scale * (n * prof.opt_layer_ms + (prof.opt_ends_ms if first or last else 0))
+        opt = compute_scale * (n * prof.opt_layer_ms + ends_share(first, last) * prof.opt_ends_ms)
         if layout.zero_stage >= 1:
             opt /= layout.dp  # each rank steps its shard
         stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
@@ -341,7 +348,6 @@ def step_time(
         st["in_flight_chunks"] = peak
     worst = max(stages, key=lambda st: st["micro_ms"])
     embed = groups["embedding"] if pp > 1 else None
-    tied = tied_params if pp > 1 else 0
     dp = dp_collectives(
         shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
         worst["compute_ms"], groups["dp"], embed, tied,
