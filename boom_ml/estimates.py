@@ -85,6 +85,13 @@ class GpuPrediction:
     def fits(self) -> bool:
         return self.memory.fits
 
+    @property
+    def usd_per_1000_steps(self) -> float | None:
+        """On-demand price of 1,000 steps (None: no price or no time)."""
+        if self.price_usd_per_hour is None or self.time is None:
+            return None
+        return self.price_usd_per_hour * self.time.step_ms * 1000 / 3.6e6
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "gpu": self.gpu,
@@ -110,6 +117,11 @@ class Prediction:
     # gpu id → the cheapest multi-GPU layouts that fit, where nothing fits on one GPU
     # (report/advisor.py advise_layouts; JSON "layout_advice", beside "advice")
     layout_advice: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def best_gpu(self) -> GpuPrediction:
+        """The GPU that ``explain=true`` and ``plot=`` describe: the fastest that fits (else
+        the fastest), the table's first row."""
+        return min(self.gpus, key=lambda g: (not g.fits, g.time.step_ms))
 
     def to_dict(self) -> dict[str, Any]:
         return {

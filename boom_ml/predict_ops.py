@@ -4,7 +4,7 @@
 
 The input CSV has a column ``op`` and the shape columns its op needs (names are
 case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``direction``
-(forward default; backward, with ``grad_wrt`` input|weight for conv). Shape conventions:
+(forward default; backward, with ``grad_wrt`` input|weight, required for conv). Shape conventions:
 
 - GEMM (bmm, linear, mm, matmul, addmm): NeuSight's ``B,M,N,K``. ``bmm`` multiplies
   (B,M,N) x (B,N,K); ``linear``/``mm`` apply one N->K weight to B*M rows (B defaults to 1).
@@ -167,15 +167,22 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     direction = direction.fillna("forward").astype(str).str.strip().str.lower()
     if not direction.isin(["forward", "backward"]).all():
         raise InvalidInputError(f"{where}: direction must be forward or backward")
+    conv_backward = (fam == "conv") & (direction == "backward")
+    grad = pd.Series(None, index=df.index, dtype=object)
     if "grad_wrt" in df.columns:  # which gradient a backward convolution computes
         grad = df["grad_wrt"].astype(object).where(df["grad_wrt"].notna(), None)
         grad = grad.map(lambda v: None if v is None else str(v).strip().lower())
         set_ = grad.notna()
         if (set_ & ~grad.isin(["input", "weight"])).any():
             raise InvalidInputError(f"{where}: grad_wrt must be input or weight")
-        if (set_ & ~((fam == "conv") & (direction == "backward"))).any():
+        if (set_ & ~conv_backward).any():
             raise InvalidInputError(f"{where}: grad_wrt applies to backward conv rows only")
         df["grad_wrt"] = grad
+    if (conv_backward & grad.isna()).any():  # a layer's backward runs both kernels
+        raise InvalidInputError(
+            f"{where}: a backward conv row needs grad_wrt=input or weight (its two kernels;"
+            " a layer's backward runs both: give one row each)"
+        )
     out = df.drop(columns=[c for c in ("h", "latency_ms") if c in df.columns])
     out["family"] = fam
     out["op"] = [
@@ -302,6 +309,10 @@ def run(cfg: Any) -> str | None:
         raise InvalidInputError(
             "usage: python -m boom_ml.predict_ops input=<csv> gpu=<id> [output=<csv>]"
         )
+    if isinstance(o["gpu"], (list, tuple)):
+        raise InvalidInputError(
+            f"predict_ops times the ops on one GPU per call: gpu=<id>, got {o['gpu']!r}"
+        )
     path = Path(str(o["input"])).expanduser()
     if not path.exists():
         raise InvalidInputError(f"input file not found: {path}")
@@ -336,6 +347,13 @@ def main() -> None:
         sys.exit(err.exit_code)
     if print_help_if_asked(__doc__, "predict_ops"):
         return
+    from boom_ml.predict import check_override_keys
+
+    try:  # one line for a misspelled key, not Hydra's three
+        check_override_keys(sys.argv[1:], "predict_ops")
+    except BoomError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     import hydra
 
     @hydra.main(config_path=config_dir, config_name="predict_ops", version_base="1.3")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -220,7 +221,7 @@ def check_positive(name: str, value: Any) -> None:
 
 def check_number(name: str, value: Any, low: float, high: float | None) -> None:
     """A real number in [low, high] (high None: no upper bound)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < low or (high is not None and value > high):
         bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
         raise InvalidInputError(f"{name} must be a number {bound}, got {value!r}")

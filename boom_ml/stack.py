@@ -144,6 +144,12 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
     unknown = set(opts) - {f for f in Stack.__dataclass_fields__ if f != "source"}
     if unknown:
         raise InvalidInputError(f"unknown stack option(s): {', '.join(sorted(unknown))}")
+    for key in ("torch", "cuda", "cudnn"):
+        if isinstance(opts.get(key), float):  # 2.10 as a Python float is 2.1
+            raise InvalidInputError(
+                f"stack.{key} must be a string such as '2.10' (a number reads 2.10 as"
+                f" 2.1), got {opts[key]!r}"
+            )
     rows = load_stacks()
     installed, installed_cuda = installed_torch()
     torch_given = "torch" in opts

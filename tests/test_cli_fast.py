@@ -217,3 +217,19 @@ def test_validate_normalises_cache_and_checks_values():
         validate({**base, "attention": "flash"})
     with pytest.raises(UnknownGpuError, match="unknown GPU 'h100-sxn'"):
         validate({**base, "gpu": ["l4", "h100-sxn"]})
+
+
+def test_numbers_must_be_finite_and_releases_strings() -> None:
+    """finetune.alpha=nan ran with a null alpha and dropout=nan turned LoRA's dropout off; a
+    Python float release (2.10 is 2.1) named another release without a word."""
+    import math
+
+    from boom_ml.specs import check_number
+    from boom_ml.stack import resolve_stack
+
+    for value in (math.nan, math.inf, -math.inf):
+        with pytest.raises(InvalidInputError, match="must be a number"):
+            check_number("finetune.alpha", value, 0.0, None)
+    check_number("finetune.alpha", 16.0, 0.0, None)
+    with pytest.raises(InvalidInputError, match=r"stack.torch must be a string such as '2.10'"):
+        resolve_stack({"torch": 2.1})

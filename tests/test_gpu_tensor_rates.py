@@ -23,3 +23,25 @@ def test_a_yaml_spec_without_tensor_rates_gets_its_architectures(tmp_path):
     given = tmp_path / "given.yaml"
     given.write_text(body.format(arch="ampere", cc="8.0") + "fp16_tflops: 312\n")
     assert get_gpu(str(given)).fp16_tflops == 312.0  # a given rate is kept
+
+
+def test_a_yaml_spec_without_its_usable_memory_loses_what_its_architecture_loses(tmp_path):
+    """memory_gb 80 alone counted all 80 GiB as usable (the packaged A100-80GB SXM has
+    79.3 of them): without total_memory_bytes a spec takes the median share the packaged
+    GPUs of its architecture report; a given total is kept."""
+    import statistics
+
+    from boom_ml.gpus import all_gpus, get_gpu
+
+    body = ("name: mine\narchitecture: ampere\ncompute_capability: '8.0'\nsm_count: 108\n"
+            "memory_gb: 80\nmemory_bandwidth_gbs: 2039\nfp32_tflops: 19.5\n")  # fmt: skip
+    (tmp_path / "mine.yaml").write_text(body)
+    mine = get_gpu(str(tmp_path / "mine.yaml"))
+    shares = [g.total_memory_bytes / g.memory_bytes for g in all_gpus()
+              if g.architecture == "ampere" and g.total_memory_bytes]  # fmt: skip
+    assert len(shares) >= 5 and mine.memory_bytes == 80 * 2**30
+    assert mine.capacity_bytes == int(80 * 2**30 * statistics.median(shares))
+    assert 0.95 * 80 * 2**30 < mine.capacity_bytes < 80 * 2**30
+    assert "median share the packaged ampere GPUs report" in mine.capacity_source
+    (tmp_path / "given.yaml").write_text(body + "total_memory_bytes: 85000000000\n")
+    assert get_gpu(str(tmp_path / "given.yaml")).capacity_bytes == 85_000_000_000

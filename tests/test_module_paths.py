@@ -162,3 +162,25 @@ def test_plot_labels_drop_the_root_class_and_keep_the_tail() -> None:
     assert _short("GPT2LMHeadModel") == "GPT2LMHeadModel"
     assert _short("(parameters, gradients, optimizer state)", width=12) == "…izer state)"
     assert _short("M.encoder.layers.encoder_layer_*.mlp", width=20) == "…encoder_layer_*.mlp"
+
+
+def test_explain_and_plots_describe_the_same_gpu(tmp_path) -> None:
+    """The RTX 4090 is faster than the RTX A6000 but does not hold resnet18 at batch 1200:
+    explain=true and plot= both describe the A6000, the fastest GPU that fits."""
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    prediction = boom_ml.predict(model="torchvision:resnet18", gpu=["rtx-4090", "rtx-a6000"],
+                                 batch_size=1200, advice=False, max_batch="off",
+                                 plot=str(tmp_path))  # fmt: skip
+    fits = {g.gpu: g.fits for g in prediction.gpus}
+    step = {g.gpu: g.time.step_ms for g in prediction.gpus}
+    assert fits == {"rtx-4090": False, "rtx-a6000": True} and step["rtx-4090"] < step["rtx-a6000"]
+    lines = render_table(prediction, explain=True).splitlines()
+    assert any(
+        line.startswith("Explained: rtx-a6000, the fastest that fits of the 2") for line in lines
+    )
+    assert sorted(p.name for p in tmp_path.iterdir() if "a6000" in p.name) == [
+        "torchvision_resnet18_memory_rtx-a6000.png",
+        "torchvision_resnet18_time_rtx-a6000.png",
+    ]

@@ -233,7 +233,8 @@ def test_conv1d_is_a_conv2d_one_pixel_wide_and_grad_wrt_is_checked():
     spelled = predict_ops(pd.DataFrame({**conv, "grad_wrt": [" Weight", "weight"]}), "l4")
     assert spelled["pred_ms"].iloc[0] == spelled["pred_ms"].iloc[1]
     for grad, direction, words in [("bogus", "backward", "grad_wrt must be input or weight"),
-                                   ("weight", "forward", "backward conv rows only")]:  # fmt: skip
+                                   ("weight", "forward", "backward conv rows only"),
+                                   (None, "backward", "needs grad_wrt=input or weight")]:  # fmt: skip
         with pytest.raises(InvalidInputError, match=words):
             predict_ops(pd.DataFrame({**conv, "direction": [direction] * 2,
                                       "grad_wrt": [grad] * 2}), "l4")  # fmt: skip
@@ -241,3 +242,17 @@ def test_conv1d_is_a_conv2d_one_pixel_wide_and_grad_wrt_is_checked():
         predict_ops(pd.DataFrame({"op": ["conv1d"], "batch": [8], "in_channels": [64],
                                   "out_channels": [64], "kernel_size": [3], "input_h": [512],
                                   "input_w": [7]}), "l4")  # fmt: skip
+
+
+def test_cli_keys_and_gpu_lists_are_one_line(tmp_path: Path) -> None:
+    """A misspelled key is refused as predict's are (not Hydra's three lines), and a list of
+    GPUs is named as such (it was read as the GPU "['l4', 't4']")."""
+    from boom_ml.predict import check_override_keys
+    from boom_ml.predict_ops import run
+
+    with pytest.raises(InvalidInputError, match=r"unknown option 'gpus' \(did you mean: gpu\?\)"):
+        check_override_keys(["input=x.csv", "gpus=l4"], "predict_ops")
+    csv = tmp_path / "ops.csv"
+    csv.write_text("op,B,M,N,K\nlinear,1,64,64,64\n")
+    with pytest.raises(InvalidInputError, match="one GPU per call"):
+        run({"input": str(csv), "gpu": ["l4", "t4"]})

@@ -265,7 +265,9 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
 
     Required: name, architecture, compute_capability, sm_count, memory_gb, memory_bandwidth_gbs,
     fp32_tflops. ``id`` defaults to the file name, ``memory_bytes`` to ``memory_gb * 2**30``,
-    ``source`` to the file path; every other field defaults to None (unknown).
+    ``total_memory_bytes`` (what PyTorch reports: what a process can use) to the share of it
+    the packaged GPUs of its architecture report, ``source`` to the file path; every other
+    field defaults to None (unknown).
     """
     import yaml  # local: only user specs need it
 
@@ -308,6 +310,8 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
     if values["memory_bytes"] is None:
         values["memory_bytes"] = int(values["memory_gb"] * GIB)
     values["source"] = values["source"] or f"user spec {path}"
+    if values["total_memory_bytes"] is None:
+        values["total_memory_bytes"], values["capacity_source"] = _usable_memory(values)
     filled = _fill_tensor_rates(values)
     if filled:
         values["source"] += (
@@ -316,6 +320,24 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
             f"{values['architecture']})"
         )
     return GpuSpec(**values)
+
+
+def _usable_memory(values: dict[str, Any]) -> tuple[int, str]:
+    """What PyTorch would report as a user GPU's total memory, where its spec does not say
+    (``total_memory_bytes``): its ``memory_bytes`` times the median share the packaged GPUs
+    of its architecture report (``capacity.csv``; all of them where none is listed). The
+    packaged GPUs lose 1-8 % of the sheet's memory to ECC and the driver: taking the sheet's
+    whole was optimistic about what fits."""
+    arch = [
+        g for g in all_gpus() if g.total_memory_bytes and g.architecture == values["architecture"]
+    ]
+    pool = arch or [g for g in all_gpus() if g.total_memory_bytes]
+    share = statistics.median(g.total_memory_bytes / g.memory_bytes for g in pool)
+    scope = f"{values['architecture']} GPUs" if arch else "GPUs"
+    return int(values["memory_bytes"] * share), (
+        f"not given: memory_bytes x {share:.4f}, the median share the packaged {scope} report"
+        " (boom_ml/gpus/capacity.csv; total_memory_bytes in the spec sets it)"
+    )
 
 
 TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")

@@ -21,8 +21,7 @@ def write_plots(
     ``grad_accum``) and time breakdown on the fastest GPU that fits (else the fastest),
     plus the GPU comparison when there is more than one GPU."""
     out = check_plot_dir(directory)
-    ranked = sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms))
-    best = ranked[0]
+    best = prediction.best_gpu()
     spec = next(s for s in gpus if s.id == best.gpu)
     stem = prediction.model.replace(":", "_").replace("/", "_")
     written = [
@@ -34,7 +33,9 @@ def write_plots(
             stack=stack,
             grad_accum=grad_accum,
         ),  # fmt: skip
-        plot_time_breakdown(best, out / f"{stem}_time_{best.gpu}.png", prediction.model),
+        plot_time_breakdown(
+            best, out / f"{stem}_time_{best.gpu}.png", prediction.model, grad_accum=grad_accum
+        ),  # fmt: skip
     ]
     if len(prediction.gpus) > 1:
         written.append(plot_gpu_comparison(prediction, out / f"{stem}_gpus.png"))

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction
+from boom_ml.estimates import MemoryEstimate, Prediction
 from boom_ml.report.advisor import Advice, nothing_fits
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
@@ -53,10 +53,9 @@ def _max_batch(m: MemoryEstimate) -> str:
     return f"≥ {m.max_batch_size}" if m.max_batch_lower_bound else str(m.max_batch_size)
 
 
-def cost_per_1000_steps(result: GpuPrediction) -> float | None:
-    if result.price_usd_per_hour is None:
-        return None
-    return result.price_usd_per_hour * result.time.step_ms * 1000 / 3.6e6
+def usd_text(usd: float) -> str:
+    """Dollars to three significant figures (cents alone do not tell cheap GPUs apart)."""
+    return f"{usd:.3g}" if usd < 100 else f"{usd:.0f}"
 
 
 def gpu_table(prediction: Prediction) -> Table:
@@ -73,14 +72,14 @@ def gpu_table(prediction: Prediction) -> Table:
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
         interval = f" ({t.p10_ms:.1f}–{t.p90_ms:.1f})" if t.p10_ms and t.p90_ms else ""
-        cost = cost_per_1000_steps(g)
+        cost = g.usd_per_1000_steps
         table.add_row(
             g.gpu,
             FIT_STYLE.get(m.fit, "yes" if g.fits else "[red]no[/red]"),
             _peak(m),
             f"{t.step_ms:.1f}{interval}",
             f"{samples / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
-            f"{cost:.2f}" if cost is not None else "-",
+            usd_text(cost) if cost is not None else "-",
             _max_batch(m),
         )
     return table
@@ -378,10 +377,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for line in advice_lines(prediction):
         console.print(line, highlight=False, soft_wrap=True)
     if explain:
-        fastest = min(prediction.gpus, key=lambda g: g.time.step_ms)
+        fastest = prediction.best_gpu()
         if len(prediction.gpus) > 1:
+            which = "fastest" if not fastest.fits else "fastest that fits"
             console.print(
-                f"Explained: {fastest.gpu}, the fastest of the {len(prediction.gpus)} GPUs "
+                f"Explained: {fastest.gpu}, the {which} of the {len(prediction.gpus)} GPUs "
                 "(gpu=<id> alone explains another)",
                 highlight=False,
                 soft_wrap=True,

@@ -20,19 +20,24 @@ def _barh(ax, labels: list[str], values: list[float], xlabel: str) -> None:
     ax.margins(x=0.15)
 
 
-def plot_time_breakdown(result: GpuPrediction, path: Path, title: str) -> Path:
-    """Two panels: predicted ms by op family and by module (top 10) on one GPU."""
+def plot_time_breakdown(result: GpuPrediction, path: Path, title: str, grad_accum: int = 1) -> Path:
+    """Two panels: predicted ms by op family and by module (top 10) on one GPU. Under
+    accumulation the bars are one micro-batch's (and the optimizer step's, run once), as
+    ``time.by_family`` and the module lists hold them; the title keeps the whole step."""
     t = result.time
+    unit = (
+        "ms per step" if grad_accum == 1 else f"ms per micro-batch (x{grad_accum}; optimizer once)"
+    )
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     families = sorted(t.by_family.items(), key=lambda kv: -kv[1])[:10]
-    _barh(left, [k for k, _ in families], [v for _, v in families], "ms per step")
+    _barh(left, [k for k, _ in families], [v for _, v in families], unit)
     left.set_title("by op family")
     modules = (t.top_module_groups or t.top_modules)[:10]
     labels = [
         _short(m["module"]) + (f" x{m['blocks']}" if m.get("blocks", 1) > 1 else "")
         for m in modules
     ]
-    _barh(right, labels, [m["ms"] for m in modules], "ms per step")
+    _barh(right, labels, [m["ms"] for m in modules], unit)
     right.set_title("by module (top 10, repeated blocks summed)")
     fig.suptitle(f"{title} on {result.gpu}: {t.step_ms:.1f} ms ({t.method})")
     fig.tight_layout()
@@ -54,10 +59,10 @@ def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:
     )
     left.barh(names[::-1], ms[::-1], xerr=[low[::-1], high[::-1]], color=colors[::-1])
     left.set_xlabel("predicted step time, ms (grey: does not fit)")
-    cost = [_cost_per_1000(g) for g in gpus]
+    cost = [g.usd_per_1000_steps for g in gpus]
     right.barh(names[::-1], [c or 0 for c in cost[::-1]], color=colors[::-1])
     for y, c in enumerate(cost[::-1]):
-        right.text(c or 0, y, f" ${c:.2f}" if c else " no price", va="center", fontsize=8)
+        right.text(c or 0, y, f" ${c:.3g}" if c else " no price", va="center", fontsize=8)
     right.set_xlabel("USD per 1,000 steps (on-demand price)")
     right.margins(x=0.2)
     fig.suptitle(f"{prediction.model}, batch {prediction.batch_size}")
@@ -65,12 +70,6 @@ def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _cost_per_1000(result: GpuPrediction) -> float | None:
-    if result.price_usd_per_hour is None:
-        return None
-    return result.price_usd_per_hour * result.time.step_ms * 1000 / 3.6e6
 
 
 def _short(module: str, width: int = 40) -> str:
