@@ -229,8 +229,11 @@ def test_all_linear_on_fused_experts_needs_no_dropout(tmp_path: Path) -> None:
     facts = apply_recipe(build_model(spec).module, no_dropout)
     config = MixtralConfig(**{k: v for k, v in TINY_MIXTRAL.items() if k != "model_type"})
     lora = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear")
-    own = get_peft_model(MixtralForCausalLM(config), lora).get_nb_trainable_parameters()[0]
-    assert facts["peft_trainable_parameters"] == own
+    peft_model = get_peft_model(MixtralForCausalLM(config), lora)
+    assert facts["peft_trainable_parameters"] == peft_model.get_nb_trainable_parameters()[0]
+    # the fused experts are adapted as parameters: named beside the modules
+    placed = peft_model.peft_config["default"]
+    assert facts["lora_target_parameters"] == sorted(placed.target_parameters) != []
 
 
 def test_api_finetune_mapping() -> None:

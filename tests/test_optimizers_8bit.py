@@ -89,7 +89,13 @@ def test_paged_state_is_not_on_the_device(tiny: str) -> None:
     assert plain - state_bytes(paged) == 2 * (2 * 2000 * 64)
     events = pd.DataFrame(paged.mem_events)
     assert "host" not in set(events.category)
-    assert "paged state on the host" in paged.meta["method_notes"][0]
+    total = len(param_numels())
+    assert f"paged state on the host (2 of {total} parameters: those of 100,000 elements or more)" in (
+        paged.meta["method_notes"][0])  # fmt: skip
+    from boom_ml.trace.optimizers_8bit import AdamW8bit
+
+    small = AdamW8bit([torch.nn.Parameter(torch.zeros(32_768))], paged=True)  # a LoRA matrix
+    assert "nothing paged" in small.method_notes[0]
 
 
 def test_lion_state_is_one_buffer_in_param_dtype(tiny: str) -> None:

@@ -217,6 +217,11 @@ def recipe_line(recipe: dict) -> str:
             f"LoRA adapters {recipe.get('peft_trainable_parameters', 0) / 1e6:.1f} M trainable "
             f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
             f"targets {','.join(recipe.get('lora_targets', []))}"
+            + (
+                f" and parameters {','.join(recipe['lora_target_parameters'])}"
+                if recipe.get("lora_target_parameters")
+                else ""
+            )  # fmt: skip
             + (f": {recipe['lora_targets_chosen']}" if recipe.get("lora_targets_chosen") else "")
             + ")"
         )

@@ -63,10 +63,18 @@ class AdamW8bit(torch.optim.Optimizer):
         self.paged = paged
         self.qmaps: tuple[torch.Tensor, torch.Tensor] | None = None
         name = "paged-adamw8bit" if paged else "adamw8bit"
-        self.method_notes = [
-            f"{name}: bitsandbytes 8-bit state and kernel analytic"
-            + (", paged state on the host" if paged else "")
-        ]
+        paging = ""
+        if paged:
+            params = [p for g in self.param_groups for p in g["params"]]
+            big = sum(p.numel() >= PAGED_MIN_NUMEL for p in params)
+            paging = (
+                f", paged state on the host ({big} of {len(params)} parameters: those of"
+                f" {PAGED_MIN_NUMEL:,} elements or more)"
+                if big
+                else f", nothing paged (bitsandbytes pages the state of parameters of"
+                f" {PAGED_MIN_NUMEL:,} elements or more; none here)"
+            )
+        self.method_notes = [f"{name}: bitsandbytes 8-bit state and kernel analytic" + paging]
 
     def _init_state(self, p: torch.nn.Parameter) -> dict:
         state = self.state[p]

@@ -116,14 +116,20 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         else:
             hint = ("name them with finetune.targets=[...] (module names such as q_proj, or "
                     f"all-linear; this model's linear layers: {', '.join(linear[:16]) or 'none'})")  # fmt: skip
+        if targets is None:  # none given, none found: peft's words assume some were passed
+            first = "no target set of peft's table has all its modules in this model"
         raise InvalidInputError(
             f"finetune.method={step.finetune_method}: peft cannot place LoRA adapters ({first}); "
             + hint
         ) from err
     trainable, total = peft_model.get_nb_trainable_parameters()
+    placed = peft_model.peft_config["default"]
+    # all-linear on fused MoE experts: peft adapts their 3-D weights as parameters
+    parameters = sorted(getattr(placed, "target_parameters", None) or [])
     return {
         **chosen,
-        "lora_targets": sorted(peft_model.peft_config["default"].target_modules),
+        "lora_targets": sorted(placed.target_modules),
+        **({"lora_target_parameters": parameters} if parameters else {}),
         "peft_trainable_parameters": int(trainable),
         "peft_all_parameters": int(total),
     }
