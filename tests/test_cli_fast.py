@@ -233,3 +233,11 @@ def test_numbers_must_be_finite_and_releases_strings() -> None:
     check_number("finetune.alpha", 16.0, 0.0, None)
     with pytest.raises(InvalidInputError, match=r"stack.torch must be a string such as '2.10'"):
         resolve_stack({"torch": 2.1})
+
+
+def test_cost_column_tells_cheap_gpus_apart() -> None:
+    """Cents alone printed 0.03 for an H100, an A100 and an L4 ($0.0289, 0.0260, 0.0256)."""
+    from boom_ml.report.table import usd_text
+
+    got = [usd_text(x) for x in (0.0289, 0.026, 0.02561, 0.685, 1.294, 99.96, 1234.5)]
+    assert got == ["0.0289", "0.0260", "0.0256", "0.685", "1.29", "100", "1234"]

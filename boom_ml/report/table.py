@@ -55,7 +55,7 @@ def _max_batch(m: MemoryEstimate) -> str:
 
 def usd_text(usd: float) -> str:
     """Dollars to three significant figures (cents alone do not tell cheap GPUs apart)."""
-    return f"{usd:.3g}" if usd < 100 else f"{usd:.0f}"
+    return f"{usd:#.3g}" if usd < 99.95 else f"{usd:.0f}"  # '#': 0.0260, not 0.026
 
 
 def gpu_table(prediction: Prediction) -> Table:
