@@ -272,3 +272,18 @@ def test_an_unknown_model_type_is_one_short_line(tmp_path: Path) -> None:
     remote.write_text(json.dumps({"model_type": "my_custom", "auto_map": {"AutoConfig": "m.C"}}))
     with pytest.raises(InvalidInputError, match="auto_map: not run here"):
         load_config(remote)
+
+
+def test_a_shipped_id_at_a_revision_is_read_from_the_cache(offline_cache: Path) -> None:
+    """``hf:gpt2@main`` asks for a revision, which the shipped config (one revision) cannot
+    answer: it is read from the cache (an id without an org is a hub id too); uncached, the
+    error says so and names the shipped config, without calling it "not shipped"."""
+    _populate_cache(offline_cache, "gpt2", TINY_LLAMA)
+    assert build_model("hf:gpt2@main").module.config.num_hidden_layers == 2
+    assert build_model("hf:gpt2").module.config.n_layer == 12  # the shipped one
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:meta-llama/Meta-Llama-3-8B@v1")
+    text = str(err.value)
+    assert text.startswith("hf:meta-llama/Meta-Llama-3-8B@v1: the config.json of that revision")
+    assert text.endswith("(hf:meta-llama/Meta-Llama-3-8B alone is the shipped config)")
+    assert "not shipped" not in text and "\n" not in text

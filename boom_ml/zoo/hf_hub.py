@@ -76,9 +76,16 @@ def cached_config(name: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
+def _not_found(repo_id: str) -> str:
+    """The start of the message: a pinned revision is asked of the cache whether or not
+    the model is shipped (the shipped config is one revision)."""
+    if "@" in repo_id:
+        return f"hf:{repo_id}: the config.json of that revision is not in the local Hugging Face "
+    return f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
+
+
 def _offline_message(repo_id: str) -> str:
-    return (
-        f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
+    return _not_found(repo_id) + (
         f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access unset it "
         f"(HF_HUB_OFFLINE=0), or run {_download_hint(repo_id)}, or "
         "pass a local config.json path as hf:<path>"
