@@ -400,3 +400,24 @@ def test_qlora_counts_only_fused_experts_as_unquantised_experts(tmp_path: Path) 
     facts, _ = _qlora_facts(tmp_path, "vit")  # a 4-D patch conv and 3-D position embeddings
     assert "unquantized_expert_parameters" not in facts
     assert not any("MoE" in note for note in facts["method_notes"])
+
+
+def test_a_lora_step_on_fp32_weights_is_offered_16_bit_frozen_weights() -> None:
+    """LoRA over fp32 frozen weights went straight to QLoRA; half-precision frozen weights
+    (bf16 on Ampere, fp16 before) come first, and never under fp16 autocast (GradScaler
+    cannot unscale fp16 adapter gradients) or for full training."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.report.advisor import single_changes
+
+    def offered(step: StepSpec, gpu: str) -> dict[str, StepSpec]:
+        return {label: s for label, s, _ in single_changes(step, get_gpu(gpu))}
+
+    lora = StepSpec(batch_size=4, finetune_method="lora", amp="bf16")
+    on_a100 = offered(lora, "a100-80gb-sxm")
+    changed = on_a100["params_dtype=bf16 (frozen weights in 16 bits)"]
+    assert (changed.params_dtype, changed.amp, changed.finetune_method) == ("bf16", "bf16", "lora")
+    plain = StepSpec(batch_size=4, finetune_method="lora")
+    assert "params_dtype=fp16 (frozen weights in 16 bits)" in offered(plain, "v100-sxm2-16gb")
+    fp16_amp = StepSpec(batch_size=4, finetune_method="lora", amp="fp16")
+    assert not any(k.startswith("params_dtype") for k in offered(fp16_amp, "v100-sxm2-16gb"))
+    assert not any(k.startswith("params_dtype") for k in offered(StepSpec(batch_size=4), "l4"))

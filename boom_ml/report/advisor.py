@@ -83,6 +83,13 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         # bits (and an fp16 GradScaler cannot unscale fp16 gradients)
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
+    dtype = _amp_for(gpu)
+    # (fp16 weights under fp16 autocast: GradScaler cannot unscale fp16 adapter gradients)
+    if step.finetune_method == "lora" and step.params_dtype == "fp32" and step.amp != "fp16":
+        # LoRA's frozen weights in 16 bits: how LoRA is run (they take no update, so no
+        # precision is lost to rounding them), half their bytes
+        out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
+                    replace(step, params_dtype=dtype), 1))  # fmt: skip
     if step.checkpointing == "none":
         out.append(("checkpointing=full", replace(step, checkpointing="full"), 1))
     if step.optimizer in LIGHTER_OPTIMIZER and step.finetune_method == "full":
