@@ -189,6 +189,11 @@ def test_a_gpu_below_parameters_and_gradients_gets_the_floor_and_no_traces(model
     assert floor.total_bytes > floor.capacity_bytes and floor.lower_bound and not floor.fits
     # a floor: the step itself, on a GPU where it fits, holds at least that much
     assert big.memory.total_bytes >= lower_bound(big, step, grads).total_bytes
+    # LoRA over fp32 weights is offered them in 16 bits: the floor is half the tensors'
+    lora = lower_bound(small, replace(step, finetune_method="lora"), grads)
+    outside = m.total_bytes - m.peak_reserved_bytes
+    assert lora.total_bytes == (m.breakdown["parameter"] + grads) // 2 + outside
+    assert lora.change == "parameters and gradients alone (in 16 bits)"
 
     def evaluate(changed: StepSpec, gpus: list) -> list:
         raise AssertionError(f"traced {changed} where nothing can fit")

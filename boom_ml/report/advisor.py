@@ -83,11 +83,8 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         # bits (and an fp16 GradScaler cannot unscale fp16 gradients)
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
-    dtype = _amp_for(gpu)
-    # (fp16 weights under fp16 autocast: GradScaler cannot unscale fp16 adapter gradients)
-    if step.finetune_method == "lora" and step.params_dtype == "fp32" and step.amp != "fp16":
-        # LoRA's frozen weights in 16 bits: how LoRA is run (they take no update, so no
-        # precision is lost to rounding them), half their bytes
+    if halves_frozen_weights(step):
+        dtype = _amp_for(gpu)
         out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
                     replace(step, params_dtype=dtype), 1))  # fmt: skip
     if step.checkpointing == "none":
@@ -108,6 +105,13 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
             )
         )
     return out
+
+
+def halves_frozen_weights(step: StepSpec) -> bool:
+    """Whether the advice offers a LoRA step its frozen fp32 weights in 16 bits: how LoRA is
+    run (they take no update, so rounding them loses nothing), half their bytes; not under
+    fp16 autocast (GradScaler cannot unscale fp16 adapter gradients)."""
+    return step.finetune_method == "lora" and step.params_dtype == "fp32" and step.amp != "fp16"
 
 
 def halving_micros(batch: int) -> list[int]:
@@ -209,7 +213,8 @@ def advise(
     nothing fits gets the candidate that came closest, marked ``fits=False``.
 
     ``gradient_bytes`` (the trainable parameters' bytes): no lever here changes the
-    parameters or their gradients, and both are alive once backward ends, so a GPU whose
+    parameters or their gradients but by their dtype (LoRA's, halved: ``lower_bound``), and
+    both are alive once backward ends, so a GPU whose
     usable memory is below parameters + gradients + the terms outside the allocator gets that
     floor (``lower_bound=True``) instead of traces that cannot fit.
 
@@ -303,9 +308,13 @@ def lower_bound(result: GpuPrediction, step: StepSpec, gradient_bytes: int) -> A
     gradients (all alive when backward ends) and the terms outside the allocator."""
     m = result.memory
     outside = m.total_bytes - m.peak_reserved_bytes
-    floor = m.breakdown.get("parameter", 0) + gradient_bytes + outside
+    # a lever that halves the parameters (LoRA's frozen weights, and the adapters, in 16
+    # bits) halves the floor's share of them
+    share = 0.5 if halves_frozen_weights(step) else 1.0
+    floor = int(share * (m.breakdown.get("parameter", 0) + gradient_bytes)) + outside
     nan = float("nan")
-    return Advice("parameters and gradients alone", {}, 1, False, floor,
+    label = "parameters and gradients alone" + (" (in 16 bits)" if share < 1 else "")
+    return Advice(label, {}, 1, False, floor,
                   m.capacity_bytes, nan, nan, lower_bound=True)  # fmt: skip
 
 
