@@ -9,6 +9,7 @@ training code can never mistake them for GPU measurements.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -133,14 +134,31 @@ def _driver_version() -> str | None:
         return None
 
 
+@functools.cache
+def nvml_baseline() -> dict[int, int]:
+    """Used bytes of every device (by NVML index) the first time this process asks: the
+    baseline of ``NvmlMemory``'s device-delta reading. One per process, taken before this
+    process touches CUDA when the caller asks first thing (``run_gpu_sweep.py`` does), so
+    the delta holds the CUDA context and library workspaces whichever sweep reads it."""
+    nvml = _nvml()
+    if nvml is None:
+        return {}
+    try:
+        return {i: int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(i)).used)
+                for i in range(nvml.nvmlDeviceGetCount())}  # fmt: skip
+    except Exception:  # noqa: BLE001
+        return {}
+
+
 class NvmlMemory:
     """Device memory as NVML sees it: this process's usage, or the device's used-memory delta.
 
     NVML counts what the caching allocator reserved *plus* the CUDA context and library
     workspaces, which is what decides an out-of-memory on a shared GPU. Sandboxed
     machines (containers, gVisor) often hide process ids from NVML; then the reading is the
-    device's used memory minus what was used when the sweep started (the same quantity when
-    this process is the only user), and ``method`` says so.
+    device's used memory minus what was used when this process first asked
+    (``nvml_baseline``; the same quantity when this process is the only user), and
+    ``method`` says so.
     """
 
     def __init__(self, dev: torch.device) -> None:
@@ -150,6 +168,7 @@ class NvmlMemory:
         self.method = "none"
         if self.nvml is None:
             return
+        first = nvml_baseline()  # before the torch.cuda calls below, if this is the first
         try:
             # NVML indexes physical devices while CUDA_VISIBLE_DEVICES renumbers them; the
             # UUID names the same GPU in both.
@@ -158,7 +177,9 @@ class NvmlMemory:
                 self.handle = self.nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
             except Exception:  # noqa: BLE001 - older torch without uuid: trust the index
                 self.handle = self.nvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
-            self.baseline = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+            index = int(self.nvml.nvmlDeviceGetIndex(self.handle))
+            now = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+            self.baseline = first.get(index, now)
         except Exception:  # noqa: BLE001
             self.handle = None
 

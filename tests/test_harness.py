@@ -8,6 +8,7 @@ the numbers.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -170,8 +171,40 @@ def test_gpu_sweep_files_load_and_runner_dry_run(
     assert read_shards(out, "steps")["amp"].tolist() == ["fp16"]
     printed = capsys.readouterr().out
     assert printed.index("steps sweep s.yaml") < printed.index("kernels sweep k.yaml")
+    record = json.loads((out / "environment.json").read_text())  # what the SOURCE.md needs
+    assert record["device"] == "cpu" and record["torch"] == torch.__version__
+    assert record["transformers"] and record["date_utc"].endswith("Z")
     with pytest.raises(SystemExit, match="expected kernels=FILE"):
         RUNNER.parse_plan(["optimizer=x.yaml"])
+
+
+def test_runner_stops_on_missing_inputs_and_fails_when_a_sweep_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plan naming uncarried .sweep_inputs stops before measuring anything; a sweep that
+    raises makes the run exit 1, not 0 (the lease reports the run's exit status)."""
+    (tmp_path / "s.yaml").write_text(
+        "defaults: [collect/steps, _self_]\n"
+        "models: [{name: 'hf:.sweep_inputs/none/absent.json', batch_sizes: [1], seq_len: 8}]\n"
+    )
+    with pytest.raises(SystemExit, match=r"missing sweep inputs \(1\), e.g. s.yaml: "):
+        RUNNER.main([str(tmp_path / "out"), "--sweep", f"steps={tmp_path / 's.yaml'}"])
+    (tmp_path / "k.yaml").write_text(
+        "defaults: [collect/kernels, _self_]\ngroups: [{ops: [mm], shapes: [[4, 4, 4]]}]\n"
+    )
+    argv = [str(tmp_path / "k_out"), "--device", "cpu", "--dry-run",
+            "--sweep", f"kernels={tmp_path / 'k.yaml'}"]  # fmt: skip
+
+    def broken(cfg: dict) -> None:
+        raise RuntimeError("device=cuda but no CUDA device is visible; use device=cpu")
+
+    monkeypatch.setattr(kernels, "run_kernel_sweep", broken)
+    assert RUNNER.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert (
+        "(this runner: --device cpu --dry-run)" in printed
+        and '"failed": ["kernels=k.yaml"]' in printed
+    )
 
 
 def test_neusight_sweeps_match_the_labels_they_stand_for() -> None:
@@ -203,3 +236,33 @@ def test_two_job_multirun_through_submitit_local(tmp_path: Path) -> None:
     keys = read_shards(out, "kernels", keep_extra=True)[KEY]
     cfg = kernel_cfg(out, dtypes=["float32"], only_ops=["mm", "add", "layer_norm", "softmax"])
     assert keys.is_unique and set(keys) == {k for k, _ in kernels.expand(cfg, "cpu", False)}
+
+
+def test_nvml_delta_keeps_the_baseline_the_process_took_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where NVML hides process ids the reading is used memory minus a baseline: the one taken
+    when the process first asked (before CUDA), not when each sweep starts (after an earlier
+    sweep's context and workspaces, which it then left out). A fake NVML stands in."""
+    from types import SimpleNamespace
+
+    from data_collection import environment as env
+
+    used = {"bytes": 100}
+    fake = SimpleNamespace(
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
+        nvmlDeviceGetHandleByUUID=lambda uuid: "h0",
+        nvmlDeviceGetIndex=lambda handle: 0,
+        nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(used=used["bytes"]),
+        nvmlDeviceGetComputeRunningProcesses=lambda handle: [],  # process ids hidden
+    )
+    monkeypatch.setattr(env, "_nvml", lambda: fake)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(uuid="u"))
+    env.nvml_baseline.cache_clear()
+    env.nvml_baseline()  # first thing in the process: 100 bytes used by others
+    used["bytes"] = 600  # an earlier sweep's CUDA context and workspaces
+    later = env.NvmlMemory(torch.device("cuda", 0))
+    used["bytes"] = 900
+    assert later.read() == 800 and later.method == "nvml-device-delta"
+    env.nvml_baseline.cache_clear()

@@ -52,3 +52,21 @@ def test_month_correction_uses_only_the_other_gpus_of_that_month() -> None:
     assert table.loc["titan-rtx", "month_corrected_mape"] == pytest.approx(0.0, abs=1e-12)
     # The Oct 2018 card has no month-mate: unchanged.
     assert table.loc["gtx-1080-ti", "month_corrected_mape"] == table.loc["gtx-1080-ti", "gnn_mape"]
+
+
+def test_a_missing_or_foreign_csv_is_one_line(tmp_path) -> None:
+    """A path that is not there, or a CSV that is no cv_predictions.csv: one line, no traceback."""
+    import pytest
+
+    from training.run_bias import main
+
+    with pytest.raises(
+        SystemExit, match=r"^run_bias: cannot read .*nope.csv \(FileNotFoundError\)$"
+    ):
+        main([str(tmp_path / "nope.csv")])
+    other = tmp_path / "other.csv"
+    other.write_text("a,b\n1,2\n")
+    with pytest.raises(
+        SystemExit, match="lacks gnn_ms, held_out, kind, row: pass a train_gnn run's"
+    ):
+        main([str(other)])

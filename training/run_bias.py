@@ -91,7 +91,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    preds, rows = pd.read_csv(argv[0]), step_rows()
+    try:
+        preds = pd.read_csv(argv[0])
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise SystemExit(f"run_bias: cannot read {argv[0]} ({type(err).__name__})") from None
+    wanted = {"kind", "row", "held_out", "gnn_ms"}
+    if not wanted <= set(preds.columns):
+        raise SystemExit(
+            f"run_bias: {argv[0]} lacks {', '.join(sorted(wanted - set(preds.columns)))}: pass"
+            " a train_gnn run's artifacts/cv_predictions.csv"
+        )
+    rows = step_rows()
     measured = rows["step_time_ms"].to_numpy(dtype=float)[preds["row"].to_numpy()]
     if "target_ms" in preds and not np.allclose(measured, preds["target_ms"], rtol=1e-6):
         raise SystemExit("run_bias: the CSV's rows are not today's GNN step rows (the data or "

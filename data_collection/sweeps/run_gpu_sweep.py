@@ -72,6 +72,67 @@ def parse_plan(items: list[str]) -> list[tuple[str, Path]]:
     return plan
 
 
+def missing_inputs(plan: list[tuple[str, Path]]) -> list[str]:
+    """Model files a step sweep names under the repository (``hf:.sweep_inputs/...``) that
+    are not there: they travel only when carried, and a sweep without them would skip
+    every configuration and still end well."""
+    missing = []
+    for kind, path in plan:
+        if kind != "steps":
+            continue
+        for model in load_config(path).get("models") or []:
+            name = str(model.get("name", "")) if isinstance(model, dict) else str(model)
+            local = name.removeprefix("hf:")
+            if name.startswith("hf:.") and not (REPO / local).is_file():
+                missing.append(f"{path.name}: {local}")
+    return missing
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What a SOURCE.md needs of the run: versions, the GPU, its driver and limits, when."""
+    import platform
+
+    import torch
+
+    record: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "argv": sys.argv, "python": platform.python_version(), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "device": device,
+    }  # fmt: skip
+    for module in ("transformers", "torchvision", "timm"):
+        try:
+            record[module] = __import__(module).__version__
+        except ImportError:
+            record[module] = None
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        record |= {"gpu": props.name, "total_memory_bytes": props.total_memory,
+                   "sm_count": props.multi_processor_count,
+                   "compute_capability": f"{props.major}.{props.minor}"}  # fmt: skip
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            record["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            record["power_limit_w"] = pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000
+            record["clocks_max_mhz"] = {
+                "sm": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "mem": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            }
+        except Exception as err:  # noqa: BLE001 - a record without NVML still says why
+            record["nvml"] = f"unavailable: {type(err).__name__}: {err}"
+    return record
+
+
+def write_environment(outdir: str, record: dict[str, Any]) -> None:
+    """``environment.json`` beside the shards (a local folder or an fsspec URL)."""
+    import fsspec
+
+    with fsspec.open(f"{outdir.rstrip('/')}/environment.json", "w") as fh:
+        fh.write(json.dumps(record, indent=1, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", help="folder (or fsspec URL) for the shards")
@@ -85,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="left for the config running when the budget ends")  # fmt: skip
     args = parser.parse_args(argv)
     plan = parse_plan(args.sweep or list(DEFAULT_PLAN))
+    missing = missing_inputs(plan)
+    if missing:  # before the GPU's minutes are spent on a plan that would measure nothing
+        raise SystemExit(
+            f"missing sweep inputs ({len(missing)}), e.g. {missing[0]}: copy them here first"
+            " (data_collection/sweeps/README.md: .sweep_inputs) and carry the folder"
+        )
 
+    from data_collection.environment import nvml_baseline
+
+    nvml_baseline()  # device memory before this process touches CUDA (NvmlMemory's baseline)
     import torch
 
     from data_collection.kernels import run_kernel_sweep
@@ -97,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     common = {"out": args.outdir, "device": args.device, "dry_run": args.dry_run}
     print(f"torch {torch.__version__}, cuda {torch.version.cuda}, "
           f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
+    record = environment(args.device)
+    print("ENVIRONMENT " + json.dumps(record, default=str), flush=True)
+    if "://" not in args.outdir:  # a local folder (an fsspec URL makes its own)
+        Path(args.outdir).mkdir(parents=True, exist_ok=True)
+    write_environment(args.outdir, record)
+    failed = []
     for kind, path in plan:
         cfg = merge(load_config(path), common)
         # Each sweep keeps its own budget, capped by what the whole run has left.
@@ -107,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runners[kind](cfg)
         except Exception as err:  # noqa: BLE001 - one broken sweep must not cost the others
-            print(f"{kind} sweep {path.name} failed: {type(err).__name__}: {err}", flush=True)
+            hint = " (this runner: --device cpu --dry-run)" if "device=cpu" in str(err) else ""
+            print(f"{kind} sweep {path.name} failed: {type(err).__name__}: {err}{hint}", flush=True)
+            failed.append(f"{kind}={path.name}")
 
     summary: dict[str, Any] = {
         kind: len(read_shards(args.outdir, kind)) for kind in ("kernels", "steps", "op_profiles")
@@ -118,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                 "step_time_ms", "peak_allocated_bytes", "peak_reserved_bytes"]  # fmt: skip
         print(steps_df[cols].to_string(index=False))
     summary["minutes"] = round((time.monotonic() - started) / 60, 2)
+    summary["failed"] = failed
     print("SUMMARY " + json.dumps(summary))
-    return 0
+    # a run that measured nothing, or lost a sweep, is not a success (the lease's exit status)
+    return 1 if failed or not (summary["kernels"] or summary["steps"]) else 0
 
 
 if __name__ == "__main__":
