@@ -294,3 +294,32 @@ def test_accumulation_advice_keeps_every_sample(batch):
     split = [s for label, s, acc in changes if acc > 1]
     assert split and all(s.batch_size * s.grad_accum == batch for s in split)
     assert halving_micros(batch)[-1] == 1
+
+
+def test_advice_labels_name_the_accumulation_that_was_evaluated() -> None:
+    """Under grad_accum=2, splitting batch 16 into 8s runs 4 accumulation steps: the label
+    says 4 (it said 2, the factor, and `batch_size=8 grad_accum=2` ran half the samples)."""
+    from boom_ml.report.advisor import recipe_changes, single_changes, stacked_changes
+
+    step = StepSpec(batch_size=16, grad_accum=2, amp="bf16")
+    gpu = get_gpu("l4")
+    changes = single_changes(step, gpu) + stacked_changes(step, gpu) + recipe_changes(step, gpu)
+    split = [(label, s) for label, s, acc in changes if acc > 1]
+    assert split
+    for label, s in split:
+        assert f"batch_size={s.batch_size} x {s.grad_accum} accumulation steps" in label
+    assert "batch_size=8 x 4 accumulation steps" in [label for label, _ in split]
+
+
+def test_a_lighter_optimizer_is_traced_with_its_own_implementation() -> None:
+    """The step handed to the advisor carries AdamW's resolved foreach: the Adafactor
+    candidate resolves its own (Adafactor's default for-loop, 4 GB less on an enlarged
+    gpt2 than with AdamW's foreach temporaries)."""
+    from boom_ml.report.advisor import single_changes, stacked_changes
+
+    step = StepSpec(batch_size=8, optimizer="adamw", optimizer_impl="foreach")
+    gpu = get_gpu("t4")
+    lighter = [changed for label, changed, _ in single_changes(step, gpu) + stacked_changes(step, gpu)
+               if "optimizer=adafactor" in label]  # fmt: skip
+    assert len(lighter) >= 2  # alone, and stacked under the others
+    assert {(c.optimizer, c.optimizer_impl) for c in lighter} == {("adafactor", "auto")}

@@ -282,3 +282,15 @@ def test_held_for_backward_is_what_the_forward_leaves() -> None:
     events = pd.DataFrame(rows, columns=["action", "block", "bytes", "category", "phase"])
     assert held_for_backward(events) == 2048
     assert held_for_backward(events[events.phase != "backward"]) == 0  # no backward: none
+
+
+def test_max_batch_is_never_below_a_batch_the_same_row_says_fits() -> None:
+    """Near the capacity fit is not monotone in the batch (the allocator's segments): at
+    22,500 resnet18 (64 px) fits an A100-40GB, 22,373 and 22,501 do not; the search from
+    below stopped at 22,372, under the batch its own row said fits."""
+    import boom_ml
+
+    p = boom_ml.predict(model="torchvision:resnet18", gpu="a100-40gb-sxm", batch_size=22500,
+                        image_size=64, advice=False)  # fmt: skip
+    (g,) = p.gpus
+    assert g.fits and g.memory.max_batch_size >= 22500

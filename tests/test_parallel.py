@@ -393,20 +393,6 @@ def test_predict_cli_runs_a_layout_and_rejects_a_bad_one():
     check_override_keys(["parallel.dp=2", "parallel={dp: 2}", "cluster=null"])
 
 
-def test_time_profiles_are_keyed_by_the_timing_model(monkeypatch) -> None:
-    """A retrained or swapped per-op model must not be served profiles timed by the last one."""
-    from boom_ml.parallel import profile_keys
-
-    profile_keys.timing_identity.cache_clear()
-    packaged = profile_keys.timing_identity()
-    monkeypatch.setenv("BOOM_PER_OP_MODEL", "/another/model")
-    profile_keys.timing_identity.cache_clear()
-    try:
-        assert profile_keys.timing_identity() != packaged
-    finally:
-        profile_keys.timing_identity.cache_clear()
-
-
 def test_fragmentation_stays_within_the_traced_values(tiny_memory):
     """Linear in layers everything else, the allocator's waste is kept between the 1- and
     2-layer traces' (a line through the two went negative for Llama-3-8B)."""
@@ -424,31 +410,3 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
     lin_frag = gib - (gib // 2) * 11
     nccl = out["parallel_terms"]["nccl_buffers"]
     assert out["total_bytes"] == int(linear + gib // 2 - lin_frag + nccl)
-
-
-def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> None:
-    """A changed tracer, zoo or memory model must not be served profiles replayed by the last."""
-    from boom_ml import trace_cache
-    from boom_ml.parallel import profile_keys as profile
-
-    for d in ("trace", "zoo", "memory"):
-        (tmp_path / d).mkdir()
-        (tmp_path / d / "a.py").write_text("x = 1\n")
-    monkeypatch.setattr(profile, "_ROOT", tmp_path)
-    monkeypatch.setattr(trace_cache, "_PACKAGE", tmp_path)
-    monkeypatch.setattr(trace_cache, "_CODE_DIRS", (tmp_path / "trace", tmp_path / "zoo"))
-
-    def identity() -> str:
-        trace_cache.code_digest.cache_clear()
-        profile.memory_identity.cache_clear()
-        return profile.memory_identity()
-
-    try:
-        before = identity()
-        (tmp_path / "trace" / "a.py").write_text("x = 2\n")
-        assert identity() != before
-        (tmp_path / "memory" / "a.py").write_text("x = 2\n")
-        assert identity() != before
-    finally:
-        trace_cache.code_digest.cache_clear()
-        profile.memory_identity.cache_clear()

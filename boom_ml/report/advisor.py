@@ -92,14 +92,17 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     if step.optimizer in LIGHTER_OPTIMIZER and step.finetune_method == "full":
         # (adapters' optimizer state is a few MiB: a lighter optimizer saves nothing)
         name, why = LIGHTER_OPTIMIZER[step.optimizer]
-        out.append((f"optimizer={name} ({why})", replace(step, optimizer=name), 1))
+        # its own implementation (the step's was resolved for the optimizer it replaces:
+        # Adafactor traced with AdamW's foreach temporaries came out 4 GB too large)
+        lighter = replace(step, optimizer=name, optimizer_impl="auto")
+        out.append((f"optimizer={name} ({why})", lighter, 1))
     # up to 8 micro-batches; a batch with no such split (a prime above 8) runs one at a time
     micros = halving_micros(step.batch_size)
     for micro in [m for m in micros if step.batch_size // m <= 8] or micros[-1:]:
         accumulation = step.batch_size // micro
         out.append(
             (
-                f"batch_size={micro} x {accumulation} accumulation steps",
+                f"batch_size={micro} x {step.grad_accum * accumulation} accumulation steps",
                 replace(step, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
@@ -146,7 +149,12 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
         accumulation = step.batch_size // micro
         out.append(
             (
-                " + ".join([*labels, f"batch_size={micro} x {accumulation} accumulation steps"]),
+                " + ".join(
+                    [
+                        *labels,
+                        f"batch_size={micro} x {step.grad_accum * accumulation} accumulation steps",
+                    ]
+                ),  # fmt: skip
                 replace(current, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
@@ -187,7 +195,9 @@ def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
     extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
     extra += ["checkpointing=full"] if step.checkpointing != "full" else []
-    extra += [f"batch_size=1 x {accumulation} accumulation steps"] if micro else []
+    extra += (
+        [f"batch_size=1 x {step.grad_accum * accumulation} accumulation steps"] if micro else []
+    )
     label = " + ".join([f"finetune.method={method}", *extra])
     return label, replace(base, finetune_method=method), accumulation
 
