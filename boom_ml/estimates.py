@@ -18,6 +18,10 @@ class MemoryEstimate:
     overheads: dict[str, int] = field(default_factory=dict)  # context, workspaces, ...
     peak_op: str = ""  # op running when the peak was reached
     peak_phase: str = ""
+    # (reserved - allocated) / reserved at the peak: the share of the allocator's blocks
+    # holding no tensor (allocated counts whole 512-byte blocks, so a tensor's rounding is
+    # not in it); breakdown["fragmentation"] is the bytes reserved beyond the tensors'
+    # requested sizes, so it holds that rounding too
     fragmentation: float = 0.0
     max_batch_size: int | None = None
     # True: the search stopped at its cap (max_batch.MAX_BATCH) with the step still fitting,
