@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,6 +76,16 @@ class TimeEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def usd_text(usd: float) -> str:
+    """Dollars to three significant figures in fixed point (cents alone printed 0.03 for an
+    H100, an A100 and an L4; 0.0260 keeps its zero), whole dollars from 100."""
+    if usd >= 99.95:
+        return f"{usd:.0f}"
+    if usd <= 0:
+        return "0"
+    return f"{usd:.{max(0, 2 - math.floor(math.log10(usd)))}f}"
 
 
 @dataclass

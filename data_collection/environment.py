@@ -53,6 +53,7 @@ def resolve_device(name: str) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError(
                 "device=cuda but no CUDA device is visible; use device=cpu for a dry run"
+                " (run_gpu_sweep.py: --device cpu --dry-run)"
             )
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -134,6 +135,53 @@ def _driver_version() -> str | None:
         return None
 
 
+def nvml_handle(nvml: Any, dev: torch.device) -> Any:
+    """NVML's handle of CUDA device ``dev``: NVML indexes physical devices while
+    CUDA_VISIBLE_DEVICES renumbers them; the UUID names the same GPU in both."""
+    uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    except Exception:  # noqa: BLE001 - older torch without uuid: trust the index
+        return nvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
+
+
+def run_record(device: str) -> dict[str, Any]:
+    """What a SOURCE.md needs of a sweep run: when, the command, the releases (torch, CUDA,
+    cuDNN, driver, transformers, torchvision, timm) and the GPU (name, memory, SMs, compute
+    capability; power limit and maximum clocks from NVML where it answers)."""
+    import sys
+    import time
+
+    record: dict[str, Any] = {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
+        "python": platform.python_version(), "device": device, **software_versions(),
+    }  # fmt: skip
+    for module in ("transformers", "torchvision", "timm"):
+        try:
+            record[f"{module}_version"] = __import__(module).__version__
+        except ImportError:
+            record[f"{module}_version"] = None
+    if not (device.startswith("cuda") and torch.cuda.is_available()):
+        return record
+    dev = torch.device(device)
+    dev = dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(dev)
+    record |= {"gpu": props.name, "total_memory_bytes": props.total_memory,
+               "sm_count": props.multi_processor_count,
+               "compute_capability": f"{props.major}.{props.minor}"}  # fmt: skip
+    nvml = _nvml()
+    try:
+        handle = nvml_handle(nvml, dev)
+        record["power_limit_w"] = nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000
+        record["clocks_max_mhz"] = {
+            "sm": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM),
+            "mem": nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM),
+        }
+    except Exception as err:  # noqa: BLE001 - a record without NVML still says why
+        record["nvml"] = f"unavailable: {type(err).__name__}: {err}"
+    return record
+
+
 @functools.cache
 def nvml_baseline() -> dict[int, int]:
     """Used bytes of every device (by NVML index) the first time this process asks: the
@@ -170,13 +218,7 @@ class NvmlMemory:
             return
         first = nvml_baseline()  # before the torch.cuda calls below, if this is the first
         try:
-            # NVML indexes physical devices while CUDA_VISIBLE_DEVICES renumbers them; the
-            # UUID names the same GPU in both.
-            uuid = getattr(torch.cuda.get_device_properties(dev), "uuid", None)
-            try:
-                self.handle = self.nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-            except Exception:  # noqa: BLE001 - older torch without uuid: trust the index
-                self.handle = self.nvml.nvmlDeviceGetHandleByIndex(dev.index or 0)
+            self.handle = nvml_handle(self.nvml, dev)
             index = int(self.nvml.nvmlDeviceGetIndex(self.handle))
             now = int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
             self.baseline = first.get(index, now)

@@ -237,7 +237,9 @@ def test_numbers_must_be_finite_and_releases_strings() -> None:
 
 def test_cost_column_tells_cheap_gpus_apart() -> None:
     """Cents alone printed 0.03 for an H100, an A100 and an L4 ($0.0289, 0.0260, 0.0256)."""
-    from boom_ml.report.table import usd_text
+    from boom_ml.estimates import usd_text
 
-    got = [usd_text(x) for x in (0.0289, 0.026, 0.02561, 0.685, 1.294, 99.96, 1234.5)]
-    assert got == ["0.0289", "0.0260", "0.0256", "0.685", "1.29", "100", "1234"]
+    got = [usd_text(x) for x in (0.0289, 0.026, 0.02561, 0.685, 1.294, 12.34, 99.96, 1234.5,
+                                 1.4e-5, 0.0)]  # fmt: skip
+    assert got == ["0.0289", "0.0260", "0.0256", "0.685", "1.29", "12.3", "100", "1234",
+                   "0.0000140", "0"]  # fmt: skip

@@ -172,8 +172,8 @@ def test_gpu_sweep_files_load_and_runner_dry_run(
     printed = capsys.readouterr().out
     assert printed.index("steps sweep s.yaml") < printed.index("kernels sweep k.yaml")
     record = json.loads((out / "environment.json").read_text())  # what the SOURCE.md needs
-    assert record["device"] == "cpu" and record["torch"] == torch.__version__
-    assert record["transformers"] and record["date_utc"].endswith("Z")
+    assert record["device"] == "cpu" and record["torch_version"] == torch.__version__
+    assert record["transformers_version"] and record["date_utc"].endswith("Z")
     with pytest.raises(SystemExit, match="expected kernels=FILE"):
         RUNNER.parse_plan(["optimizer=x.yaml"])
 
@@ -195,16 +195,17 @@ def test_runner_stops_on_missing_inputs_and_fails_when_a_sweep_does(
     argv = [str(tmp_path / "k_out"), "--device", "cpu", "--dry-run",
             "--sweep", f"kernels={tmp_path / 'k.yaml'}"]  # fmt: skip
 
+    assert RUNNER.main(argv) == 0  # measured its rows
+    assert RUNNER.main(argv) == 1  # resumed: nothing left to measure, nothing measured
+    assert '"measured_now": 0' in capsys.readouterr().out
+
     def broken(cfg: dict) -> None:
-        raise RuntimeError("device=cuda but no CUDA device is visible; use device=cpu")
+        raise RuntimeError("a sweep that breaks")
 
     monkeypatch.setattr(kernels, "run_kernel_sweep", broken)
+    argv[0] = str(tmp_path / "fresh")
     assert RUNNER.main(argv) == 1
-    printed = capsys.readouterr().out
-    assert (
-        "(this runner: --device cpu --dry-run)" in printed
-        and '"failed": ["kernels=k.yaml"]' in printed
-    )
+    assert '"failed": ["kernels=k.yaml"]' in capsys.readouterr().out
 
 
 def test_neusight_sweeps_match_the_labels_they_stand_for() -> None:

@@ -177,13 +177,23 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
 
 
 def _time_parts(graph: Any, gpus: list[GpuSpec]) -> list[dict[str, Any]]:
-    from boom_ml.timing.accumulation import gradient_adds_ms
     from boom_ml.timing.estimate import estimate_times  # the timing entry, wherever it lives
+
+    return [_parts(graph, est) for est in estimate_times(graph, gpus, tf32=False, top_n=1_000_000)]
+
+
+def _adds(one_graph: Any, two_graph: Any, gpus: list[GpuSpec]) -> list[tuple[float, float]]:
+    """Per GPU, (one layer's, the ends') gradient adds of a further micro-batch: the layer's
+    gradients are the 2-layer trace's less the 1-layer one's, the ends' the 1-layer trace's
+    less the layer's, each timed on its own (``timing/accumulation.py``)."""
+    from boom_ml.timing.accumulation import adds_ms, gradients_less
     from boom_ml.timing.tf32 import Tf32
 
-    estimates = estimate_times(graph, gpus, tf32=False, top_n=1_000_000)
-    adds = gradient_adds_ms(graph, gpus, Tf32.of(False))
-    return [{**_parts(graph, est), "adds": a} for est, a in zip(estimates, adds, strict=True)]
+    one, two = (g.meta.get("gradients") or {} for g in (one_graph, two_graph))
+    layer = gradients_less(two, one)
+    ends = gradients_less(one, layer)
+    tf32 = Tf32.of(False)
+    return list(zip(adds_ms(layer, gpus, tf32), adds_ms(ends, gpus, tf32), strict=True))
 
 
 def _parts(graph: Any, est: Any) -> dict[str, Any]:
@@ -233,10 +243,12 @@ def time_profiles(
     if missing:
         (one_graph, _), (two_graph, _) = _graphs(raw, tp, step)
         todo = [gpu for _, gpu in missing]
-        for (key, _), one, two in zip(
-            missing, _time_parts(one_graph, todo), _time_parts(two_graph, todo), strict=True
-        ):
-            prof = _profile(one, two)
+        for (key, _), one, two, (layer_adds, ends_adds) in zip(
+            missing, _time_parts(one_graph, todo), _time_parts(two_graph, todo),
+            _adds(one_graph, two_graph, todo), strict=True,
+        ):  # fmt: skip
+            prof = replace(_profile(one, two), accumulate_layer_ms=layer_adds,
+                           accumulate_ends_ms=ends_adds)  # fmt: skip
             disk_put("time", key, asdict(prof))
             _MEMO[key] = prof
     return [_MEMO[key] for key in keys]
@@ -263,8 +275,6 @@ def _profile(one: dict[str, Any], two: dict[str, Any]) -> TimeProfile:
         # the embedding runs no matrix kernel: the ends' GEMMs are the LM head's (last stage)
         layer_matrix_ms=two["matrix"] - one["matrix"],
         last_matrix_ms=max(2 * one["matrix"] - two["matrix"], 0.0),
-        accumulate_layer_ms=max(two["adds"] - one["adds"], 0.0),
-        accumulate_ends_ms=max(2 * one["adds"] - two["adds"], 0.0),
     )
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from boom_ml import progress
-from boom_ml.errors import BoomError, interrupted
+from boom_ml.errors import BoomError, InvalidInputError, interrupted
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.specs import StepSpec
@@ -141,7 +141,11 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
     for label, changed, acc in single_changes(step, gpu):
         if acc > 1:  # only the smallest micro-batch still needed is stacked, below
             continue
-        current = replace(current, **_diff(step, changed))
+        try:
+            stacked = replace(current, **_diff(step, changed))
+        except InvalidInputError:  # levers that cannot stack (fp16 weights under fp16 autocast)
+            continue
+        current = stacked
         labels.append(label.split(" (")[0])
         if len(labels) > 1:
             out.append((" + ".join(labels), current, accumulation))

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import MemoryEstimate, Prediction
+from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
 from boom_ml.report.advisor import Advice, nothing_fits
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
@@ -51,11 +51,6 @@ def _max_batch(m: MemoryEstimate) -> str:
     if m.max_batch_size is None:
         return "-"
     return f"≥ {m.max_batch_size}" if m.max_batch_lower_bound else str(m.max_batch_size)
-
-
-def usd_text(usd: float) -> str:
-    """Dollars to three significant figures (cents alone do not tell cheap GPUs apart)."""
-    return f"{usd:#.3g}" if usd < 99.95 else f"{usd:.0f}"  # '#': 0.0260, not 0.026
 
 
 def gpu_table(prediction: Prediction) -> Table:

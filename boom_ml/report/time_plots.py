@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and laptops alike
 import matplotlib.pyplot as plt  # noqa: E402
 
-from boom_ml.estimates import GpuPrediction, Prediction  # noqa: E402
+from boom_ml.estimates import GpuPrediction, Prediction, usd_text  # noqa: E402
 
 
 def _barh(ax, labels: list[str], values: list[float], xlabel: str) -> None:
@@ -62,7 +62,7 @@ def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:
     cost = [g.usd_per_1000_steps for g in gpus]
     right.barh(names[::-1], [c or 0 for c in cost[::-1]], color=colors[::-1])
     for y, c in enumerate(cost[::-1]):
-        right.text(c or 0, y, f" ${c:.3g}" if c else " no price", va="center", fontsize=8)
+        right.text(c or 0, y, f" ${usd_text(c)}" if c else " no price", va="center", fontsize=8)
     right.set_xlabel("USD per 1,000 steps (on-demand price)")
     right.margins(x=0.2)
     fig.suptitle(f"{prediction.model}, batch {prediction.batch_size}")

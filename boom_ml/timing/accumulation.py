@@ -47,8 +47,29 @@ def add_nodes(gradients: dict[str, dict[str, int]]) -> tuple[pd.DataFrame, np.nd
 def gradient_adds_ms(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32) -> list[float]:
     """Per GPU, the milliseconds one further micro-batch spends adding into kept gradients
     (0 where the trace recorded no gradients: no training, or a trace from before it did)."""
-    nodes, counts = add_nodes(graph.meta.get("gradients") or {})
+    return adds_ms(graph.meta.get("gradients") or {}, gpus, tf32)
+
+
+def adds_ms(gradients: dict[str, dict[str, int]], gpus: list[GpuSpec], tf32: Tf32) -> list[float]:
+    """``gradient_adds_ms`` of gradients given as tensors and elements per dtype."""
+    nodes, counts = add_nodes(gradients)
     if nodes.empty or not gpus:
         return [0.0] * len(gpus)
     ms = predict_nodes_many(nodes, gpus, tf32=tf32, median_only=True)["ms"]
     return [float(ms[k] @ counts) for k in range(len(gpus))]
+
+
+def gradients_less(
+    more: dict[str, dict[str, int]], less: dict[str, dict[str, int]]
+) -> dict[str, dict[str, int]]:
+    """The gradients of ``more`` that ``less`` has not (tensors and elements per dtype): a
+    2-layer trace's less a 1-layer one's are one layer's. Timed at their own mean size: the
+    difference of two timings at mean sizes is not (the embedding's gradient, in both,
+    sets both means: gpt2's layer came out at 0.14 ms for 85 MB, 600 GB/s on an L4)."""
+    out = {}
+    for dtype, size in more.items():
+        other = less.get(dtype, {"tensors": 0, "numel": 0})
+        tensors, numel = size["tensors"] - other["tensors"], size["numel"] - other["numel"]
+        if tensors > 0 and numel > 0:
+            out[dtype] = {"tensors": int(tensors), "numel": int(numel)}
+    return out

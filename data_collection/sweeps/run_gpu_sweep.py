@@ -88,43 +88,6 @@ def missing_inputs(plan: list[tuple[str, Path]]) -> list[str]:
     return missing
 
 
-def environment(device: str) -> dict[str, Any]:
-    """What a SOURCE.md needs of the run: versions, the GPU, its driver and limits, when."""
-    import platform
-
-    import torch
-
-    record: dict[str, Any] = {
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "argv": sys.argv, "python": platform.python_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "device": device,
-    }  # fmt: skip
-    for module in ("transformers", "torchvision", "timm"):
-        try:
-            record[module] = __import__(module).__version__
-        except ImportError:
-            record[module] = None
-    if device == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        record |= {"gpu": props.name, "total_memory_bytes": props.total_memory,
-                   "sm_count": props.multi_processor_count,
-                   "compute_capability": f"{props.major}.{props.minor}"}  # fmt: skip
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            record["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            record["power_limit_w"] = pynvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000
-            record["clocks_max_mhz"] = {
-                "sm": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM),
-                "mem": pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-            }
-        except Exception as err:  # noqa: BLE001 - a record without NVML still says why
-            record["nvml"] = f"unavailable: {type(err).__name__}: {err}"
-    return record
-
-
 def write_environment(outdir: str, record: dict[str, Any]) -> None:
     """``environment.json`` beside the shards (a local folder or an fsspec URL)."""
     import fsspec
@@ -153,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             " (data_collection/sweeps/README.md: .sweep_inputs) and carry the folder"
         )
 
-    from data_collection.environment import nvml_baseline
+    from data_collection.environment import nvml_baseline, run_record
 
     nvml_baseline()  # device memory before this process touches CUDA (NvmlMemory's baseline)
     import torch
@@ -167,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     common = {"out": args.outdir, "device": args.device, "dry_run": args.dry_run}
     print(f"torch {torch.__version__}, cuda {torch.version.cuda}, "
           f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
-    record = environment(args.device)
+    record = run_record(args.device)
     print("ENVIRONMENT " + json.dumps(record, default=str), flush=True)
     if "://" not in args.outdir:  # a local folder (an fsspec URL makes its own)
         Path(args.outdir).mkdir(parents=True, exist_ok=True)
     write_environment(args.outdir, record)
     failed = []
+    # rows already in the folder (a resumed run): what this run measured is the difference
+    before = sum(len(read_shards(args.outdir, kind)) for kind in ("kernels", "steps"))
     for kind, path in plan:
         cfg = merge(load_config(path), common)
         # Each sweep keeps its own budget, capped by what the whole run has left.
@@ -183,13 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runners[kind](cfg)
         except Exception as err:  # noqa: BLE001 - one broken sweep must not cost the others
-            hint = " (this runner: --device cpu --dry-run)" if "device=cpu" in str(err) else ""
-            print(f"{kind} sweep {path.name} failed: {type(err).__name__}: {err}{hint}", flush=True)
+            print(f"{kind} sweep {path.name} failed: {type(err).__name__}: {err}", flush=True)
             failed.append(f"{kind}={path.name}")
 
     summary: dict[str, Any] = {
         kind: len(read_shards(args.outdir, kind)) for kind in ("kernels", "steps", "op_profiles")
     }
+    summary["measured_now"] = summary["kernels"] + summary["steps"] - before
     steps_df = read_shards(args.outdir, "steps")
     if len(steps_df):
         cols = ["source", "model", "batch_size", "amp", "checkpointing", "tf32", "oom",
@@ -198,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     summary["minutes"] = round((time.monotonic() - started) / 60, 2)
     summary["failed"] = failed
     print("SUMMARY " + json.dumps(summary))
-    # a run that measured nothing, or lost a sweep, is not a success (the lease's exit status)
-    return 1 if failed or not (summary["kernels"] or summary["steps"]) else 0
+    # a run that measured nothing (a resumed one included), or lost a sweep, is not a
+    # success: the lease reports this exit status
+    return 1 if failed or summary["measured_now"] <= 0 else 0
 
 
 if __name__ == "__main__":
