@@ -14,6 +14,8 @@ import os
 import platform
 import re
 import socket
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -149,9 +151,6 @@ def run_record(device: str) -> dict[str, Any]:
     """What a SOURCE.md needs of a sweep run: when, the command, the releases (torch, CUDA,
     cuDNN, driver, transformers, torchvision, timm) and the GPU (name, memory, SMs, compute
     capability; power limit and maximum clocks from NVML where it answers)."""
-    import sys
-    import time
-
     record: dict[str, Any] = {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
         "python": platform.python_version(), "device": device, **software_versions(),

@@ -102,12 +102,17 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         accumulation = step.batch_size // micro
         out.append(
             (
-                f"batch_size={micro} x {step.grad_accum * accumulation} accumulation steps",
+                _split(micro, step.grad_accum * accumulation),
                 replace(step, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
         )
     return out
+
+
+def _split(micro: int, steps: int) -> str:
+    """A micro-batch split as the keys that run it: ``batch_size=micro grad_accum=steps``."""
+    return f"batch_size={micro} x {steps} accumulation steps"
 
 
 def halves_frozen_weights(step: StepSpec) -> bool:
@@ -153,12 +158,7 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
         accumulation = step.batch_size // micro
         out.append(
             (
-                " + ".join(
-                    [
-                        *labels,
-                        f"batch_size={micro} x {step.grad_accum * accumulation} accumulation steps",
-                    ]
-                ),  # fmt: skip
+                " + ".join([*labels, _split(micro, step.grad_accum * accumulation)]),
                 replace(current, batch_size=micro, grad_accum=step.grad_accum * accumulation),
                 accumulation,
             )
@@ -199,9 +199,7 @@ def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
     extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
     extra += ["checkpointing=full"] if step.checkpointing != "full" else []
-    extra += (
-        [f"batch_size=1 x {step.grad_accum * accumulation} accumulation steps"] if micro else []
-    )
+    extra += [_split(1, step.grad_accum * accumulation)] if micro else []
     label = " + ".join([f"finetune.method={method}", *extra])
     return label, replace(base, finetune_method=method), accumulation
 

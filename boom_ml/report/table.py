@@ -293,7 +293,7 @@ def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
             lines.append(
                 f"    micro-batches 2..{g['parallel']['microbatches']} add into the kept"
                 f" gradients: {g['time']['accumulate_ms']:.2f} ms of the step on the critical"
-                " rank (parallel.grad_accumulation=fused: Megatron-LM's fusion, none)"
+                " rank (none with parallel.grad_accumulation=fused, Megatron-LM's fusion)"
             )
     return lines
 
