@@ -152,3 +152,21 @@ def test_a_blank_spec_field_takes_its_architectures_median():
     assert g["g_tdp"] == statistics.median(x.tdp_w for x in hopper if x.tdp_w)
     assert g["g_clock"] == statistics.median(x.boost_clock_mhz for x in hopper if x.boost_clock_mhz)
     assert not gpu_table({g.id: g for g in all_gpus()}).isna().any().any()
+
+
+def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
+    """The trace counts a causal mask's kept pairs (trace/ops.py: _causal); the attention
+    features take that count, so a causal SDPA call is not timed as the full square (a flash
+    kernel skips the masked blocks). Without a count (predict_ops' CSV rows) the full square."""
+    from boom_ml.trace.ops import causal_pairs
+
+    b, h, s, d = 8, 12, 4096, 64
+    full = 4 * b * h * s * s * d
+    kept = full * causal_pairs(s, s) // (s * s)  # what the trace records with is_causal
+    rows = pd.DataFrame({"op": ["sdpa"] * 3, "family": ["attention"] * 3, "dtype": ["float16"] * 3,
+                         "direction": ["forward", "forward", "backward"], "batch": [b] * 3,
+                         "heads": [h] * 3, "seq_q": [s] * 3, "seq_kv": [s] * 3, "head_dim": [d] * 3,
+                         "flops": [np.nan, kept, 2.5 * kept]})  # fmt: skip
+    feats = kernel_features(rows, get_gpu("a100-80gb-sxm"))
+    assert feats["flops"].tolist() == [full, kept, 2.5 * kept]
+    assert feats["roof_ms"].iloc[1] < 0.6 * feats["roof_ms"].iloc[0]  # compute-bound here

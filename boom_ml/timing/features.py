@@ -339,8 +339,12 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
         b, hh, d = _num(df, "batch"), _num(df, "heads"), _num(df, "head_dim")
         sq = _num(df, "seq_q")
         skv = np.where(np.isnan(_num(df, "seq_kv")), sq, _num(df, "seq_kv"))
-        # QK^T and PV: 4*B*H*Sq*Skv*D forward; backward recomputes and does ~2.5x that.
-        flops = 4 * b * hh * sq * skv * d * np.where(bwd > 0, 2.5, 1.0)
+        # QK^T and PV: 4*B*H*Sq*Skv*D forward; backward recomputes and does ~2.5x that
+        # (torch's flop_counter formulas); a causal kernel does the kept pairs' share only,
+        # which a traced row's own count carries (flash and memory-efficient kernels skip
+        # the masked blocks)
+        full = 4 * b * hh * sq * skv * d * np.where(bwd > 0, 2.5, 1.0)
+        flops = np.where((flops > 0) & (flops < full), flops, full)
         nbytes = elt * b * hh * d * (2 * sq + 2 * skv) * np.where(bwd > 0, 2.0, 1.0)
         f.update(log_batch=_log2(b), log_heads=_log2(hh), log_head_dim=_log2(d),
                  log_seq_q=_log2(sq), log_seq_kv=_log2(skv))  # fmt: skip

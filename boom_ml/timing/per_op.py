@@ -198,8 +198,10 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
         if q is None:
             return generic
         kv = ks[2] if op.endswith("_backward") and len(ks) > 2 else (ks[1] if len(ks) > 1 else q)
+        # the traced FLOPs count a causal mask's kept pairs only (trace/ops.py: _causal):
+        # the attention features take them where they are below the full-square formula
         return [{"op": "sdpa", "batch": q[0], "heads": q[1], "seq_q": q[2], "seq_kv": kv[2],
-                 "head_dim": q[3]}]  # fmt: skip
+                 "head_dim": q[3], "flops": counted["flops"]}]  # fmt: skip
     if family == "norm":
         name = NORM_OPS.get(op.removesuffix("_backward"), op)
         x = max(shapes, key=_numel) if shapes else [1]
