@@ -294,3 +294,28 @@ def test_max_batch_is_never_below_a_batch_the_same_row_says_fits() -> None:
                         image_size=64, advice=False)  # fmt: skip
     (g,) = p.gpus
     assert g.fits and g.memory.max_batch_size >= 22500
+
+
+def test_a_buffer_replaced_in_forward_is_one_line(tmp_path) -> None:
+    """A moving average assigned anew each forward (self.ema = ...) makes the replay free the
+    first step's buffer twice: one line saying what to change (it was a BlockIdError
+    traceback), still a BlockIdError for the allocator's own callers."""
+    import boom_ml
+    from boom_ml.errors import BoomError
+    from boom_ml.memory.allocator import BlockIdError
+
+    (tmp_path / "ema.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Ema(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(64, 64)\n"
+        "        self.register_buffer('ema', torch.zeros(64))\n\n"
+        "    def example_inputs(self, batch_size, device):\n"
+        "        return {'x': torch.randn(batch_size, 64, device=device)}\n\n"
+        "    def forward(self, x):\n"
+        "        self.ema = 0.9 * self.ema + 0.1 * x.detach().mean(0)\n"
+        "        return self.fc(x).sum()\n\n\ndef make():\n    return Ema()\n"
+    )
+    with pytest.raises(BoomError) as err:
+        boom_ml.predict(model=f"file:{tmp_path / 'ema.py'}:make", gpu="l4", batch_size=2)
+    assert isinstance(err.value, BlockIdError) and "\n" not in str(err.value)
+    assert str(err.value).endswith("update it in place (self.x.mul_(...), .copy_(...))")

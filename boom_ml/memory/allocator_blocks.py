@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from boom_ml.errors import BoomError
+
 try:  # a balanced sorted list keeps best-fit O(log n) on pools of many free blocks
     from sortedcontainers import SortedList as _SortedKeys
 except ImportError:  # pragma: no cover - exercised only without sortedcontainers
@@ -39,6 +41,13 @@ class BlockIdError(KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else ""
+
+
+class ReplayFreeError(BlockIdError, BoomError):
+    """A replayed step freed a block it does not hold: one line for the user (exit 2), not a
+    traceback. A model that replaces a tensor living across steps inside its forward (a
+    buffer reassigned, ``self.ema = 0.9 * self.ema + ...``) does this: the replay plays the
+    recorded step again and frees the first step's tensor twice."""
 
 
 class Segment:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from boom_ml.errors import InvalidInputError
+from boom_ml.memory.allocator_blocks import ReplayFreeError
 from boom_ml.memory.allocator_config import AllocatorConfig
 from boom_ml.memory.allocator_sim import BlockIdError, CachingAllocatorSim
 
@@ -147,7 +148,11 @@ def simulate(
             try:
                 free(b)
             except BlockIdError as err:
-                raise BlockIdError(f"event {i}: {err}") from None
+                raise ReplayFreeError(
+                    f"event {i}: {err}; a model that replaces a tensor living across steps"
+                    " in its forward (a buffer or parameter assigned anew, self.x = ...) does"
+                    " this: update it in place (self.x.mul_(...), .copy_(...))"
+                ) from None
         r = sim._reserved
         t_alloc.append(sim._allocated)
         t_res.append(r)
