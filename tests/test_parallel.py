@@ -65,6 +65,12 @@ def tiny_memory(tmp_path_factory):
         (Layout(dp=2), Cluster(), {"global_batch": 7, "batch_size": 1}, "not divisible"),
         (Layout(tp=2, sharding="fsdp"), Cluster(), {}, "fsdp shards over data-parallel ranks"),
         (Layout(sharding="zero2"), Cluster(), {}, "needs parallel.dp >= 2 (got parallel.dp=1)"),
+        (
+            Layout(grad_accumulation="fused", bucket_view=True),
+            Cluster(),
+            {},
+            "parallel.grad_accumulation=fused, parallel.bucket_view=true: for a multi-GPU layout",
+        ),
     ],
 )
 def test_bad_layouts_raise_one_line(layout, cluster, facts, words):

@@ -260,3 +260,23 @@ def test_vgg_checkpointing_recomputes_segments() -> None:
 def test_a_quantized_classifier_is_refused_naming_its_float_model() -> None:
     with pytest.raises(InvalidInputError, match="torchvision:resnet18 is the float model"):
         build_model("torchvision:quantized_resnet18")
+
+
+@pytest.mark.parametrize(
+    ("model", "options"),
+    [
+        ("torchvision:deeplabv3_resnet50", {"weights_backbone": "DEFAULT"}),
+        ("torchvision:resnet18", {"weights": "DEFAULT"}),
+        ("timm:resnet18", {"pretrained": True}),
+    ],
+)
+def test_options_asking_for_pretrained_weights_are_one_line(model, options) -> None:
+    """Models are built without weights: an option that asks for them is refused before any
+    download starts (deeplabv3's weights_backbone=DEFAULT downloaded, or tracebacked offline)."""
+    ((key, value),) = options.items()
+    with pytest.raises(InvalidInputError) as err:
+        build_model(ModelSpec(model, options))
+    assert str(err.value) == (
+        f"{model}: model_options.{key}={value!r} asks for pretrained weights; models are built"
+        " without them (values change neither memory nor time): drop it"
+    )

@@ -15,6 +15,22 @@ from boom_ml.errors import InvalidInputError
 T = TypeVar("T")
 
 
+WEIGHT_OPTIONS = ("weights", "weights_backbone", "pretrained", "pretrained_cfg_overlay")
+
+
+def refuse_weights(options: dict[str, Any], what: str) -> None:
+    """One line for a model option that asks for pretrained weights: models are built without
+    them (their values change neither memory nor time), and a download would otherwise start
+    (torchvision's ``weights_backbone=DEFAULT``: a traceback without network)."""
+    for key in WEIGHT_OPTIONS:
+        if options.get(key) not in (None, False):
+            raise InvalidInputError(
+                f"{what}: model_options.{key}={options[key]!r} asks for pretrained weights;"
+                " models are built without them (values change neither memory nor time):"
+                " drop it"
+            )
+
+
 def build_on_device(factory: Callable[[], T], device: str | torch.device = "meta") -> T:
     """Run ``factory`` so that every parameter and buffer it creates lands on ``device``.
 

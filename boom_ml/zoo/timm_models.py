@@ -19,6 +19,7 @@ from boom_ml.zoo.common import (
     generic_loss,
     guess_family,
     image_batch,
+    refuse_weights,
 )
 
 
@@ -68,6 +69,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         hint = f" (did you mean: {', '.join('timm:' + h for h in hits)}?)" if hits else ""
         raise UnknownModelError(f"unknown timm model {name!r}{hint}")
     options = dict(spec.options)
+    refuse_weights(options, f"timm:{name}")
     try:
         module = build_on_device(
             lambda: timm.create_model(name, pretrained=False, **options), device

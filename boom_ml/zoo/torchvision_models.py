@@ -13,7 +13,13 @@ from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
-from boom_ml.zoo.common import build_on_device, classification_loss, closest, image_batch
+from boom_ml.zoo.common import (
+    build_on_device,
+    classification_loss,
+    closest,
+    image_batch,
+    refuse_weights,
+)
 from boom_ml.zoo.torchvision_tasks import build as build_task
 from boom_ml.zoo.torchvision_tasks import has as is_task
 from boom_ml.zoo.torchvision_tasks import segmentation_names, video_names
@@ -96,6 +102,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise UnknownModelError(f"unknown torchvision model {name!r}{hint}")
 
     options: dict[str, Any] = dict(spec.options)
+    refuse_weights(options, f"torchvision:{name}")
     if name in _ROOT_BLOCK_MODELS:
         # Weight init is pointless on meta, and passing it silences torchvision's warning.
         # The aux heads stay on: real training of these nets uses them.

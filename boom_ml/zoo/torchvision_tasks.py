@@ -26,7 +26,7 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
-from boom_ml.zoo.common import build_on_device, classification_loss
+from boom_ml.zoo.common import build_on_device, classification_loss, refuse_weights
 
 IGNORE_INDEX = 255  # the reference script's "void" class (Pascal VOC's border pixels)
 AUX_WEIGHT = 0.5  # references/segmentation/train.py: losses["out"] + 0.5 * losses["aux"]
@@ -88,6 +88,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     from torchvision.models import get_model
 
     options: dict[str, Any] = dict(spec.options)
+    refuse_weights(options, f"torchvision:{name}")
     segmentation = name in segmentation_names()
     if segmentation:
         options.setdefault("weights_backbone", None)  # the default would download ImageNet's
