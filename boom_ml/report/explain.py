@@ -12,6 +12,12 @@ def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) ->
     """Where the time and the peak memory go on one GPU, with the method of each number."""
     m, t = result.memory, result.time
     lines = [f"Time on {result.gpu}: {t.step_ms:.1f} ms ({t.method})"]
+    if t.overhead_ms:  # the GNN's per-step term: in step_ms, in no op, module or phase
+        lines.append(
+            f"  of which {t.overhead_ms:.2f} ms is the GNN's per-step overhead"
+            f" ({100 * t.overhead_ms / t.step_ms:.0f} %), in no op, module or phase below"
+            " (JSON time.overhead_ms)"
+        )
     # under accumulation the ops, modules and blocks are one micro-batch's, run N times
     micro = t.micro_step_ms if grad_accum > 1 and t.micro_step_ms else None
     if micro:
