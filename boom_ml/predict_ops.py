@@ -296,8 +296,10 @@ def bf16_note(table: pd.DataFrame, gpu: str) -> str | None:
         return None
     return (
         f"note: {spec.id} has no bf16 tensor cores (before Ampere): {int(matrix.sum())} bf16 "
-        "matrix row(s) are timed at its fp32 rate; fp16 runs on its tensor cores"
-    )
+        "matrix row(s) are timed at its fp32 rate; "
+        + ("fp16 runs on its tensor cores" if spec.sm_version >= 70
+           else "it has no tensor cores (Pascal): fp16 runs at its fp16 rate on CUDA cores")
+    )  # fmt: skip
 
 
 def run(cfg: Any) -> str | None:

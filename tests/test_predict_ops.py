@@ -217,6 +217,12 @@ def test_bf16_matrix_rows_before_ampere_are_noted(tmp_path, capsys):
     )
     run({"input": str(src), "gpu": "a100-80gb-pcie"})
     assert capsys.readouterr().err == ""
+    run({"input": str(src), "gpu": "gtx-1080-ti"})  # Pascal: no tensor cores at all
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("it has no tensor cores (Pascal): fp16 runs at its fp16 rate on CUDA cores")
+    )
 
 
 def test_conv1d_is_a_conv2d_one_pixel_wide_and_grad_wrt_is_checked():

@@ -364,7 +364,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     if slow:
         console.print(
             f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
-            "are timed at the fp32 rate; amp=fp16 runs on their tensor cores.",
+            "are timed at the fp32 rate; amp=fp16 runs on tensor cores from Volta on (Pascal has"
+            " none: its fp16 runs on CUDA cores, at the card's fp16 rate).",
             highlight=False,
             soft_wrap=True,
         )

@@ -444,4 +444,7 @@ def _describe_failure(built: BuiltModel, exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     op = getattr(exc, "func", None)
     where = f" in op {op}" if op is not None else ""
+    if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
+        text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
+                 " scaling; fake tensors have shapes, not values)")  # fmt: skip
     return f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
