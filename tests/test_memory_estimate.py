@@ -300,22 +300,18 @@ def test_a_buffer_replaced_in_forward_is_one_line(tmp_path) -> None:
     """A moving average assigned anew each forward (self.ema = ...) makes the replay free the
     first step's buffer twice: one line saying what to change (it was a BlockIdError
     traceback), still a BlockIdError for the allocator's own callers."""
+    from zoo_helpers import linear_factory
+
     import boom_ml
     from boom_ml.errors import BoomError
     from boom_ml.memory.allocator import BlockIdError
 
-    (tmp_path / "ema.py").write_text(
-        "import torch\nfrom torch import nn\n\n\nclass Ema(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__()\n"
-        "        self.fc = nn.Linear(64, 64)\n"
-        "        self.register_buffer('ema', torch.zeros(64))\n\n"
-        "    def example_inputs(self, batch_size, device):\n"
-        "        return {'x': torch.randn(batch_size, 64, device=device)}\n\n"
-        "    def forward(self, x):\n"
-        "        self.ema = 0.9 * self.ema + 0.1 * x.detach().mean(0)\n"
-        "        return self.fc(x).sum()\n\n\ndef make():\n    return Ema()\n"
+    model = linear_factory(
+        tmp_path,
+        "self.ema = 0.9 * self.ema + 0.1 * x.detach().mean(0)\nreturn self.fc(x).sum()",
+        init="self.register_buffer('ema', torch.zeros(8))",
     )
     with pytest.raises(BoomError) as err:
-        boom_ml.predict(model=f"file:{tmp_path / 'ema.py'}:make", gpu="l4", batch_size=2)
+        boom_ml.predict(model=model, gpu="l4", batch_size=2)
     assert isinstance(err.value, BlockIdError) and "\n" not in str(err.value)
     assert str(err.value).endswith("update it in place (self.x.mul_(...), .copy_(...))")

@@ -304,18 +304,13 @@ def test_zero_grad_in_place_zeroes_each_gradient_and_accumulates_into_it():
 def test_a_model_reading_a_tensor_value_says_so(tmp_path) -> None:
     """``.item()`` (or a branch on data) cannot run on fake tensors: the one-line error says
     what the model did, not only torch's DataDependentOutputException."""
+    from zoo_helpers import linear_factory
+
     import boom_ml
     from boom_ml.errors import BoomError
 
-    (tmp_path / "item.py").write_text(
-        "import torch\nfrom torch import nn\n\n\nclass Item(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n\n"
-        "    def example_inputs(self, batch_size, device):\n"
-        "        return {'x': torch.randn(batch_size, 8, device=device)}\n\n"
-        "    def forward(self, x):\n        y = self.fc(x)\n"
-        "        return y.sum() * float(y.max().item())\n\n\ndef make():\n    return Item()\n"
-    )
+    model = linear_factory(tmp_path, "y = self.fc(x)\nreturn y.sum() * float(y.max().item())")
     with pytest.raises(BoomError) as err:
-        boom_ml.predict(model=f"file:{tmp_path / 'item.py'}:make", gpu="l4", batch_size=2)
+        boom_ml.predict(model=model, gpu="l4", batch_size=2)
     assert "DataDependentOutputException" in str(err.value) and "\n" not in str(err.value)
     assert "(the model reads a tensor's value: .item(), a branch on data" in str(err.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -31,3 +33,20 @@ def fake_step(built: BuiltModel, step: StepSpec, checkpointing: bool = False) ->
         # every trainable parameter (Whisper's sinusoidal encoder positions are frozen)
         assert all(p.grad is not None for p in built.module.parameters() if p.requires_grad)
     return batch
+
+
+def linear_factory(directory: Path, forward: str, init: str = "") -> str:
+    """``file:<path>:make`` of a synthetic model: a Linear(8, 8) ``fc`` (plus ``init`` lines
+    in ``__init__``), batches of (batch, 8), and ``forward`` as the body of forward(x)."""
+    indent = "\n        "
+    path = directory / "factory.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(8, 8)\n"
+        + "".join(f"        {line}\n" for line in init.splitlines())
+        + "\n    def example_inputs(self, batch_size, device):\n"
+        "        return {'x': torch.randn(batch_size, 8, device=device)}\n\n"
+        "    def forward(self, x):" + indent + indent.join(forward.splitlines()) + "\n\n\n"
+        "def make():\n    return Model()\n"
+    )
+    return f"file:{path}:make"
