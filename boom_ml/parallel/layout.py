@@ -137,14 +137,6 @@ def validate(
     also wants pp > 2 unless ``--overlap-p2p-comm`` is on; pp = 2 is accepted here (as with
     that flag) and its sends are charged as blocking anyway (``schedule.py``).
     """
-    ignored = [f"parallel.{k}={v}" for k, v, default in (
-        ("schedule", layout.schedule, "1f1b"), ("grad_accumulation", layout.grad_accumulation, "add"),
-        ("bucket_view", str(layout.bucket_view).lower(), "false")) if v != default]  # fmt: skip
-    if layout.is_single and ignored:
-        raise InvalidInputError(
-            f"{', '.join(ignored)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
-            " above 1); one GPU's step does not read it"
-        )
     if layout.sharding != "none" and layout.dp == 1:
         raise InvalidInputError(
             f"parallel.sharding={layout.sharding} shards over data-parallel ranks: it needs"
@@ -166,6 +158,14 @@ def validate(
                 f"{layout.pp}: the interleaved schedule runs micro-batches in groups of pp"
                 " (Megatron-LM)"
             )
+    ignored = [f"parallel.{k}={v}" for k, v, default in (
+        ("schedule", layout.schedule, "1f1b"), ("grad_accumulation", layout.grad_accumulation, "add"),
+        ("bucket_view", str(layout.bucket_view).lower(), "false")) if v != default]  # fmt: skip
+    if layout.is_single and ignored:
+        raise InvalidInputError(
+            f"{', '.join(ignored)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
+            " above 1); one GPU's step does not read it"
+        )
     if finetune_method == "qlora" and (layout.pp > 1 or layout.zero_stage >= 3):
         raise InvalidInputError(
             "finetune.method=qlora is modelled with data and tensor parallelism (sharding up to"
