@@ -66,26 +66,22 @@ def config_path(name: str) -> Path:
         return path / "config.json"
     if path.is_file():
         return path
-    if hf_hub.looks_like_repo_id(name):
-        try:
-            return hf_hub.fetch_config(name)
-        except UnknownModelError as err:
-            if "@" in name and _lookup(name.partition("@")[0]) is not None:
-                raise UnknownModelError(
-                    f"{err} (hf:{name.partition('@')[0]} alone is the shipped config)"
-                ) from err
-            # an -Instruct / -chat variant has its base model's architecture: say which
-            hits = closest(name, list(shipped()))
-            if not hits:
-                raise
-            close = ", ".join("hf:" + h for h in hits)
-            raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
     base, _, revision = name.partition("@")
     if revision and _lookup(base) is not None:  # a shipped id at a revision: from the hub
         try:  # (an id without an org, gpt2, is a hub id too)
             return hf_hub.fetch_config(name)
         except UnknownModelError as err:
             raise UnknownModelError(f"{err} (hf:{base} alone is the shipped config)") from err
+    if hf_hub.looks_like_repo_id(name):
+        try:
+            return hf_hub.fetch_config(name)
+        except UnknownModelError as err:
+            # an -Instruct / -chat variant has its base model's architecture: say which
+            hits = closest(name, list(shipped()))
+            if not hits:
+                raise
+            close = ", ".join("hf:" + h for h in hits)
+            raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
     hits = closest(name, list(shipped()))
     hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
     raise UnknownModelError(
