@@ -314,3 +314,32 @@ def test_a_model_reading_a_tensor_value_says_so(tmp_path) -> None:
         boom_ml.predict(model=model, gpu="l4", batch_size=2)
     assert "DataDependentOutputException" in str(err.value) and "\n" not in str(err.value)
     assert "(the model reads a tensor's value: .item(), a branch on data" in str(err.value)
+
+
+def test_a_compiled_model_is_traced_as_its_eager_module_with_a_note(tmp_path) -> None:
+    """``torch.compile`` on the model and on a child: both wrappers are taken off (the
+    top-level one hid forward's argument names), the ops and parameters are the eager
+    model's, and the notes say it was traced eager."""
+    import boom_ml
+
+    path = tmp_path / "compiled.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n\n\n"
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.layers = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))\n\n"
+        "    def example_inputs(self, batch_size, device):\n"
+        "        return {'x': torch.randn(batch_size, 8, device=device)}\n\n"
+        "    def forward(self, x):\n        return self.layers(x)\n\n\n"
+        "def eager():\n    return Model()\n\n\n"
+        "def compiled():\n    model = Model()\n    model.layers[0] = torch.compile(model.layers[0])\n"
+        "    return torch.compile(model)\n"
+    )
+    common = {"gpu": "l4", "batch_size": 2, "cache": False}
+    plain = boom_ml.predict(model=f"file:{path}:eager", **common)
+    wrapped = boom_ml.predict(model=f"file:{path}:compiled", **common)
+    assert plain.graph["model_notes"] == []
+    (note,) = wrapped.graph["model_notes"]
+    assert note.startswith("torch.compile (2 compiled modules) traced as eager PyTorch")
+    for key in ("num_ops", "flops", "num_parameters"):
+        assert wrapped.graph[key] == plain.graph[key]
+    assert wrapped.graph["num_parameters"] == 8 * 16 + 16 + 16 * 4 + 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -87,6 +88,39 @@ def ensure_meta(module: nn.Module) -> nn.Module:
     if any(t.device.type != "meta" for t in [*module.parameters(), *module.buffers()]):
         module = module.to("meta")
     return module
+
+
+def uncompiled(module: nn.Module) -> tuple[nn.Module, int]:
+    """``module`` with every ``torch.compile`` wrapper (OptimizedModule), itself or a child,
+    replaced by the module it wraps, and how many there were. The tracer records the eager
+    ops a compiled module runs; the wrapper's forward takes only ``*args, **kwargs`` and
+    would hide the wrapped module's signature and parameters' names."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # torch.compile imports it: nothing was compiled (and no import)
+        return module, 0
+    OptimizedModule = eval_frame.OptimizedModule  # noqa: N806 (the class's own name)
+    count = 0
+    while isinstance(module, OptimizedModule):
+        module, count = module._orig_mod, count + 1
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            inner = child
+            while isinstance(inner, OptimizedModule):
+                inner, count = inner._orig_mod, count + 1
+            if inner is not child:
+                setattr(parent, name, inner)
+    return module, count
+
+
+def compiled_note(count: int) -> list[str]:
+    """The note a model built with ``torch.compile`` carries (none when ``count`` is 0)."""
+    if not count:
+        return []
+    return [
+        f"torch.compile ({count} compiled module{'s' if count > 1 else ''}) traced as eager "
+        "PyTorch: the kernels Inductor fuses are timed one by one and their intermediate "
+        "tensors counted, so time and memory are eager mode's (usually higher)"
+    ]
 
 
 def guess_family(module: nn.Module) -> str:

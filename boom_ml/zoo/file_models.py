@@ -32,7 +32,14 @@ from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import checkpoint_generic
-from boom_ml.zoo.common import build_on_device, ensure_meta, generic_loss, guess_family
+from boom_ml.zoo.common import (
+    build_on_device,
+    compiled_note,
+    ensure_meta,
+    generic_loss,
+    guess_family,
+    uncompiled,
+)
 
 
 def parse(name: str) -> tuple[Path, str]:
@@ -138,6 +145,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise InvalidInputError(
             f"{what} returned {type(module).__name__}, expected a torch.nn.Module"
         )
+    module, compiled = uncompiled(module)
     if torch.device(device).type == "meta":
         module = ensure_meta(module)
 
@@ -178,5 +186,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         enable_checkpointing=checkpoint_generic(what),
         reads=_sizes_read(module) if has_example else frozenset({"image_size"}),
         source="file",
-        info={"name": name, "path": str(path), "factory": factory_name},
+        info={
+            "name": name,
+            "path": str(path),
+            "factory": factory_name,
+            "notes": compiled_note(compiled),
+        },  # fmt: skip
     )
