@@ -57,6 +57,8 @@ class TimeEstimate:
     by_family: dict[str, float] = field(default_factory=dict)
     by_phase: dict[str, float] = field(default_factory=dict)  # ms per phase of the whole step
     overhead_ms: float = 0.0  # step time not attributed to any op (GNN overhead term)
+    # spec-sheet figures of this GPU beyond the GNN's training GPUs', read at their edge
+    gnn_clamped: list[str] = field(default_factory=list)
     micro_step_ms: float | None = None  # one micro-batch's forward + backward (grad_accum)
     # a later micro-batch's adds into the kept gradients (grad_accum with set_to_none; in
     # step_ms and by_phase["backward"] once per micro-batch after the first)

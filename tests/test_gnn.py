@@ -213,7 +213,13 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch, capsys) -> None:
     model, saved = gnn_artifact.load_model(tmp_path / "artifact")
     assert saved["use_gnn"] == manifest["use_gnn"]
     assert isinstance(model, gnn_model.GnnEnsemble) and len(model.members) == 2
-    assert model.members[0].config == {"hidden": 16, "layers": 2, "max_log_correction": 4.0}
+    config = model.members[0].config
+    assert {k: config[k] for k in ("hidden", "layers", "max_log_correction")} == {
+        "hidden": 16, "layers": 2, "max_log_correction": 4.0}  # fmt: skip
+    # Spec columns clamped to the training GPUs' range: column 4 is SMs / 100, from the
+    # GTX 1080 Ti's 28 to the A100-SXM's 108 among these rows' GPUs.
+    low, high = config["spec_range"]
+    assert (low[4], high[4]) == pytest.approx((0.28, 1.08), rel=1e-6)
     # The per-run table (training/run_bias.py) names the runs of the held-out GPUs.
     printed = capsys.readouterr().out.split("Held-out predictions per measuring run", 1)[1]
     assert "script2018" in printed and "TITANXP" in printed and "titan-xp" in printed
@@ -319,3 +325,72 @@ def test_spec_context_off_hides_the_spec_sheet_and_round_trips(tmp_path) -> None
     loaded, _ = gnn_artifact.load_model(tmp_path)
     with torch.no_grad():
         assert torch.equal(loaded(other)[2], step)
+
+
+def test_spec_range_reads_a_gpu_beyond_it_as_its_edge(tmp_path) -> None:
+    """With ``spec_range``, a context beyond the training GPUs' spec columns predicts what
+    the range's edge does; inside the range the clamp changes nothing; the range round-trips."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    per_op = np.full(len(graph.nodes), 0.05)
+    batch = gnn_features.one_graph_batch(
+        graph, [gnn_features.row_inputs(graph, get_gpu("t4"), None, per_op)]
+    )
+    spec = batch.context[0, : gnn_features.N_SPEC]
+    free = _perturbed_model()
+    clamped = gnn_model.StepGNN(
+        hidden=16, layers=2, spec_range=[(spec - 0.5).tolist(), (spec + 0.5).tolist()]
+    )
+    clamped.load_state_dict(free.state_dict())
+    clamped.eval()
+
+    def shifted(by: float) -> gnn_features.RowBatch:
+        out = dataclasses.replace(batch, context=batch.context.clone())
+        out.context[:, : gnn_features.N_SPEC] += by
+        return out
+
+    with torch.no_grad():
+        assert torch.equal(clamped(shifted(0.3))[2], free(shifted(0.3))[2])
+        assert torch.equal(clamped(shifted(2.0))[2], free(shifted(0.5))[2])
+        assert torch.equal(clamped(shifted(-2.0))[2], free(shifted(-0.5))[2])
+        assert not torch.equal(free(shifted(2.0))[2], free(shifted(0.5))[2])
+    gnn_artifact.save_model(clamped, {"per_op": "roofline"}, tmp_path)
+    loaded, _ = gnn_artifact.load_model(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(loaded(shifted(2.0))[2], free(shifted(0.5))[2])
+
+
+def test_gpus_beyond_the_spec_range_are_named_in_explain(monkeypatch) -> None:
+    """A model trained on T4 rows alone reads an H100's spec sheet at the T4's values: the
+    prediction names the columns it clamped, and explain=true says so; the T4 has none."""
+    from boom_ml.estimates import GpuPrediction, MemoryEstimate
+    from boom_ml.report.explain import explain_lines
+
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    t4, h100 = get_gpu("t4"), get_gpu("h100-sxm")
+    context = gnn_features.gpu_context(graph, t4, None, np.full(len(graph.nodes), 0.05))
+    spec = torch.from_numpy(context[: gnn_features.N_SPEC])
+    model = gnn_model.StepGNN(hidden=16, layers=2, spec_range=[spec.tolist(), spec.tolist()])
+    model.load_state_dict(_perturbed_model().state_dict())
+    model.eval()
+    per_op = gnn_features.per_op_function(None)[0]  # the heads when packaged, else the roofline
+    on_t4, on_h100 = gnn_model.predict_graph_many(model, graph, [t4, h100], None, per_op)
+    assert on_t4.clamped == []
+    # the H100 SXM: more SMs (132 vs 40), bandwidth, peaks, L2, clock and memory than a T4
+    assert set(on_h100.clamped) >= {"SMs", "memory bandwidth", "matrix peak", "L2 cache"}
+    monkeypatch.setattr(
+        estimate,
+        "load_model",
+        lambda: (model, {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}}),
+    )
+    est = estimate.estimate_time(graph, h100)
+    assert est.gnn_clamped == on_h100.clamped
+    memory = MemoryEstimate(
+        peak_allocated_bytes=1,
+        peak_reserved_bytes=1,
+        total_bytes=1,
+        capacity_bytes=2,
+        fits=True,
+        method="test",
+    )
+    text = "\n".join(explain_lines(GpuPrediction("h100-sxm", "H100", memory, est)))
+    assert "the GNN read this GPU's FP32 TFLOPS, matrix peak, memory bandwidth" in text

@@ -30,7 +30,7 @@ from boom_ml import config_help
 from boom_ml.config_help import print_help_if_asked
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
-from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN
+from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN, spec_range_of
 from training import intervals, run_bias
 from training.gnn_decision import cv_table, decide, mape, markdown
 from training.graph_dataset import StepGraphDataset, build_dataset
@@ -87,7 +87,10 @@ def _train_one(ds: StepGraphDataset, idx: np.ndarray, cfg: DictConfig, seed: int
     """One GNN fit on rows ``idx`` from ``seed``: weighted MSE of log step time."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = StepGNN(**OmegaConf.to_container(cfg.model))
+    options = OmegaConf.to_container(cfg.model)
+    clamp = options.pop("spec_clamp", False)
+    spec_range = spec_range_of(torch.stack([ds.inputs[i].context for i in idx])) if clamp else None
+    model = StepGNN(**options, spec_range=spec_range)
     opt = torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
     )

@@ -18,6 +18,11 @@ def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) ->
             f" ({100 * t.overhead_ms / t.step_ms:.0f} %), in no op, module or phase below"
             " (JSON time.overhead_ms)"
         )
+    if t.gnn_clamped:
+        lines.append(
+            f"  the GNN read this GPU's {', '.join(t.gnn_clamped)} at the edge of its training"
+            " GPUs' range (beyond it; JSON time.gnn_clamped)"
+        )
     # under accumulation the ops, modules and blocks are one micro-batch's, run N times
     micro = t.micro_step_ms if grad_accum > 1 and t.micro_step_ms else None
     if micro:

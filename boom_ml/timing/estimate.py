@@ -86,6 +86,7 @@ def _estimate_times(
         est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n, methods=methods)
         est.step_ms = pred.step_ms
         est.overhead_ms = round(pred.overhead_ms, 4)
+        est.gnn_clamped = pred.clamped
         if calibrated:
             out.append(_calibrated(est, manifest, "gnn", graph))
             continue

@@ -42,6 +42,8 @@ N_DYNAMIC = 5
 N_CONTEXT = 17
 # The first N_SPEC context columns are the GPU's spec sheet (gpu_context); the rest describe the step.
 N_SPEC = 9
+SPEC_NAMES = ("FP32 TFLOPS", "matrix peak", "memory bandwidth", "peak / bandwidth", "SMs",
+              "L2 cache", "no L2 figure", "boost clock", "memory size")  # fmt: skip
 # Edge types: data dependency (producer -> consumer), its reverse, and program order.
 EDGE_TYPES = 3
 # Floor of a node time in log space: host nodes (no GPU work) never reach it, they are masked.

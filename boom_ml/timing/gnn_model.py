@@ -10,7 +10,7 @@ its module, exactly. Its inputs come from ``boom_ml/timing/gnn_features.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from boom_ml.timing.gnn_features import (
     N_DYNAMIC,
     N_SPEC,
     N_STATIC,
+    SPEC_NAMES,
     RowBatch,
     one_graph_batch,
     per_op_function,
@@ -59,11 +60,26 @@ class StepGNN(nn.Module):
         layers: int = 3,
         max_log_correction: float = 4.0,
         spec_context: bool = True,
+        spec_range: list[list[float]] | None = None,
     ):
         super().__init__()
         self.config = {"hidden": hidden, "layers": layers, "max_log_correction": max_log_correction}
         if not spec_context:  # older artifacts lack the key: they saw the spec columns
             self.config["spec_context"] = False
+        # spec_range ([low, high], N_SPEC values each): the spec columns are clamped to the
+        # range of the GPUs the model was trained on. A network extrapolates along them
+        # without bound: its per-step overhead, learned from launch-bound steps of the
+        # largest training GPUs, kept growing with SMs and bandwidth past them (B200 slower
+        # than T4 on a small CNN). A GPU beyond the range is read as its edge.
+        if spec_range is not None:
+            self.config["spec_range"] = [[float(v) for v in side] for side in spec_range]
+        low, high = (
+            torch.tensor(spec_range, dtype=torch.float32)
+            if spec_range is not None
+            else torch.full((2, N_SPEC), float("inf")) * torch.tensor([[-1.0], [1.0]])
+        )
+        self.register_buffer("spec_low", low, persistent=False)
+        self.register_buffer("spec_high", high, persistent=False)
         self.max_corr = max_log_correction
         # spec_context=False hides the spec-sheet columns of the context: the GNN then sees a
         # GPU only through its per-op times and their roofline parts, so it cannot learn an
@@ -90,6 +106,11 @@ class StepGNN(nn.Module):
         nn.init.zeros_(self.overhead[-1].weight)
         nn.init.constant_(self.overhead[-1].bias, -2.0)
 
+    def beyond_range(self, context: torch.Tensor) -> list[list[str]]:
+        """Per row of ``context`` ((R, N_CONTEXT)): the spec columns read at the range's edge."""
+        out = (context[:, :N_SPEC] < self.spec_low) | (context[:, :N_SPEC] > self.spec_high)
+        return [[SPEC_NAMES[j] for j in np.flatnonzero(row)] for row in out.numpy()]
+
     def node_embeddings(self, b: RowBatch) -> torch.Tensor:
         h = self.embed(b.graphs.x)
         for layer in self.layers:
@@ -99,7 +120,8 @@ class StepGNN(nn.Module):
     def forward(self, b: RowBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(node_ms (M,), overhead_ms (R,), step_ms (R,))."""
         h = self.node_embeddings(b)
-        context = b.context * self.context_mask
+        spec = torch.minimum(torch.maximum(b.context[:, :N_SPEC], self.spec_low), self.spec_high)
+        context = torch.cat([spec, b.context[:, N_SPEC:]], 1) * self.context_mask
         z = self.head_h(h)[b.node_of] + self.head_dyn(b.dynamic) + self.head_ctx(context)[b.row_of]
         raw = self.head_out(nn.functional.gelu(z)).squeeze(1)
         corr = self.max_corr * torch.tanh(raw / self.max_corr)
@@ -113,6 +135,12 @@ class StepGNN(nn.Module):
         overhead = nn.functional.softplus(self.overhead(torch.cat([pooled, context], 1)))[:, 0]
         step = overhead + torch.zeros(b.num_rows).index_add_(0, b.row_of, node_ms)
         return node_ms, overhead, step
+
+
+def spec_range_of(context: torch.Tensor) -> list[list[float]]:
+    """[low, high] of the spec columns over the training rows' contexts ((R, N_CONTEXT))."""
+    spec = context[:, :N_SPEC]
+    return [spec.min(0).values.tolist(), spec.max(0).values.tolist()]
 
 
 class GnnEnsemble(nn.Module):
@@ -134,6 +162,9 @@ class GnnEnsemble(nn.Module):
         outs = [m(b) for m in self.members]
         return tuple(torch.stack(parts).mean(0) for parts in zip(*outs, strict=True))  # type: ignore[return-value]
 
+    def beyond_range(self, context: torch.Tensor) -> list[list[str]]:
+        return self.members[0].beyond_range(context)  # trained on the same rows: one range
+
 
 def build_model(config: dict) -> StepGNN | GnnEnsemble:
     """The model a saved ``config`` describes: one StepGNN, or an ensemble of ``members``."""
@@ -149,6 +180,8 @@ class GnnPrediction:  # node_ms: per graph node in graph.nodes order (0 for host
     node_ms: np.ndarray
     overhead_ms: float
     step_ms: float  # overhead_ms + node_ms.sum()
+    # spec columns beyond the training GPUs' range, read at its edge (StepGNN spec_range)
+    clamped: list[str] = field(default_factory=list)
 
 
 def predict_graph(
@@ -189,8 +222,9 @@ def predict_graph_many(
     finally:
         torch.set_num_threads(threads)
     nodes = node_ms.double().numpy().reshape(len(gpus), len(graph.nodes))
+    clamped = model.beyond_range(torch.stack([r.context for r in rows]))
     return [
         GnnPrediction(node_ms=nodes[k], overhead_ms=float(overhead[k]),
-                      step_ms=float(overhead[k]) + float(nodes[k].sum()))
+                      step_ms=float(overhead[k]) + float(nodes[k].sum()), clamped=clamped[k])
         for k in range(len(gpus))
     ]  # fmt: skip
