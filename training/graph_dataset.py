@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -33,13 +33,14 @@ from boom_ml.trace.graph import OpGraph
 from data_collection.paths import repo_root
 from training.step_traces import GraphCache, TraceConfig, row_tf32, row_trace_config
 
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
+
 DEFAULT_SOURCES = ("cnn_step_times", "timm_train", "neusight_labels")
 # Sources we never train on, with the reason printed next to their count.
 SOURCE_REASONS = {"timm_infer": "timm_infer: forward-only inference benchmark, not a training step"}
 MULTI_VARIANTS = ("dataparallel", "dp4", "tp4", "pp4_1")
 COMPILED_VARIANTS = ("fusion", "dynamo")
-
-Data = pyg_types()[1]  # PyG's Data, imported without torch_geometric's jit warning
 
 
 def select_rows(steps: pd.DataFrame, cfg: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:
@@ -143,6 +144,7 @@ class StepGraphDataset:
     def as_data(self, i: int) -> Data:
         """Row ``i`` as one self-contained PyG graph (for inspection; training shares graphs)."""
         g, r = self.graphs[int(self.rows["graph"].iat[i])], self.inputs[i]
+        Data = pyg_types()[1]  # noqa: N806 (PyG's class; imported only when used)
         return Data(x=torch.cat([g.x, r.dynamic], 1), edge_index=g.edge_index,
                     edge_type=g.edge_type, u=r.context[None], y=torch.tensor([self.rows["target_ms"].iat[i]]))  # fmt: skip
 
