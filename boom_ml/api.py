@@ -27,6 +27,7 @@ from boom_ml.specs import (
     check_bool,
     check_choice,
     check_model_options,
+    check_model_syntax,
     check_number,
     max_batch_setting,
     search_max_batch,
@@ -96,6 +97,8 @@ def predict(
     config fields (``{"aux_logits": False}``, ``{"num_hidden_layers": 12}``).
     """
     check_bool("advice", advice)
+    check_model_syntax(model)  # the CLI's check: a type, a typo in the scheme, a file path
+    model = model.strip()
     cache = cache_setting(cache)
     for name, value in (("stack", stack), ("moe", moe), ("parallel", parallel),
                         ("cluster", cluster), ("finetune", finetune),

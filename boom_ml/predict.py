@@ -25,20 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from boom_ml import config_help
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
+from boom_ml.errors import BoomError, InvalidInputError, suggest
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
     ATTENTION_CHOICES,
-    MODEL_SCHEMES,
-    ModelSpec,
     StepSpec,
     cache_setting,
     check_bool,
     check_choice,
     check_model_options,
+    check_model_syntax,
     max_batch_setting,
 )
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
@@ -134,39 +133,6 @@ def check_group(key: str, value: Any, config_name: str = "predict") -> None:
         raise InvalidInputError(
             f"{key} takes keys ({children[0]}=..., ...), not a value: got {value!r}"
         )
-
-
-def check_model_syntax(text: Any) -> None:
-    """The model spec's form (``scheme:name``, a bare name, ``file:path.py:factory``).
-
-    Names are not looked up here: that needs the model libraries. A file model's path is
-    checked because a mistyped path is the common mistake and costs one ``stat``.
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise UnknownModelError("empty model name; e.g. model=torchvision:resnet50")
-    spec = ModelSpec(text.strip())
-    if spec.scheme is None:
-        head, sep, _ = spec.text.partition(":")
-        if sep and head.endswith(".py"):  # a factory file without its scheme
-            raise UnknownModelError(f"a model factory in a file is named file:{spec.text}")
-        # "C:\\path" or "org/name:x" are not schemes; "torchvison:resnet50" is a typo of one
-        if sep and head and "/" not in head and "." not in head:
-            raise UnknownModelError(
-                f"unknown model scheme {head!r} in {spec.text!r}{suggest(head, MODEL_SCHEMES)};"
-                f" use one of: {', '.join(MODEL_SCHEMES)}"
-            )
-        return
-    if not spec.name.strip():
-        raise UnknownModelError(f"{spec.text!r} names no model after the scheme")
-    if spec.scheme == "file":
-        path, sep, factory = spec.name.rpartition(":")
-        if not sep or not path or not factory or factory.endswith(".py"):
-            where = spec.name if spec.name.endswith(".py") else path or spec.name
-            raise UnknownModelError(
-                f"{spec.text} names no factory; write file:{where}:<function returning an nn.Module>"
-            )
-        if not Path(path).expanduser().is_file():
-            raise UnknownModelError(f"{spec.text}: no such file {path!r}")
 
 
 def validate(options: Mapping[str, Any]) -> dict[str, Any]:

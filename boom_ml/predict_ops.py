@@ -318,6 +318,8 @@ def run(cfg: Any) -> str | None:
     path = Path(str(o["input"])).expanduser()
     if not path.exists():
         raise InvalidInputError(f"input file not found: {path}")
+    if not path.is_file():
+        raise InvalidInputError(f"input {path}: not a file (a CSV with an op column)")
     try:
         # nullable dtypes: an integer column with empty cells stays integer in the output
         table = pd.read_csv(path, dtype_backend="numpy_nullable")
@@ -356,6 +358,12 @@ def main() -> None:
     except BoomError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
+    # gpu=l4,t4 as the list it means (Hydra reads a bare comma list as a sweep and stops
+    # with lines of "Ambiguous value"), so run() says in one line that one GPU is timed
+    sys.argv[1:] = [
+        f"gpu=[{arg[4:]}]" if arg.startswith("gpu=") and "," in arg and "[" not in arg else arg
+        for arg in sys.argv[1:]
+    ]
     import hydra
 
     @hydra.main(config_path=config_dir, config_name="predict_ops", version_base="1.3")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-from boom_ml.errors import InvalidInputError
+from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
 from boom_ml.trace.sdpa_select import check_group as check_sdpa_group
 
 OPTIMIZERS = (
@@ -55,6 +56,41 @@ class ModelSpec:
     @property
     def name(self) -> str:
         return self.text.partition(":")[2] if self.scheme else self.text
+
+
+def check_model_syntax(text: Any) -> None:
+    """The model spec's form (``scheme:name``, a bare name, ``file:path.py:factory``).
+
+    Names are not looked up here: that needs the model libraries. A file model's path is
+    checked because a mistyped path is the common mistake and costs one ``stat``.
+    """
+    if not isinstance(text, str):
+        raise UnknownModelError(f"model must be a name such as torchvision:resnet50, got {text!r}")
+    if not text.strip():
+        raise UnknownModelError("empty model name; e.g. model=torchvision:resnet50")
+    spec = ModelSpec(text.strip())
+    if spec.scheme is None:
+        head, sep, _ = spec.text.partition(":")
+        if sep and head.endswith(".py"):  # a factory file without its scheme
+            raise UnknownModelError(f"a model factory in a file is named file:{spec.text}")
+        # "C:\\path" or "org/name:x" are not schemes; "torchvison:resnet50" is a typo of one
+        if sep and head and "/" not in head and "." not in head:
+            raise UnknownModelError(
+                f"unknown model scheme {head!r} in {spec.text!r}{suggest(head, MODEL_SCHEMES)};"
+                f" use one of: {', '.join(MODEL_SCHEMES)}"
+            )
+        return
+    if not spec.name.strip():
+        raise UnknownModelError(f"{spec.text!r} names no model after the scheme")
+    if spec.scheme == "file":
+        path, sep, factory = spec.name.rpartition(":")
+        if not sep or not path or not factory or factory.endswith(".py"):
+            where = spec.name if spec.name.endswith(".py") else path or spec.name
+            raise UnknownModelError(
+                f"{spec.text} names no factory; write file:{where}:<function returning an nn.Module>"
+            )
+        if not Path(path).expanduser().is_file():
+            raise UnknownModelError(f"{spec.text}: no such file {path!r}")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ("cache=sometimes", "error: cache must be on or off, got 'sometimes'"),
         ("max_batch=maybe", "error: max_batch must be auto, on or off, got 'maybe'"),
         ("plot=/dev/null/plots", "error: cannot create plot directory '/dev/null/plots'"),
+        ("plot=", "error: plot= needs a directory (plot=figures, plot=. for this one)"),
         pytest.param(
             "stack.torch=1.2",
             "error: unknown stack.torch '1.2'; known releases: 1.12,",

@@ -92,6 +92,7 @@ def test_build_options_reach_the_rank_model() -> None:
         ({"parallel": 2}, "parallel must be a mapping of its options"),
         ({"finetune": "lora"}, "finetune must be a mapping of its options"),
         ({"plot": 5}, "plot must be a directory path"),
+        ({"plot": ""}, "plot= needs a directory"),  # Path("") was the working directory
     ],  # fmt: skip
 )
 def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
@@ -99,6 +100,20 @@ def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
 
     with pytest.raises(InvalidInputError) as err:
         boom_ml.predict("hf:gpt2", gpu="l4", **kwargs)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [(123, "model must be a name such as torchvision:resnet50, got 123"),
+     (None, "got None"), ("torchvison:resnet50", "(did you mean: torchvision?)")],
+)  # fmt: skip
+def test_the_api_checks_the_model_name_as_the_cli_does(model, words) -> None:
+    import boom_ml
+    from boom_ml.errors import UnknownModelError
+
+    with pytest.raises(UnknownModelError) as err:
+        boom_ml.predict(model, gpu="l4")
     assert words in str(err.value) and "\n" not in str(err.value)
 
 

@@ -262,3 +262,21 @@ def test_cli_keys_and_gpu_lists_are_one_line(tmp_path: Path) -> None:
     csv.write_text("op,B,M,N,K\nlinear,1,64,64,64\n")
     with pytest.raises(InvalidInputError, match="one GPU per call"):
         run({"input": str(csv), "gpu": ["l4", "t4"]})
+    with pytest.raises(InvalidInputError, match="not a file"):  # was pandas' IsADirectoryError
+        run({"input": str(tmp_path), "gpu": "l4"})
+
+
+def test_cli_comma_gpus_are_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """gpu=l4,t4 (predict's way to name two GPUs) is the one-GPU line, not Hydra's
+    five-line "Ambiguous value"."""
+    from boom_ml.predict_ops import main
+
+    csv = tmp_path / "ops.csv"
+    csv.write_text("op,B,M,N,K\nlinear,1,64,64,64\n")
+    monkeypatch.setattr("sys.argv", ["predict_ops", f"input={csv}", "gpu=l4,t4"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: predict_ops times the ops on one GPU per call: gpu=<id>, got ['l4', 't4']\n"
+    )

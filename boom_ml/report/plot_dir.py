@@ -12,6 +12,8 @@ def check_plot_path(directory: object) -> None:
     """``plot=`` names a directory: a path, not a number or a flag (the API takes any value)."""
     if not isinstance(directory, (str, os.PathLike)):
         raise InvalidInputError(f"plot must be a directory path, got {directory!r}")
+    if not str(os.fspath(directory)).strip():  # plot= alone: Path("") is the current folder
+        raise InvalidInputError("plot= needs a directory (plot=figures, plot=. for this one)")
 
 
 def check_plot_dir(directory: str | Path) -> Path:
