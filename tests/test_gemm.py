@@ -235,3 +235,16 @@ def test_held_out_coverage_calibrates_on_the_other_gpus_only() -> None:
     assert c["coverage %"] == 50.0 and c["fp32 bmm/linear coverage %"] == 50.0  # -5 out, 0 in
     assert np.exp(-1.0) <= c["p10"] < 1.0 < c["p90"] <= np.exp(1.0)
     assert table.loc["a", "coverage %"] == 100.0  # zeros sit inside any interval around 0
+
+
+def test_the_p10_is_floored_at_the_plain_roofline_too() -> None:
+    """8192^3 fp32 on an A100-80GB SXM: at least 2 * 8192^3 / 19.5e12 s = 56.39 ms (+ the
+    launch); p10 was the prediction x 0.77 (46.7 ms, 121 % of the peak)."""
+    rows = pd.DataFrame({"op": ["mm", "mm"], "b": [1, 1], "m": [8192] * 2, "n": [8192] * 2,
+                         "k": [8192] * 2, "dtype": ["float32", "float16"]})  # fmt: skip
+    gpu = get_gpu("a100-80gb-sxm")
+    pred = GemmModel.load(PACKAGED_DIR).predict_rows(rows, gpu)
+    floor = 2 * 8192**3 / np.array([19.5e12, 312e12]) * 1e3 + 0.005
+    assert (pred["p10_ms"].to_numpy() >= floor - 1e-9).all()
+    assert pred["p10_ms"].iloc[0] == pytest.approx(floor[0], rel=1e-9)  # the floor binds
+    assert (pred["p10_ms"] <= pred["pred_ms"]).all()

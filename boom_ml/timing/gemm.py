@@ -252,9 +252,12 @@ class GemmModel:
     def predict_rows(
         self, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec
     ) -> pd.DataFrame:
-        """``pred_ms``, ``p10_ms``, ``p90_ms`` for canonical GEMM rows."""
-        ms = self.predict_ms(gemm_features(rows, gpus))
-        return pd.DataFrame({"pred_ms": ms, "p10_ms": ms * np.exp(min(self.interval["p10"], 0.0)),
+        """``pred_ms``, ``p10_ms``, ``p90_ms`` for canonical GEMM rows. The p10 is floored
+        at the plain roofline too, as the prediction is: no kernel runs above the peak."""
+        feats = gemm_features(rows, gpus)
+        ms = self.predict_ms(feats)
+        p10 = np.maximum(ms * np.exp(min(self.interval["p10"], 0.0)), feats["bound_ms"].to_numpy())
+        return pd.DataFrame({"pred_ms": ms, "p10_ms": p10,
                              "p90_ms": ms * np.exp(max(self.interval["p90"], 0.0))})  # fmt: skip
 
     def save(self, folder: str | Path) -> Path:
