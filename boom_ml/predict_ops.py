@@ -16,16 +16,28 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 - embedding: ``rows`` (lookups) and ``cols`` (embedding dim).
 - attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``).
 
-The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` (``per-op``: a
-learned head; ``gemm-tiles``: the tile/wave GEMM model; ``roofline-calibrated``: no head
-covers the op; ``empty``: the output has no elements, so nothing runs and the time is 0) and
-``basis`` (``measured``, ``architecture measured`` or ``architecture not measured``: whether the
-GPU, or its architecture, has kernel rows in the model's training data; empty for a model that
-does not record them). A GEMM with ``N`` 0 (nothing to sum over) only zero-fills its output, so
-it is timed as a ``fill`` of ``B*M*K`` elements. Other ops are ``empty`` only forward (a
-backward can fill a gradient that has elements). A ``latency_ms`` column, if given, is passed
-through (handy to score the predictions). bf16 matrix rows on a GPU without bf16 tensor cores
-(before Ampere) are timed at its fp32 rate, and a note on stderr says so.
+The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` and ``basis``.
+``method``: ``per-op`` (a learned head), ``gemm-tiles`` (the tile/wave GEMM model),
+``elementwise-head (bandwidth curve)`` (a ``fill``: a stream that writes and reads nothing,
+timed as a step times it), ``roofline-calibrated (proxy: X)`` (no head covers the op, e.g.
+``sdpa``: its roofline scaled by head X's calibration) or ``empty`` (the output has no
+elements, so nothing runs and the time is 0). ``basis``: ``measured``, ``architecture
+measured`` or ``architecture not measured`` (whether the GPU, or its architecture, has kernel
+rows in the model's training data; empty for a model that does not record them).
+
+A GEMM row is one GEMM kernel, forward or backward alike: a linear layer's backward is two
+GEMMs (input and weight gradients), each a row of its own shape. A GEMM with ``N`` 0 (nothing
+to sum over) only zero-fills its output, so it is timed as a ``fill`` of ``B*M*K`` elements.
+Other ops are ``empty`` only forward (a backward can fill a gradient that has elements).
+``numel`` given with ``rows`` and ``cols`` must be their product. A ``latency_ms`` column, if
+given, is passed through (handy to score the predictions). bf16 matrix rows on a GPU without
+bf16 tensor cores (before Ampere) are timed at its fp32 rate, and a note on stderr says so.
+
+Intervals are the heads' own quantiles, clipped to the prediction, so a side can have zero
+width (``p90_ms`` = ``pred_ms``). Tiny elementwise kernels: the fp32 rows the head learned
+from are NeuSight's (CUDA events around the op: the launch gap is in them), the fp16/bf16
+rows Vidur's (profiled kernel time alone), so a 4,096-element fp16 ``add`` comes out about
+9x faster than the fp32 one (`../shared/data/*/SOURCE.md`).
 """
 
 from __future__ import annotations
@@ -117,6 +129,11 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
                 raise InvalidInputError(
                     f"{where}: column {col} must hold non-negative whole numbers"
                 )
+            if (num >= 2.0**63).any():  # torch sizes are int64
+                raise InvalidInputError(
+                    f"{where}: column {col} holds {num.max():g}: no tensor dimension exceeds "
+                    "2^63 - 1 (torch sizes are int64)"
+                )
             df[col] = num
     rowlike = fam.isin(["norm", "softmax", "embedding", "elementwise"])
     if "b" in df.columns and "h" in df.columns:  # NeuSight's vector ops: a (B, H) tensor
@@ -125,7 +142,15 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
             df[dst] = cur.where(~rowlike | cur.notna(), df[src])
     if {"rows", "cols"} <= set(df.columns):
         numel = df["numel"] if "numel" in df.columns else pd.Series(np.nan, index=df.index)
-        df["numel"] = numel.fillna(df["rows"] * df["cols"])
+        product = df["rows"] * df["cols"]
+        clash = (numel.notna() & product.notna() & (numel != product)).to_numpy()
+        if clash.any():
+            k = int(np.flatnonzero(clash)[0])
+            raise InvalidInputError(
+                f"{where}: row {k + 1} gives numel {numel.iat[k]:g} but rows x cols "
+                f"{product.iat[k]:g}; give one of them"
+            )
+        df["numel"] = numel.fillna(product)
     if "numel" in df.columns and rowlike.any():
         for col in ("rows", "cols"):
             if col not in df.columns:
@@ -255,6 +280,27 @@ def as_fill(rows: pd.DataFrame, empty: np.ndarray) -> tuple[pd.DataFrame, np.nda
     return rows, sel
 
 
+def fills_as_streams(rows: pd.DataFrame) -> pd.DataFrame:
+    """``fill`` rows as the step path times a fill (timing/bandwidth.py): a stream that writes
+    its elements and reads nothing, as the elementwise row moving the same bytes. The
+    table's arity (one tensor read) had timed a fill as a copy of the same size."""
+    sel = (rows["op"] == "fill").to_numpy()
+    if not sel.any():
+        return rows
+    from boom_ml.timing.bandwidth import Stream, width
+
+    rows = rows.copy()
+    if "bytes" not in rows.columns:
+        rows["bytes"] = np.nan
+    for i in np.flatnonzero(sel):
+        n, dtype = int(rows["numel"].iat[i]), str(rows["dtype"].iat[i])
+        row = Stream("fill", 0.0, float(n * width(dtype)), n, dtype, False).row()
+        for col in ("numel", "cols", "bytes"):
+            rows.iloc[i, rows.columns.get_loc(col)] = float(row[col])
+        rows.iloc[i, rows.columns.get_loc("rows")] = 1.0
+    return rows
+
+
 def predict_ops(
     table: pd.DataFrame, gpu: str, model: str | None = None, where: str = "input"
 ) -> pd.DataFrame:
@@ -266,11 +312,15 @@ def predict_ops(
     rows = canonical_rows(table.astype(object).where(table.notna(), np.nan), where)
     empty = empty_rows(rows)
     rows, fill = as_fill(rows, empty)
+    rows = fills_as_streams(rows)
     pred = pd.DataFrame({c: 0.0 for c in TIME_COLUMNS} | {"method": EMPTY}, index=rows.index)
     if not empty.all():
         timed = predict_canonical(rows[~empty], gpu, model)
         for col in OUTPUT_COLUMNS:
             pred.loc[~empty, col] = timed[col].to_numpy()
+        from boom_ml.timing.bandwidth import METHOD as STREAM
+
+        pred.loc[(rows["op"] == "fill").to_numpy() & ~empty, "method"] = STREAM  # as in a step
         pred.loc[fill, "method"] += " (fill: N is 0)"
     out = table.copy()
     for col in OUTPUT_COLUMNS:

@@ -280,3 +280,36 @@ def test_cli_comma_gpus_are_one_line(tmp_path: Path, monkeypatch, capsys) -> Non
     assert capsys.readouterr().err == (
         "error: predict_ops times the ops on one GPU per call: gpu=<id>, got ['l4', 't4']\n"
     )
+
+
+def test_a_fill_is_timed_as_the_step_times_it() -> None:
+    """A fill writes N elements and reads none: predict_ops gives the step path's time of a
+    traced ``fill_`` over N (timing/bandwidth.py), not a copy's (which reads N too)."""
+    import json
+
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.bandwidth import METHOD
+    from boom_ml.timing.per_op import predict_nodes
+    from boom_ml.trace.graph import NODE_COLUMNS
+
+    n = 16_777_216
+    node = {"id": 0, "aten_op": "aten.fill_.Scalar", "op": "fill_", "family": "fill",
+            "phase": "backward", "module": "", "input_shapes": json.dumps([[n]]),
+            "input_dtypes": json.dumps(["float32"]), "output_shapes": json.dumps([[n]]),
+            "output_dtypes": json.dumps(["float32"]), "flops": 0,
+            "bytes_read": 4 * n, "bytes_written": 4 * n}  # fmt: skip
+    nodes = pd.DataFrame([node], columns=list(NODE_COLUMNS)).astype(NODE_COLUMNS)
+    in_step = predict_nodes(nodes, get_gpu("l4"))
+    out = predict_ops(pd.DataFrame({"op": ["fill", "copy"], "numel": [n, n]}), "l4")
+    assert out["pred_ms"].iloc[0] == pytest.approx(float(in_step["ms"][0]), abs=1e-6)
+    assert out["method"].iloc[0] == METHOD == in_step["method"][0]
+    assert out["pred_ms"].iloc[0] < out["pred_ms"].iloc[1]  # half the bytes of the copy
+
+
+def test_inconsistent_or_impossible_sizes_are_refused() -> None:
+    with pytest.raises(InvalidInputError, match="row 1 gives numel 50 but rows x cols 100"):
+        canonical_rows(
+            pd.DataFrame({"op": ["rms_norm"], "rows": [10], "cols": [10], "numel": [50]})
+        )
+    with pytest.raises(InvalidInputError, match="column m holds 1e\\+30: no tensor dimension"):
+        canonical_rows(pd.DataFrame({"op": ["mm"], "B": [1], "M": [1e30], "N": [8], "K": [8]}))
