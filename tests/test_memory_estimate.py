@@ -315,3 +315,25 @@ def test_a_buffer_replaced_in_forward_is_one_line(tmp_path) -> None:
         boom_ml.predict(model=model, gpu="l4", batch_size=2)
     assert isinstance(err.value, BlockIdError) and "\n" not in str(err.value)
     assert str(err.value).endswith("update it in place (self.x.mul_(...), .copy_(...))")
+
+
+def test_max_batch_finds_a_fit_above_the_first_failure() -> None:
+    """vgg16 with Adam on an A100-40GB: 470 is tight (its p90 replay runs out), 477 and 485
+    fit; the bisection stopped at 469. The answer is now the largest batch below the
+    allocated-peak bound that fits: every batch between it and the bound fails."""
+    from boom_ml.zoo import build_model
+
+    def trace_at(b: int) -> OpGraph:
+        return trace_step(
+            build_model("torchvision:vgg16"), StepSpec(batch_size=b, optimizer="adam")
+        )
+
+    gpu = get_gpu("a100-40gb-sxm")
+    base = trace_at(128)
+    found = max_batch_size(base, gpu, trace_at=trace_at)
+    search = BatchSearch(base, 128, trace_at)
+    assert found.scaled and found.batch_size >= 485
+    assert search.fits(found.batch_size, gpu) and not search.fits(470, gpu)
+    bound = search._allocated_bound(gpu)
+    assert bound is not None
+    assert not any(search.fits(b, gpu) for b in range(found.batch_size + 1, bound + 1))
