@@ -97,6 +97,9 @@ class GpuPrediction:
     memory: MemoryEstimate
     time: TimeEstimate | None  # None only for advisor candidates that do not fit
     price_usd_per_hour: float | None = None
+    # why the stack's PyTorch wheels have no kernels for this GPU (stack_archs.csv), and the
+    # CUDA variants of that torch release that do: predicted as if it ran
+    stack_missing: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -117,6 +120,7 @@ class GpuPrediction:
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict() if self.time is not None else None,
             "price_usd_per_hour": self.price_usd_per_hour,
+            "stack_missing": self.stack_missing,
         }
 
 

@@ -20,7 +20,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec
-from boom_ml.stack import Stack, resolve_stack
+from boom_ml.stack import Stack, resolve_stack, stack_missing
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
@@ -230,6 +230,7 @@ class Session:
                     memory=memory,
                     time=None if time is None else accumulated(time, step.grad_accum),
                     price_usd_per_hour=spec.price_usd_per_hour,
+                    stack_missing=stack_missing(stack, spec),
                 )
             )
         return results

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -217,6 +217,60 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
         expandable_segments=expandable,
         max_split_size_mb=split,
         source=row.source,
+    )
+
+
+ARCHS_PATH = Path(__file__).with_name("stack_archs.csv")
+
+
+@cache
+def _missing_rows() -> tuple[dict[str, str], ...]:
+    with ARCHS_PATH.open(newline="") as fh:
+        return tuple(csv.DictReader(line for line in fh if not line.startswith("#")))
+
+
+def kernels_missing(stack: Stack, sm_version: int) -> str | None:
+    """Why PyTorch's wheels of ``stack`` carry no kernels for a GPU of ``sm_version``
+    (``stack_archs.csv``), or None when they do."""
+
+    def within(value: str, low: str, high: str) -> bool:
+        v = version_tuple(value)
+        return (not low or v >= version_tuple(low)) and (not high or v <= version_tuple(high))
+
+    for row in _missing_rows():
+        if (
+            int(row["sm_from"]) <= sm_version <= int(row["sm_to"])
+            and within(stack.cuda, row["cuda_from"], row["cuda_to"])
+            and within(stack.torch, row["torch_from"], row["torch_to"])
+        ):
+            return row["why"]
+    return None
+
+
+def running_variants(stack: Stack, sm_version: int) -> list[str]:
+    """The CUDA variants of ``stack``'s torch release whose wheels do run on ``sm_version``."""
+    return [
+        r.cuda
+        for r in load_stacks()
+        if r.torch == stack.torch
+        and kernels_missing(replace(stack, cuda=r.cuda), sm_version) is None
+    ]
+
+
+def stack_missing(stack: Stack, gpu: Any) -> str | None:
+    """The note for a GPU (a GpuSpec) that ``stack``'s wheels cannot run on, else None."""
+    why = kernels_missing(stack, gpu.sm_version)
+    if why is None:
+        return None
+    others = running_variants(stack, gpu.sm_version)
+    fix = (
+        f"; torch {stack.torch} with CUDA {' or '.join(others)} runs there (stack.cuda={others[0]})"
+        if others
+        else ""
+    )
+    return (
+        f"torch {stack.torch} + CUDA {stack.cuda} has no kernels for {gpu.id} "
+        f"({why}), predicted as if it ran{fix}"
     )
 
 

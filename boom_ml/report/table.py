@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
+from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction, usd_text
 from boom_ml.report.advisor import Advice, nothing_fits
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
@@ -176,6 +176,15 @@ def methods_line(memory: str, time: str) -> str:
     if m_note and m_note == t_note:
         return f"Memory: {m_name}; time: {t_name}; both ({m_note}"
     return f"Memory: {memory}; time: {time}"
+
+
+def stack_missing_lines(gpus: list[GpuPrediction]) -> list[str]:
+    """One note per reason the stack cannot run on some GPUs, naming them all."""
+    by_text: dict[str, list[str]] = {}
+    for g in gpus:
+        if g.stack_missing:
+            by_text.setdefault(g.stack_missing.replace(g.gpu, "{gpus}", 1), []).append(g.gpu)
+    return [f"Note: {text.replace('{gpus}', ', '.join(ids))}." for text, ids in by_text.items()]
 
 
 def basis_line(bases: list[tuple[str, str | None]]) -> str:
@@ -357,6 +366,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         )
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
+    for line in stack_missing_lines(prediction.gpus):
+        console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
         console.print(basis, highlight=False, soft_wrap=True)

@@ -1,0 +1,51 @@
+"""Stacks whose PyTorch wheels carry no kernels for a GPU (boom_ml/stack_archs.csv): the
+rows' cases, the variants that do run, and the one note per reason the table prints."""
+
+from __future__ import annotations
+
+import pytest
+
+from boom_ml.gpus import get_gpu
+from boom_ml.stack import kernels_missing, resolve_stack, running_variants, stack_missing
+
+
+@pytest.mark.parametrize(
+    ("stack", "sm", "words"),
+    [({}, 70, "CUDA 13 targets Turing (sm_75) and newer"),  # the default: 2.14 + CUDA 13.0
+     ({}, 75, None),
+     ({"torch": "1.12"}, 90, "before 11.8 compile for sm_86 at most"),
+     ({"torch": "2.0", "cuda": "11.8"}, 90, None),
+     ({"torch": "2.6", "cuda": "12.6"}, 100, "Blackwell needs CUDA 12.8"),
+     ({"torch": "2.8", "cuda": "12.8"}, 61, "dropped Maxwell and Pascal from 2.8"),
+     ({"torch": "2.7", "cuda": "12.8"}, 61, None),
+     ({"torch": "2.11", "cuda": "12.8"}, 70, "dropped Volta from 2.11"),
+     ({"torch": "2.10", "cuda": "12.8"}, 70, None)],
+)  # fmt: skip
+def test_which_stacks_have_no_kernels_for_an_architecture(stack, sm, words) -> None:
+    why = kernels_missing(resolve_stack(stack), sm)
+    assert why == words if words is None else words in why
+
+
+def test_the_variants_that_run_and_the_note() -> None:
+    default = resolve_stack({})
+    assert (default.torch, default.cuda) == ("2.14", "13.0")
+    assert running_variants(default, 70) == ["12.6"]
+    assert running_variants(resolve_stack({"torch": "1.12"}), 90) == []
+    assert stack_missing(default, get_gpu("t4")) is None
+    assert stack_missing(default, get_gpu("v100-sxm2-32gb")) == (
+        "torch 2.14 + CUDA 13.0 has no kernels for v100-sxm2-32gb (CUDA 13 targets Turing "
+        "(sm_75) and newer), predicted as if it ran; torch 2.14 with CUDA 12.6 runs there "
+        "(stack.cuda=12.6)"
+    )
+
+
+def test_the_table_names_the_gpus_of_one_reason_once() -> None:
+    import boom_ml
+    from boom_ml.report.table import stack_missing_lines
+
+    p = boom_ml.predict("torchvision:resnet18", gpu=["p100-pcie-16gb", "t4", "v100-sxm2-32gb"],
+                        batch_size=2, image_size=32, advice=False, max_batch="off")  # fmt: skip
+    assert [g.to_dict()["stack_missing"] is None for g in p.gpus] == [False, True, False]
+    (line,) = stack_missing_lines(p.gpus)
+    assert line.startswith("Note: torch 2.14 + CUDA 13.0 has no kernels for p100-pcie-16gb, "
+                           "v100-sxm2-32gb (CUDA 13")  # fmt: skip
