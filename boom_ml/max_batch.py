@@ -34,8 +34,8 @@ LEVEL = "p90"  # the search answers "fits" only where the upper bound fits
 STRUCTURE = ("action", "block", "category", "phase", "node_id")
 MAX_BATCH = 1 << 16
 # Strides of the top-down scan past the bisection's first failure (_past_failures): at most
-# this many probes, plus one stride's batches where a fit is found.
-SCAN = 32
+# this many probes, plus a bisection of the stride above the first batch that fits.
+SCAN = 8
 
 TraceFn = Callable[[int], OpGraph]
 
@@ -291,8 +291,8 @@ class BatchSearch:
         p90 terms that grow with the batch can make batch b fail where b + 8 fits (vgg16,
         Adam, A100-40GB: 470 tight, 477 and 485 fit; the bisection said 469). Past the
         allocated-peak bound (``end``) nothing fits, so the batches below it are probed
-        from the top down, at most ``SCAN`` strides, and the stride that first fits is
-        probed batch by batch (a probe is one capped replay of scaled events, ~15 ms).
+        from the top down in at most ``SCAN`` strides, and the stride above the first that
+        fits is bisected (a probe is one capped replay of scaled events, 15-60 ms).
         """
 
         def fits(b: int) -> bool:
@@ -300,11 +300,12 @@ class BatchSearch:
                 probes[b] = self.fits(b, gpu)
             return probes[b]
 
-        stride = max(1, (end - 1 - hi) // SCAN)
+        stride = max(1, -(-(end - 1 - hi) // SCAN))  # ceil: at most SCAN probes
         for top in range(end - 1, hi, -stride):
             if fits(top):
-                above = [b for b in range(top + 1, min(top + stride, end)) if fits(b)]
-                return max([top, *above])
+                if top + stride >= end:
+                    return top
+                return self._bisect(top, top + stride, gpu, probes)[0]
         return lo
 
     def _allocated_bound(self, gpu: GpuSpec) -> int | None:
