@@ -32,7 +32,7 @@ from boom_ml.specs import (
     max_batch_setting,
     search_max_batch,
 )
-from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack
+from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
 
 __all__ = ["Session", "finetune_fields", "predict"]
 
@@ -307,6 +307,8 @@ def _predict_parallel(
 
     with nullcontext() if cache else scratch_cache():
         out = predict_parallel(model, gpus, step, layout, nodes, stack=stack, options=options)
+        for spec, entry in zip(gpus, out, strict=True):
+            entry["stack_missing"] = stack_missing(stack, spec)
         layout_advice = {}
         failing = [g for g, entry in zip(gpus, out, strict=True) if not entry.get("fits", True)]
         if advice and failing:

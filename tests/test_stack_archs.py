@@ -46,6 +46,16 @@ def test_the_table_names_the_gpus_of_one_reason_once() -> None:
     p = boom_ml.predict("torchvision:resnet18", gpu=["p100-pcie-16gb", "t4", "v100-sxm2-32gb"],
                         batch_size=2, image_size=32, advice=False, max_batch="off")  # fmt: skip
     assert [g.to_dict()["stack_missing"] is None for g in p.gpus] == [False, True, False]
-    (line,) = stack_missing_lines(p.gpus)
+    (line,) = stack_missing_lines([(g.gpu, g.stack_missing) for g in p.gpus])
     assert line.startswith("Note: torch 2.14 + CUDA 13.0 has no kernels for p100-pcie-16gb, "
                            "v100-sxm2-32gb (CUDA 13")  # fmt: skip
+
+
+def test_a_layout_on_such_a_gpu_says_so_too() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    p = boom_ml.predict("hf:gpt2", gpu=["v100-sxm2-32gb", "t4"], batch_size=2, seq_len=64,
+                        parallel={"dp": 2}, advice=False)  # fmt: skip
+    assert [e["stack_missing"] is None for e in p.parallel] == [False, True]
+    assert "Note: torch 2.14 + CUDA 13.0 has no kernels for v100-sxm2-32gb (" in render_table(p)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import GpuPrediction, MemoryEstimate, Prediction, usd_text
+from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
 from boom_ml.report.advisor import Advice, nothing_fits
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
@@ -178,12 +178,13 @@ def methods_line(memory: str, time: str) -> str:
     return f"Memory: {memory}; time: {time}"
 
 
-def stack_missing_lines(gpus: list[GpuPrediction]) -> list[str]:
-    """One note per reason the stack cannot run on some GPUs, naming them all."""
+def stack_missing_lines(notes: list[tuple[str, str | None]]) -> list[str]:
+    """One note per reason the stack cannot run on some GPUs ((gpu id, note) pairs), naming
+    them all."""
     by_text: dict[str, list[str]] = {}
-    for g in gpus:
-        if g.stack_missing:
-            by_text.setdefault(g.stack_missing.replace(g.gpu, "{gpus}", 1), []).append(g.gpu)
+    for gpu, note in notes:
+        if note:
+            by_text.setdefault(note.replace(gpu, "{gpus}", 1), []).append(gpu)
     return [f"Note: {text.replace('{gpus}', ', '.join(ids))}." for text, ids in by_text.items()]
 
 
@@ -314,6 +315,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(parallel_table(prediction))
         lines = collective_lines(prediction)
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
+        lines += stack_missing_lines(
+            [(g["gpu"], g.get("stack_missing")) for g in prediction.parallel]
+        )
         asked = _layout_name(prediction.parallel[0]["parallel"])
         for gpu, found in prediction.layout_advice.items():
             lines += [f"{gpu}: {asked} does not fit", *layout_lines(found)]
@@ -366,7 +370,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         )
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
-    for line in stack_missing_lines(prediction.gpus):
+    for line in stack_missing_lines([(g.gpu, g.stack_missing) for g in prediction.gpus]):
         console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     if basis:
