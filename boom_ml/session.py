@@ -19,7 +19,7 @@ from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
-from boom_ml.specs import ModelSpec, StepSpec
+from boom_ml.specs import ModelSpec, StepSpec, check_model_syntax
 from boom_ml.stack import Stack, resolve_stack, stack_missing
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
@@ -41,7 +41,8 @@ class Session:
     def __init__(
         self, model: str, cache: bool = True, options: dict[str, Any] | None = None
     ) -> None:
-        self.model = ModelSpec(model, dict(options or {}))
+        check_model_syntax(model)  # Session is public: the CLI's and api.predict's check
+        self.model = ModelSpec(model.strip(), dict(options or {}))
         # The model is built on the first cache miss (an unknown model fails there, before
         # any trace): a graph from the on-disk cache needs no model library at all.
         self._cache = TraceCache() if cache else None

@@ -394,3 +394,26 @@ def test_gpus_beyond_the_spec_range_are_named_in_explain(monkeypatch) -> None:
     )
     text = "\n".join(explain_lines(GpuPrediction("h100-sxm", "H100", memory, est)))
     assert "the GNN read this GPU's FP32 TFLOPS, matrix peak, memory bandwidth" in text
+
+
+def test_a_gpu_without_an_l2_figure_is_named_once_and_a_blind_model_names_nothing() -> None:
+    """The A30 has no L2 figure in the GPU table (L2 0 and the flag set, which no training
+    GPU had): one "L2 cache (no figure)", not two columns; a model that does not read the
+    spec columns (spec_context=false) reads none of them at an edge."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    t4, a30 = get_gpu("t4"), get_gpu("a30")
+    assert a30.l2_cache_mb is None
+    per_op = np.full(len(graph.nodes), 0.05)
+    spec = gnn_features.gpu_context(graph, t4, None, per_op)[: gnn_features.N_SPEC]
+    contexts = torch.stack([
+        torch.from_numpy(gnn_features.gpu_context(graph, g, None, per_op)) for g in (t4, a30)])  # fmt: skip
+    flag = gnn_features.SPEC_NAMES.index("no L2 figure")
+    low, high = spec - 10, spec + 10  # every figure inside; the flag 0, as in training
+    low[flag] = high[flag] = 0.0
+    wide = [low.tolist(), high.tolist()]
+    seen = gnn_model.StepGNN(hidden=16, layers=2, spec_range=wide)
+    assert seen.beyond_range(contexts) == [[], ["L2 cache (no figure)"]]
+    blind = gnn_model.StepGNN(
+        hidden=16, layers=2, spec_context=False, spec_range=[spec.tolist()] * 2
+    )
+    assert blind.beyond_range(contexts) == [[], []]

@@ -3,6 +3,8 @@ made for one GPU are refused in one line, and no collective is exposed beyond it
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from boom_ml.errors import InvalidInputError
@@ -115,6 +117,8 @@ def test_the_api_checks_the_model_name_as_the_cli_does(model, words) -> None:
     with pytest.raises(UnknownModelError) as err:
         boom_ml.predict(model, gpu="l4")
     assert words in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UnknownModelError, match=re.escape(words)):
+        boom_ml.Session(model)  # public too
 
 
 def _fake_parallel(record: dict):

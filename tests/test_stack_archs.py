@@ -14,6 +14,7 @@ from boom_ml.stack import kernels_missing, resolve_stack, running_variants, stac
     [({}, 70, "CUDA 13 targets Turing (sm_75) and newer"),  # the default: 2.14 + CUDA 13.0
      ({}, 75, None),
      ({"torch": "1.12"}, 90, "before 11.8 compile for sm_86 at most"),
+     ({"torch": "1.12"}, 89, None),  # Ada runs the sm_86 code (same major, higher minor)
      ({"torch": "2.0", "cuda": "11.8"}, 90, None),
      ({"torch": "2.6", "cuda": "12.6"}, 100, "Blackwell needs CUDA 12.8"),
      ({"torch": "2.8", "cuda": "12.8"}, 61, "dropped Maxwell and Pascal from 2.8"),

@@ -343,3 +343,16 @@ def test_a_compiled_model_is_traced_as_its_eager_module_with_a_note(tmp_path) ->
     for key in ("num_ops", "flops", "num_parameters"):
         assert wrapped.graph[key] == plain.graph[key]
     assert wrapped.graph["num_parameters"] == 8 * 16 + 16 + 16 * 4 + 4
+
+
+def test_a_compiled_child_used_twice_is_unwrapped_in_both_places() -> None:
+    """named_children() lists a shared child once; its second place kept the wrapper."""
+    import torch
+    from torch import nn
+
+    from boom_ml.zoo.common import uncompiled
+
+    shared = torch.compile(nn.Linear(4, 4))
+    model, count = uncompiled(nn.Sequential(shared, nn.ReLU(), shared))
+    assert [type(m).__name__ for m in model] == ["Linear", "ReLU", "Linear"]
+    assert model[0] is model[2] and count == 2

@@ -103,7 +103,9 @@ def uncompiled(module: nn.Module) -> tuple[nn.Module, int]:
     while isinstance(module, OptimizedModule):
         module, count = module._orig_mod, count + 1
     for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
+        # _modules, not named_children(): a child used twice (a shared block) is listed once
+        # there, and its second place would keep the wrapper
+        for name, child in list(parent._modules.items()):
             inner = child
             while isinstance(inner, OptimizedModule):
                 inner, count = inner._orig_mod, count + 1
