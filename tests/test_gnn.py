@@ -396,24 +396,42 @@ def test_gpus_beyond_the_spec_range_are_named_in_explain(monkeypatch) -> None:
     assert "the GNN read this GPU's FP32 TFLOPS, matrix peak, memory bandwidth" in text
 
 
-def test_a_gpu_without_an_l2_figure_is_named_once_and_a_blind_model_names_nothing() -> None:
-    """The A30 has no L2 figure in the GPU table (L2 0 and the flag set, which no training
-    GPU had): one "L2 cache (no figure)", not two columns; a model that does not read the
-    spec columns (spec_context=false) reads none of them at an edge."""
+def test_a_gpu_without_an_l2_figure_reads_its_architectures_median() -> None:
+    """The A30 has no L2 figure in the GPU table: the GNN reads the median L2 of the Ampere
+    GPUs that give one, as the per-op features do (read as 0 and clamped, a missing figure
+    made an L40 9 % faster than itself with its 96 MB), and does not name the flag as read at
+    an edge; a model that does not read the spec columns (spec_context=false) names none."""
+    from boom_ml.timing.features import spec_medians
+
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
     t4, a30 = get_gpu("t4"), get_gpu("a30")
     assert a30.l2_cache_mb is None
     per_op = np.full(len(graph.nodes), 0.05)
+    l2 = gnn_features.SPEC_NAMES.index("L2 cache")
+    context = gnn_features.gpu_context(graph, a30, None, per_op)
+    assert context[l2] == pytest.approx(spec_medians("ampere")["l2_cache_mb"] / 40)
+    assert context[l2 + 1] == 1.0  # the flag still says the figure was missing
     spec = gnn_features.gpu_context(graph, t4, None, per_op)[: gnn_features.N_SPEC]
-    contexts = torch.stack([
-        torch.from_numpy(gnn_features.gpu_context(graph, g, None, per_op)) for g in (t4, a30)])  # fmt: skip
-    flag = gnn_features.SPEC_NAMES.index("no L2 figure")
+    contexts = torch.stack([torch.from_numpy(gnn_features.gpu_context(graph, g, None, per_op))
+                            for g in (t4, a30)])  # fmt: skip
     low, high = spec - 10, spec + 10  # every figure inside; the flag 0, as in training
-    low[flag] = high[flag] = 0.0
-    wide = [low.tolist(), high.tolist()]
-    seen = gnn_model.StepGNN(hidden=16, layers=2, spec_range=wide)
-    assert seen.beyond_range(contexts) == [[], ["L2 cache (no figure)"]]
+    low[l2 + 1] = high[l2 + 1] = 0.0
+    seen = gnn_model.StepGNN(hidden=16, layers=2, spec_range=[low.tolist(), high.tolist()])
+    assert seen.beyond_range(contexts) == [[], []]
     blind = gnn_model.StepGNN(
         hidden=16, layers=2, spec_context=False, spec_range=[spec.tolist()] * 2
     )
-    assert blind.beyond_range(contexts) == [[], []]
+    assert blind.beyond_range(contexts + 5) == [[], []]
+
+
+def test_the_time_figure_has_a_bar_for_the_gnn_overhead() -> None:
+    """plot= drew the families only: 3.9 ms of a 9.1 ms GNN step (its overhead) was nowhere."""
+    from boom_ml.estimates import TimeEstimate
+    from boom_ml.report.time_plots import family_bars
+
+    t = TimeEstimate(step_ms=9.0, method="gnn", by_family={"gemm": 4.0, "elementwise": 1.0},
+                     overhead_ms=4.0)  # fmt: skip
+    assert family_bars(t) == [("gemm", 4.0), ("elementwise", 1.0), ("GNN overhead (no op)", 4.0)]
+    assert family_bars(t, grad_accum=2)[-1] == ("GNN overhead (no op)", 2.0)
+    assert family_bars(TimeEstimate(step_ms=5.0, method="per-op", by_family={"gemm": 5.0})) == [
+        ("gemm", 5.0)]  # fmt: skip

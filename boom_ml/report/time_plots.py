@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers and laptops alike
 import matplotlib.pyplot as plt  # noqa: E402
 
-from boom_ml.estimates import GpuPrediction, Prediction, usd_text  # noqa: E402
+from boom_ml.estimates import GpuPrediction, Prediction, TimeEstimate, usd_text  # noqa: E402
 
 
 def _barh(ax, labels: list[str], values: list[float], xlabel: str) -> None:
@@ -29,7 +29,7 @@ def plot_time_breakdown(result: GpuPrediction, path: Path, title: str, grad_accu
         "ms per step" if grad_accum == 1 else f"ms per micro-batch (x{grad_accum}; optimizer once)"
     )
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    families = sorted(t.by_family.items(), key=lambda kv: -kv[1])[:10]
+    families = family_bars(t, grad_accum)
     _barh(left, [k for k, _ in families], [v for _, v in families], unit)
     left.set_title("by op family")
     modules = (t.top_module_groups or t.top_modules)[:10]
@@ -44,6 +44,15 @@ def plot_time_breakdown(result: GpuPrediction, path: Path, title: str, grad_accu
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def family_bars(t: TimeEstimate, grad_accum: int = 1) -> list[tuple[str, float]]:
+    """The by-family panel's bars: the top 10 families, then the GNN's per-step overhead (in
+    ``step_ms``, in no op family or module; one micro-batch's share under accumulation)."""
+    bars = sorted(t.by_family.items(), key=lambda kv: -kv[1])[:10]
+    if t.overhead_ms:
+        bars.append(("GNN overhead (no op)", t.overhead_ms / grad_accum))
+    return bars
 
 
 def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:

@@ -108,20 +108,12 @@ class StepGNN(nn.Module):
 
     def beyond_range(self, context: torch.Tensor) -> list[list[str]]:
         """Per row of ``context`` ((R, N_CONTEXT)): the spec columns read at the range's edge
-        (none when the model does not read them). A GPU without an L2 figure (L2 0 and the
-        flag set, which no training GPU had) is named once, as "L2 cache (no figure)"."""
+        (none when the model does not read them). The no-L2-figure flag is left out: a GPU
+        without the figure is read at its architecture's median L2 (``gpu_context``)."""
         spec = context[:, :N_SPEC]
         out = ((spec < self.spec_low) | (spec > self.spec_high)) & (self.context_mask[:N_SPEC] > 0)
-        l2, flag = SPEC_NAMES.index("L2 cache"), SPEC_NAMES.index("no L2 figure")
-        names = []
-        for row, values in zip(out.numpy(), spec.numpy(), strict=True):
-            named = [SPEC_NAMES[j] for j in np.flatnonzero(row) if j not in (l2, flag)]
-            if row[flag] and values[flag] > 0:
-                named.append("L2 cache (no figure)")
-            elif row[l2]:
-                named.append("L2 cache")
-            names.append(named)
-        return names
+        flag = SPEC_NAMES.index("no L2 figure")
+        return [[SPEC_NAMES[j] for j in np.flatnonzero(row) if j != flag] for row in out.numpy()]
 
     def node_embeddings(self, b: RowBatch) -> torch.Tensor:
         h = self.embed(b.graphs.x)
