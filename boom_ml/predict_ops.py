@@ -401,19 +401,16 @@ def main() -> None:
         sys.exit(err.exit_code)
     if print_help_if_asked(__doc__, "predict_ops"):
         return
-    from boom_ml.predict import check_override_keys
+    from boom_ml.predict import check_override_keys, rewrite_aliases
 
     try:  # one line for a misspelled key, not Hydra's three
         check_override_keys(sys.argv[1:], "predict_ops")
     except BoomError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
-    # gpu=l4,t4 as the list it means (Hydra reads a bare comma list as a sweep and stops
-    # with lines of "Ambiguous value"), so run() says in one line that one GPU is timed
-    sys.argv[1:] = [
-        f"gpu=[{arg[4:]}]" if arg.startswith("gpu=") and "," in arg and "[" not in arg else arg
-        for arg in sys.argv[1:]
-    ]
+    # predict's rewrite: gpu=l4,t4 as the list it means (Hydra stops a bare comma list with
+    # lines of "Ambiguous value"), so run() says in one line that one GPU is timed
+    sys.argv[1:] = rewrite_aliases(sys.argv[1:])
     import hydra
 
     @hydra.main(config_path=config_dir, config_name="predict_ops", version_base="1.3")

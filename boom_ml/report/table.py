@@ -184,7 +184,8 @@ def stack_missing_lines(notes: list[tuple[str, str | None]]) -> list[str]:
     by_text: dict[str, list[str]] = {}
     for gpu, note in notes:
         if note:
-            by_text.setdefault(note.replace(gpu, "{gpus}", 1), []).append(gpu)
+            # the id as stack.stack_missing places it: "... no kernels for <id> (why) ..."
+            by_text.setdefault(note.replace(f" for {gpu} (", " for {gpus} (", 1), []).append(gpu)
     return [f"Note: {text.replace('{gpus}', ', '.join(ids))}." for text, ids in by_text.items()]
 
 

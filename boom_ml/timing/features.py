@@ -167,14 +167,21 @@ def spec_medians(architecture: str) -> dict[str, float]:
     return out
 
 
+def filled(spec: GpuSpec) -> GpuSpec:
+    """``spec`` with each sparse field its sheet is silent on at its architecture's median
+    (``spec_medians``): what the learned models read for it, per-op heads and GNN alike."""
+    if all(getattr(spec, f) for f in SPARSE_FIELDS):
+        return spec
+    fill = spec_medians(spec.architecture)
+    return replace(spec, **{f: getattr(spec, f) or fill[f] for f in SPARSE_FIELDS})
+
+
 def gpu_table(specs: Mapping[str, GpuSpec]) -> pd.DataFrame:
     """Spec-sheet numbers per GPU id that the features need (a field the sheet is silent on
-    takes its architecture's median: ``spec_medians``)."""
+    takes its architecture's median: ``filled``)."""
     rows = []
     for gid, s in specs.items():
-        if any(not getattr(s, f) for f in SPARSE_FIELDS):
-            fill = spec_medians(s.architecture)
-            s = replace(s, **{f: getattr(s, f) or fill[f] for f in SPARSE_FIELDS})
+        s = filled(s)
         clock = float(s.boost_clock_mhz)  # every sparse field is filled by now
         rows.append(
             {

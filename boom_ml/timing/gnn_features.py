@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import SPARSE_FIELDS, spec_medians
+from boom_ml.timing.features import filled
 from boom_ml.timing.roofline import (
     MATRIX_FAMILIES,
     NO_GPU_FAMILIES,
@@ -178,12 +178,10 @@ def gpu_context(
 ) -> np.ndarray:
     """Graph-level features: the GPU's spec sheet and what the step does. A field the sheet
     is silent on takes its architecture's median, as the per-op features do
-    (``features.spec_medians``; every GPU with measurements has them all): read as 0, a
+    (``features.filled``; every GPU with measurements has them all): read as 0, a
     missing L2 made an L40 9 % faster than itself with its 96 MB."""
     l2_missing = gpu.l2_cache_mb is None
-    if any(not getattr(gpu, f) for f in SPARSE_FIELDS):
-        fill = spec_medians(gpu.architecture)
-        gpu = replace(gpu, **{f: getattr(gpu, f) or fill[f] for f in SPARSE_FIELDS})
+    gpu = filled(gpu)
     nodes = graph.nodes
     all_dtypes, all_fams = node_dtypes_families(nodes)
     matrix = np.isin(all_fams, list(MATRIX_FAMILIES))
