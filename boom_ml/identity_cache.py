@@ -35,5 +35,10 @@ class IdentityCache(Generic[V]):
             self._entries.popitem(last=False)
         return value
 
+    def peek(self, owner: object, key: tuple[Hashable, ...]) -> V | None:
+        """The cached value for ``owner`` and ``key``, or None (nothing is computed)."""
+        hit = self._entries.get((id(owner), *key))
+        return hit[1] if hit is not None and hit[0] is owner else None
+
     def __len__(self) -> int:
         return len(self._entries)

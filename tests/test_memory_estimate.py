@@ -16,6 +16,7 @@ from tiny_models import tiny_cnn, tiny_transformer
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import BatchScaling, BatchSearch, max_batch_size
+from boom_ml.memory import estimate as memory_estimate
 from boom_ml.memory.estimate import estimate_memory, simulate_step
 from boom_ml.memory.live import live_peak
 from boom_ml.memory.overheads import TABLE_PATH, load_overheads
@@ -193,6 +194,49 @@ def test_max_batch_size_is_the_boundary():
     # The scaled answer agrees with real traces at the boundary.
     assert estimate_memory(cnn(found.batch_size), gpu).fits
     assert not estimate_memory(cnn(found.batch_size + 1), gpu).fits
+
+
+def _copy(graph: OpGraph) -> OpGraph:
+    """The same graph under another identity (no build of another graph is shared)."""
+    return OpGraph(graph.nodes, graph.edges, graph.mem_events.copy(), dict(graph.meta))
+
+
+@pytest.mark.parametrize(
+    ("kw", "accumulate"), [({}, False), ({"zero_grad": "zero"}, False), ({}, True)]
+)
+def test_a_scaled_probe_reuses_the_template_build(kw, accumulate):
+    """The search's scaled graphs replay the template's build with their own sizes swapped
+    in, which must equal building them (cuDNN workspaces, in-place zero_grad and gradient
+    accumulation included)."""
+    scaling = BatchScaling(cnn(2, **kw), 2, cnn(4, **kw), 4)
+    assert scaling.shares_build
+    gpu = get_gpu("l4")
+    for batch in (3, 37):
+        scaled = scaling.graph_at(batch)
+        assert memory_estimate._RESIZED.peek(scaled, ()) is not None  # the build is shared
+        shared = simulate_step(scaled, gpu, capacity=False, accumulate=accumulate)
+        built = simulate_step(_copy(scaled), gpu, capacity=False, accumulate=accumulate)
+        for name in ("is_alloc", "block", "nbytes", "src", "step"):
+            assert np.array_equal(getattr(shared.replay, name), getattr(built.replay, name))
+        assert shared.result.peak_reserved == built.result.peak_reserved
+    assert scaled.mem_events["bytes"].sum() > cnn(4, **kw).mem_events["bytes"].sum()
+
+
+def test_a_gradient_that_grows_with_the_batch_is_built_anew():
+    """Gradients are paired with their replacements by size when a replay is built: where
+    a gradient's size moves with the batch, each scaled graph is built from its own sizes."""
+    g2, g4 = cnn(2), cnn(4)
+    grown = dataclasses.replace(g4, mem_events=g4.mem_events.copy())
+    grad = grown.mem_events.index[grown.mem_events["phase"].eq("gradient")][0]
+    grown.mem_events.loc[grad, "bytes"] += 2 * 512
+    scaling = BatchScaling(g2, 2, grown, 4)
+    assert not scaling.shares_build
+    scaled = scaling.graph_at(9)
+    gpu = get_gpu("l4")
+    assert np.array_equal(
+        simulate_step(scaled, gpu, capacity=False).replay.nbytes,
+        simulate_step(_copy(scaled), gpu, capacity=False).replay.nbytes,
+    )
 
 
 def test_timeline_png(tmp_path, graph):

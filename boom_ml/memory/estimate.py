@@ -28,7 +28,13 @@ from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
 from boom_ml.memory.attribution import attribute_peak
 from boom_ml.memory.overheads import Amount, Extra, OverheadTable, Term, load_overheads
-from boom_ml.memory.replay import DEFAULT_STEPS, Replay, build_replay, with_extra_sizes
+from boom_ml.memory.replay import (
+    DEFAULT_STEPS,
+    Replay,
+    build_replay,
+    resized,
+    with_extra_sizes,
+)
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
@@ -85,6 +91,16 @@ _ATTRIBUTIONS: IdentityCache[Any] = IdentityCache(32)  # per replay: what is ali
 # in bytes (another architecture or level) and the capped replays share one build (a Python
 # loop over every event of three steps), and each fills in its own sizes.
 _BUILDS: IdentityCache[Replay] = IdentityCache(32)
+# Graphs whose events are another graph's with other sizes (the batch search's scaled
+# graphs, ``max_batch.BatchScaling``): graph -> (that graph, the sizes). Their builds are the
+# other graph's with the sizes swapped in, not a Python loop over three steps' events each.
+_RESIZED: IdentityCache[tuple[OpGraph, np.ndarray]] = IdentityCache(32)
+
+
+def share_build(graph: OpGraph, template: OpGraph, sizes: np.ndarray) -> None:
+    """Record that ``graph``'s events are ``template``'s with ``sizes`` (the caller has
+    checked ``replay.sizes_only_change``), so that its replays reuse ``template``'s builds."""
+    _RESIZED.get(graph, (), lambda: (template, sizes))
 
 
 def _built_replay(
@@ -93,6 +109,13 @@ def _built_replay(
     """``build_replay(graph, steps, hold_outputs, extras, accumulate)``, shared."""
     shapes = [replace(x, nbytes=0) for x in extras]
     key = (steps, hold_outputs, accumulate, tuple(shapes))
+    origin = _RESIZED.peek(graph, ())
+    if origin is not None:
+        template, sizes = origin
+        built = _BUILDS.get(
+            template, key, lambda: build_replay(template, steps, hold_outputs, shapes, accumulate)
+        )
+        return with_extra_sizes(resized(built, sizes), extras)
     built = _BUILDS.get(
         graph, key, lambda: build_replay(graph, steps, hold_outputs, shapes, accumulate)
     )

@@ -196,6 +196,32 @@ def build_replay(
     return out.build()
 
 
+def sizes_only_change(graph: OpGraph, slope: np.ndarray) -> bool:
+    """Whether :func:`build_replay` on ``graph`` with its event sizes moved by ``slope`` (per
+    event, times any batch) gives the same events with other sizes, so that :func:`resized`
+    can stand in for it. Sizes reach the build's structure in one place: the pairing of
+    each pre-existing gradient with the block that replaces it, by size
+    (:func:`_match_gradients`); so the sizes of the pre-existing rows and of every block
+    the body leaves alive must not move."""
+    ev = graph.mem_events
+    pre = np.isin(ev["phase"].to_numpy().astype(str), PRE_EXISTING)
+    alloc = ev["action"].to_numpy().astype(str) == "alloc"
+    blocks = ev["block"].to_numpy(dtype=np.int64)
+    carried = np.setdiff1d(blocks[~pre & alloc], blocks[~pre & ~alloc])
+    return not np.any(slope[pre | np.isin(blocks, carried)])
+
+
+def resized(replay: Replay, sizes: np.ndarray) -> Replay:
+    """``replay`` with each traced event's bytes read from ``sizes`` (one per row of the
+    graph's ``mem_events``; synthetic events keep theirs): :func:`build_replay` of the graph
+    with those sizes, where :func:`sizes_only_change` holds, without its loop over events."""
+    traced = replay.src >= 0
+    nbytes = np.where(traced, np.asarray(sizes, dtype=np.int64)[np.maximum(replay.src, 0)],
+                      replay.nbytes)  # fmt: skip
+    return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
+                  replay.synthetic, replay.optional)  # fmt: skip
+
+
 def _last(rows: np.ndarray, phase: np.ndarray, name: str) -> int:
     hits = rows[phase[rows] == name]
     return int(hits[-1]) if len(hits) else -1
