@@ -201,6 +201,9 @@ def run(cfg: Any) -> str:
     output = options.pop("output", "table")
     explain = bool(options.pop("explain", False))
 
+    from boom_ml.cli_imports import lightgbm_alone
+
+    lightgbm_alone()  # scikit-learn, which lightgbm would import, costs ~1 s
     from boom_ml.api import predict
     from boom_ml.report.table import render_table
 

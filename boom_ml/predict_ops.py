@@ -378,6 +378,9 @@ def run(cfg: Any) -> str | None:
     target = Path(str(o["output"])).expanduser() if o.get("output") else None
     if target is not None and (not target.parent.is_dir() or target.is_dir()):
         raise InvalidInputError(f"output {target}: not a file in an existing directory")
+    from boom_ml.cli_imports import lightgbm_alone
+
+    lightgbm_alone()  # scikit-learn, which lightgbm would import, costs ~1 s
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
     note = bf16_note(table, str(o["gpu"]))
     if note:  # stderr: the CSV on stdout stays a CSV

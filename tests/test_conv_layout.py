@@ -92,7 +92,7 @@ def test_the_traced_step_carries_the_layout_to_its_time(monkeypatch) -> None:
     from boom_ml.trace.step import trace_step
     from tests.tiny_models import tiny_cnn
 
-    monkeypatch.setattr(estimate, "load_model", lambda: None)  # the per-op sum alone
+    monkeypatch.setattr(estimate, "load_weights", lambda: None)  # the per-op sum alone
     gpus = [get_gpu("rtx-3090"), get_gpu("p100-pcie-16gb")]
     times = {}
     for cl in (False, True):

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
-from boom_ml.timing import estimate, gnn_artifact, gnn_features, gnn_model
+from boom_ml.timing import estimate, gnn_artifact, gnn_features, gnn_inference, gnn_model
 from boom_ml.trace.step import trace_step
 from data_collection.paths import shared_data_dir
 from tests.tiny_models import tiny_cnn, tiny_llama_config
@@ -48,7 +48,9 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     assert (pred.node_ms[host] == 0).all()
 
     manifest = {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}}
-    monkeypatch.setattr(estimate, "load_model", lambda: (model, manifest))
+    monkeypatch.setattr(
+        estimate, "load_weights", lambda: (gnn_artifact.weights_of(model), manifest)
+    )
     est = estimate.estimate_time(graph, gpu, top_n=1000)
     assert est.method == "gnn"
     assert est.step_ms == pytest.approx(pred.step_ms, rel=1e-6)
@@ -59,6 +61,36 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     assert sum(est.by_family.values()) == pytest.approx(attributed, abs=tol)
     assert sum(m["ms"] for m in est.top_modules) == pytest.approx(attributed, abs=tol)
     assert sum(o["ms"] for o in est.top_ops) == pytest.approx(attributed, abs=tol)
+
+
+def test_the_numpy_pass_is_the_torch_model() -> None:
+    """Predictions run the packaged weights in numpy (no torch import): the torch model's
+    node times, overhead and clamped columns, on the packaged model and GPUs inside and
+    beyond its training range, in fp32 and AMP, and on a perturbed model with larger
+    corrections."""
+    packaged = gnn_artifact.load_model()
+    assert packaged is not None
+    model, manifest = packaged
+    weights, numpy_manifest = gnn_artifact.load_weights()
+    assert numpy_manifest == manifest
+    gpus = [get_gpu(g) for g in ("t4", "a100-80gb-sxm", "b200", "l40")]
+    per_op = manifest["per_op"]
+    for amp in ("none", "bf16"):
+        graph = trace_step(
+            tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="adamw", amp=amp)
+        )
+        for torch_model, numpy_weights in (
+            (model, weights),
+            (_perturbed_model(2), gnn_artifact.weights_of(_perturbed_model(2))),
+        ):
+            theirs = gnn_model.predict_graph_many(torch_model, graph, gpus, None, per_op)
+            ours = gnn_inference.predict_graph_many(numpy_weights, graph, gpus, None, per_op)
+            for a, b in zip(ours, theirs, strict=True):
+                np.testing.assert_allclose(a.node_ms, b.node_ms, rtol=2e-5, atol=1e-9)
+                assert a.overhead_ms == pytest.approx(b.overhead_ms, rel=2e-5)
+                assert a.clamped == b.clamped
+            if numpy_weights is weights:  # the B200 is beyond the training GPUs: named
+                assert ours[2].clamped and not ours[0].clamped
 
 
 def test_many_gpus_in_one_pass_equal_one_gpu_at_a_time(monkeypatch) -> None:
@@ -87,9 +119,10 @@ def test_many_gpus_in_one_pass_equal_one_gpu_at_a_time(monkeypatch) -> None:
     for a, b in zip(ours.adjacency, pyg.adjacency, strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
+    weights = gnn_artifact.weights_of(model)
     for use_gnn in (True, False):
         manifest = {"per_op": per_op, "use_gnn": {"cnn/no-amp": use_gnn}}
-        monkeypatch.setattr(estimate, "load_model", lambda m=manifest: (model, m))
+        monkeypatch.setattr(estimate, "load_weights", lambda m=manifest: (weights, m))
         batched = estimate.estimate_times(graph, gpus)
         for gpu, est in zip(gpus, batched, strict=True):
             alone = estimate.estimate_time(graph, gpu)
@@ -105,7 +138,9 @@ def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
         "per_op": gnn_features.per_op_function(None)[0],
         "use_gnn": {"cnn/no-amp": False, "other/no-amp": True},
     }
-    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    monkeypatch.setattr(
+        estimate, "load_weights", lambda: (gnn_artifact.weights_of(_perturbed_model()), manifest)
+    )
     est = estimate.estimate_time(graph, get_gpu("l4"))
     assert est.method != "gnn" and est.overhead_ms == 0.0
 
@@ -245,13 +280,22 @@ def test_ensemble_is_the_members_mean_and_round_trips(tmp_path) -> None:
     loaded, _ = gnn_artifact.load_model(tmp_path)
     again = gnn_model.predict_graph_many(loaded, graph, gpus, None, per_op)
     assert [p.step_ms for p in again] == [p.step_ms for p in preds]
+    # what predictions run: the numpy pass over the saved arrays, the members' mean too
+    weights, _ = gnn_artifact.load_weights(tmp_path)
+    assert len(weights.members) == 3
+    numpy_preds = gnn_inference.predict_graph_many(weights, graph, gpus, None, per_op)
+    for ours, theirs in zip(numpy_preds, preds, strict=True):
+        np.testing.assert_allclose(ours.node_ms, theirs.node_ms, rtol=1e-5, atol=1e-9)
+        assert ours.overhead_ms == pytest.approx(theirs.overhead_ms, rel=1e-5)
 
 
 def test_gnn_not_used_when_trained_on_another_per_op_function(monkeypatch) -> None:
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=2, image_size=16, optimizer="none"))
     monkeypatch.setattr(estimate, "per_op_function", lambda name=None: ("per-op", None))
     manifest = {"per_op": "roofline", "use_gnn": {"cnn/no-amp": True}}
-    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    monkeypatch.setattr(
+        estimate, "load_weights", lambda: (gnn_artifact.weights_of(_perturbed_model()), manifest)
+    )
     assert estimate.estimate_time(graph, get_gpu("l4")).method != "gnn"  # its CV verdict is void
 
 
@@ -379,8 +423,11 @@ def test_gpus_beyond_the_spec_range_are_named_in_explain(monkeypatch) -> None:
     assert set(on_h100.clamped) >= {"SMs", "memory bandwidth", "matrix peak", "L2 cache"}
     monkeypatch.setattr(
         estimate,
-        "load_model",
-        lambda: (model, {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}}),
+        "load_weights",
+        lambda: (
+            gnn_artifact.weights_of(model),
+            {"per_op": per_op, "use_gnn": {"cnn/no-amp": True}},
+        ),
     )
     est = estimate.estimate_time(graph, h100)
     assert est.gnn_clamped == on_h100.clamped

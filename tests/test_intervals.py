@@ -10,7 +10,7 @@ import pytest
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
-from boom_ml.timing import estimate, gnn_features
+from boom_ml.timing import estimate, gnn_artifact, gnn_features
 from boom_ml.timing.gnn_artifact import interval_for
 from boom_ml.trace.step import trace_step
 from tests.test_gnn import _perturbed_model
@@ -140,7 +140,9 @@ def test_estimate_time_applies_the_packaged_interval(monkeypatch, use_gnn):
                 "use_gnn": {"cnn/no-amp": use_gnn},
                 "interval": {"gnn": {"log_p10": -0.2, "log_p90": 0.3},
                              "per-op": {"log_p10": -0.5, "log_p90": 0.1}}}  # fmt: skip
-    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    monkeypatch.setattr(
+        estimate, "load_weights", lambda: (gnn_artifact.weights_of(_perturbed_model()), manifest)
+    )
     est = estimate.estimate_time(graph, get_gpu("l4"))
     lo, hi = (-0.2, 0.3) if use_gnn else (-0.5, 0.1)
     assert (est.method == "gnn") == use_gnn
@@ -155,7 +157,9 @@ def test_estimate_time_applies_the_family_interval(monkeypatch):
                 "interval": {"per-op": pooled, "by_family": {
                     "cnn": {"per-op": {"log_p10": -0.7, "log_p90": 0.6}},
                     "transformer": {"per-op": {"log_p10": -0.1, "log_p90": 0.05}}}}}  # fmt: skip
-    monkeypatch.setattr(estimate, "load_model", lambda: (_perturbed_model(), manifest))
+    monkeypatch.setattr(
+        estimate, "load_weights", lambda: (gnn_artifact.weights_of(_perturbed_model()), manifest)
+    )
     est = estimate.estimate_time(graph, get_gpu("l4"))  # tiny_cnn's graph: model_family "cnn"
     assert est.p10_ms == pytest.approx(est.step_ms * math.exp(-0.7), rel=1e-12)
     assert est.p90_ms == pytest.approx(est.step_ms * math.exp(0.6), rel=1e-12)

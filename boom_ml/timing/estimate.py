@@ -1,6 +1,7 @@
 """The one timing entry: the step time of a traced graph on one GPU.
 
-The packaged GNN (``gnn_model``, loaded by ``gnn_artifact``) where cross-validation found it
+The packaged GNN (``gnn_model``, run by ``gnn_inference`` from the weights ``gnn_artifact``
+loads) where cross-validation found it
 better than the per-op sum for this kind of model, else the per-op sum (``per_op``). The
 p10/p90 of the step come from the manifest's interval calibration (multiplicative bounds
 fitted on held-out-GPU CV predictions of that method) where there is one, else from the
@@ -16,9 +17,9 @@ from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.basis import basis, measured_gpus
-from boom_ml.timing.gnn_artifact import interval_for, load_model, use_gnn_for
+from boom_ml.timing.gnn_artifact import interval_for, load_weights, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
-from boom_ml.timing.gnn_model import predict_graph_many
+from boom_ml.timing.gnn_inference import predict_graph_many
 from boom_ml.timing.per_op import predict_nodes_many
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
@@ -52,7 +53,7 @@ def estimate_times(
 def _estimate_times(
     graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int
 ) -> list[TimeEstimate]:
-    packaged = load_model()
+    packaged = load_weights()
     if not gpus:
         return []
     if packaged is None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from boom_ml.timing.gnn_inference import GnnWeights
 
-from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN, build_model
+if TYPE_CHECKING:
+    from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN
 
 ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
 
@@ -27,23 +28,58 @@ ARTIFACT_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gnn"
 def save_model(
     model: StepGNN | GnnEnsemble, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR
 ) -> None:
+    """The torch model (``model.pt``, for training and its tests), the same weights as numpy
+    arrays (``model.npz``, what predictions run: ``gnn_inference``) and the manifest."""
+    import torch
+
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"config": model.config, "state": model.state_dict()}, directory / "model.pt")
+    weights_of(model).save(directory / "model.npz")
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     load_model.cache_clear()
+    load_weights.cache_clear()
 
 
 @functools.cache
 def load_model(
     directory: Path = ARTIFACT_DIR,
 ) -> tuple[StepGNN | GnnEnsemble, dict[str, Any]] | None:
-    """The packaged model and its manifest, or None when none is packaged."""
+    """The packaged torch model and its manifest, or None when none is packaged."""
     if not (directory / "model.pt").exists():
         return None
+    import torch
+
+    from boom_ml.timing.gnn_model import build_model
+
     blob = torch.load(directory / "model.pt", weights_only=True)
     model = build_model(blob["config"])
     model.load_state_dict(blob["state"])
     return model.eval(), json.loads((directory / "manifest.json").read_text())
+
+
+@functools.cache
+def load_weights(directory: Path = ARTIFACT_DIR) -> tuple[GnnWeights, dict[str, Any]] | None:
+    """The packaged model's numpy weights and its manifest, or None when none is packaged
+    (what predictions run: no torch import)."""
+    if not (directory / "model.npz").exists():
+        return None
+    return GnnWeights.load(directory / "model.npz"), json.loads(
+        (directory / "manifest.json").read_text()
+    )
+
+
+def weights_of(model: StepGNN | GnnEnsemble) -> GnnWeights:
+    """The numpy weights of a torch model: one state dict per member of an ensemble."""
+    state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    config = {k: v for k, v in model.config.items() if k != "members"}
+    count = int(model.config.get("members", 0))
+    if not count:
+        return GnnWeights(config, (state,))
+    members = tuple(
+        {k.removeprefix(f"members.{i}."): v for k, v in state.items() if k.startswith(f"members.{i}.")}
+        for i in range(count)
+    )  # fmt: skip
+    return GnnWeights(config, members)
 
 
 def regime(family: str, amp: str | None) -> str:

@@ -3,7 +3,9 @@
 Message passing runs over GPU-independent node features (:func:`graph_data`), once per
 graph; the GPU enters through per-node GPU features and a graph context (:func:`row_inputs`),
 so one trace serves every GPU. Training (``training/graph_dataset.py``) and inference
-(``boom_ml/timing/gnn_model.py``) build their inputs with these same functions.
+(``boom_ml/timing/gnn_model.py``; ``gnn_inference.py``, its numpy pass) build their inputs
+with these same functions. torch is imported where tensors are made: a prediction builds
+none.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.features import filled
@@ -33,6 +34,7 @@ from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
 
 if TYPE_CHECKING:
+    import torch
     from torch_geometric.data import Batch, Data
 
 FEATURE_VERSION = 1
@@ -155,10 +157,17 @@ def pyg_types() -> tuple[type, type]:
     return Batch, Data
 
 
+def gpu_work_mask(graph: OpGraph) -> np.ndarray:
+    """Which nodes run GPU work (host nodes take no time of their own)."""
+    return ~graph.nodes["family"].astype(str).isin(NO_GPU_FAMILIES).to_numpy()
+
+
 def graph_tensors(graph: OpGraph) -> dict[str, Any]:
     """The GPU-independent part of a graph: node features, typed edges, GPU-work mask."""
+    import torch
+
     index, types = edge_index(graph)
-    gpu_work = ~graph.nodes["family"].astype(str).isin(NO_GPU_FAMILIES).to_numpy()
+    gpu_work = gpu_work_mask(graph)
     return {"x": torch.from_numpy(static_node_features(graph.nodes)),
             "edge_index": torch.from_numpy(index), "edge_type": torch.from_numpy(types),
             "gpu_mask": torch.from_numpy(gpu_work), "num_nodes": len(graph.nodes)}  # fmt: skip
@@ -254,6 +263,8 @@ def row_inputs(
     per_op_ms: np.ndarray,
     channels_last: bool = False,
 ) -> RowInputs:
+    import torch
+
     return RowInputs(
         dynamic=torch.from_numpy(dynamic_node_features(graph, gpu, tf32, per_op_ms)),
         log_per_op=torch.from_numpy(np.log(np.maximum(per_op_ms, MIN_MS)).astype(np.float32)),
@@ -283,6 +294,8 @@ def mean_adjacency(edge_index: torch.Tensor, edge_type: torch.Tensor, n: int) ->
     torch-scatter extension that path (and torch.sparse CSR matmuls) are several times
     slower on CPU, and training time is budgeted.
     """
+    import torch
+
     out = []
     for t in range(EDGE_TYPES):
         src, dst = edge_index[:, edge_type == t]
@@ -303,6 +316,8 @@ class OneGraph:
 
 def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) -> RowBatch:
     """Batch unique graphs once and point each row's nodes at its graph's nodes."""
+    import torch
+
     batch = pyg_types()[0].from_data_list(graphs)
     ptr = batch.ptr
     node_of = torch.cat([torch.arange(ptr[g], ptr[g + 1]) for g in graph_of_row])
@@ -313,6 +328,8 @@ def collate(graphs: list[Data], graph_of_row: list[int], rows: list[RowInputs]) 
 def one_graph_batch(graph: OpGraph, rows: list[RowInputs]) -> RowBatch:
     """Rows (one per GPU, say) over one graph: the same batch as ``collate([graph_data(graph)],
     [0] * len(rows), rows)``, built without PyG."""
+    import torch
+
     t = graph_tensors(graph)
     n = t["num_nodes"]
     one = OneGraph(x=t["x"], gpu_mask=t["gpu_mask"], batch=torch.zeros(n, dtype=torch.long))
@@ -323,6 +340,8 @@ def one_graph_batch(graph: OpGraph, rows: list[RowInputs]) -> RowBatch:
 def _row_batch(
     graphs: Batch | OneGraph, node_of: torch.Tensor, rows: list[RowInputs], adjacency: tuple
 ) -> RowBatch:
+    import torch
+
     sizes = torch.tensor([len(r.log_per_op) for r in rows])
     return RowBatch(
         graphs=graphs, node_of=node_of,

@@ -10,8 +10,6 @@ its module, exactly. Its inputs come from ``boom_ml/timing/gnn_features.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 from torch import nn
@@ -29,6 +27,7 @@ from boom_ml.timing.gnn_features import (
     per_op_function,
     row_inputs,
 )
+from boom_ml.timing.gnn_inference import GnnPrediction
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 
@@ -177,15 +176,6 @@ def build_model(config: dict) -> StepGNN | GnnEnsemble:
     if members:
         return GnnEnsemble([StepGNN(**config) for _ in range(members)])
     return StepGNN(**config)
-
-
-@dataclass
-class GnnPrediction:  # node_ms: per graph node in graph.nodes order (0 for host nodes)
-    node_ms: np.ndarray
-    overhead_ms: float
-    step_ms: float  # overhead_ms + node_ms.sum()
-    # spec columns beyond the training GPUs' range, read at its edge (StepGNN spec_range)
-    clamped: list[str] = field(default_factory=list)
 
 
 def predict_graph(
