@@ -12,7 +12,7 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import Prediction
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
+from boom_ml.parallel.layout import Cluster, Layout, check_checkpoint_every, for_parallel_step
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
@@ -135,6 +135,8 @@ def predict(
     layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
+    if not layout.is_single:
+        check_checkpoint_every(step.checkpointing, step.checkpointing_every)
     if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace
         for spec in gpus:
             intra_link(nodes, spec.id, spec.name, spec.architecture)

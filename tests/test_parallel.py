@@ -416,3 +416,74 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
     lin_frag = gib - (gib // 2) * 11
     nccl = out["parallel_terms"]["nccl_buffers"]
     assert out["total_bytes"] == int(linear + gib // 2 - lin_frag + nccl)
+
+
+def test_time_profiles_read_the_steps_tf32_switches():
+    """A layout's ranks time their fp32 matmuls as one GPU would with the step's TF32
+    switches (they were timed with both off, whatever was asked: tf32=true changed nothing)."""
+    from dataclasses import replace
+
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.profile import _graphs, time_profiles
+    from boom_ml.specs import StepSpec
+    from boom_ml.timing.estimate import estimate_times
+    from boom_ml.timing.tf32 import Tf32
+
+    gpu = get_gpu("a100-80gb-sxm")
+    off = StepSpec(batch_size=2, seq_len=32)
+    on = replace(off, tf32=True)
+    prof_off, prof_on = (time_profiles(SYNTHETIC_TINY_LLAMA, 1, s, [gpu])[0] for s in (off, on))
+    assert prof_on.layer_matrix_ms < prof_off.layer_matrix_ms
+    (one, _), (two, _) = _graphs(SYNTHETIC_TINY_LLAMA, 1, on)
+    t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
+    nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
+    assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
+
+
+def test_checkpointing_every_k_is_refused_with_a_layout(tmp_path):
+    """The rank models' 1- and 2-layer traces both checkpoint layer 0, so their difference is
+    an uncheckpointed layer: a layout with checkpointing.every=2 was predicted as if every
+    layer but the first ran without checkpointing. It is refused in one line, and the layout
+    search (the advice's) gives that line as its reason."""
+    from boom_ml import api
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.search import search_layouts_many
+    from boom_ml.specs import StepSpec
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    words = "checkpointing.every=2 with a multi-GPU layout"
+    with pytest.raises(InvalidInputError, match=words):
+        api.predict(f"hf:{path}", gpu="h100-sxm", batch_size=2, seq_len=32,
+                    checkpointing="full", checkpointing_every=2, parallel={"dp": 2})  # fmt: skip
+    step = StepSpec(batch_size=2, seq_len=32, checkpointing="full", checkpointing_every=2)
+    with pytest.raises(InvalidInputError, match=words):
+        search_layouts_many(f"hf:{path}", [get_gpu("h100-sxm")], step)
+
+
+def test_zero1_over_master_weights_steps_the_ranks_fp32_shard_alone():
+    """bf16 parameters with fp32 master weights: at the optimizer step's peak the gradients
+    are fp32 (each 16-bit one cast and dropped); under ZeRO-1 a rank casts its shard alone,
+    and the other shards' bf16 gradients stay (they were counted all in fp32)."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.memory import _stage_at
+    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)
+    prof = memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+    assert prof.master_weights and prof.param_bytes == 2
+    held = LAYERS * layer_params(1) + 2 * VOCAB * H + H
+    view = prof.windows["optimizer"]
+    alone = _stage_at(prof, view, Layout(), 0, LAYERS, 1, drained=True)
+    fp32 = alone["breakdown"]["gradient"]
+    assert 4 * held <= fp32 <= 4 * held + 512 * 40  # every gradient in fp32 (allocator rounding)
+    dp = 4
+    zero1 = _stage_at(prof, view, Layout(dp=dp, sharding="zero1"), 0, LAYERS, 1, drained=True)
+    assert zero1["parallel_terms"]["zero_gradients"] == pytest.approx(
+        -fp32 * (dp - 1) / dp + 2 * held * (dp - 1) / dp
+    )
+    # outside the optimizer step ZeRO-1 shards no gradient
+    other = _stage_at(prof, prof.windows["backward"], Layout(dp=dp, sharding="zero1"), 0,
+                      LAYERS, 1)  # fmt: skip
+    assert "zero_gradients" not in other["parallel_terms"]

@@ -24,9 +24,10 @@ def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> 
     from boom_ml import trace_cache
     from boom_ml.parallel import profile_keys as profile
 
-    for d in ("trace", "zoo", "memory"):
+    for d in ("trace", "zoo", "memory", "parallel"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "a.py").write_text("x = 1\n")
+    (tmp_path / "parallel" / "profile.py").write_text("x = 1\n")  # what a profile holds
     monkeypatch.setattr(profile, "_ROOT", tmp_path)
     monkeypatch.setattr(trace_cache, "_PACKAGE", tmp_path)
     monkeypatch.setattr(trace_cache, "_CODE_DIRS", (tmp_path / "trace", tmp_path / "zoo"))
@@ -42,6 +43,9 @@ def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> 
         assert identity() != before
         (tmp_path / "memory" / "a.py").write_text("x = 2\n")
         assert identity() != before
+        changed = identity()
+        (tmp_path / "parallel" / "profile.py").write_text("x = 2\n")
+        assert identity() != changed
     finally:
         trace_cache.code_digest.cache_clear()
         profile.memory_identity.cache_clear()

@@ -182,6 +182,13 @@ def _stage_at(
             terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
     if zero >= 2 and dp > 1 and grad_peak > 0:
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
+    elif zero == 1 and dp > 1 and drained and prof.master_weights and grad_peak > 0:
+        # ZeRO-1 over fp32 master weights (Megatron's distributed optimizer, DeepSpeed's
+        # stage 1): a rank casts to fp32 and steps its shard's gradients alone; the other
+        # shards' 16-bit gradients stay as backward left them, until zero_grad
+        terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.param_bytes * (
+            1 - 1 / dp
+        )
     if zero >= 3 and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
         # the unsharded unit being used plus one prefetched (two layers' parameters), and the

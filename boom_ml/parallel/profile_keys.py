@@ -40,6 +40,7 @@ def timing_identity() -> str:
     ``$BOOM_PER_OP_MODEL``) models' manifests. In the disk key, so a retrained model or a
     changed timing rule never serves profiles timed by the previous one."""
     files = sorted((_ROOT / "timing").glob("*.py"))
+    files += [_ROOT / "parallel" / "profile.py"]  # how a profile is timed (its TF32 switches)
     files += sorted((_ROOT / "artifacts").glob("*/manifest.json"))
     return _files_digest(os.environ.get("BOOM_PER_OP_MODEL", ""), files)
 
@@ -53,7 +54,9 @@ def memory_identity() -> str:
     from boom_ml.trace_cache import code_digest
 
     memory = _ROOT / "memory"
-    return _files_digest(code_digest(), sorted([*memory.glob("*.py"), *memory.glob("*.csv")]))
+    files = sorted([*memory.glob("*.py"), *memory.glob("*.csv")])
+    files += [_ROOT / "parallel" / "profile.py"]  # what a profile holds (its fields)
+    return _files_digest(code_digest(), files)
 
 
 def key_of(*parts: Any) -> str:

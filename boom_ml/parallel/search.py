@@ -33,7 +33,7 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.layout import Cluster, Layout, validate
+from boom_ml.parallel.layout import Cluster, Layout, check_checkpoint_every, validate
 from boom_ml.parallel.predict import attention_groups, predict_raw
 from boom_ml.parallel.profile import prefetch
 from boom_ml.parallel.shard import check_model, load_raw, model_facts, with_build_options
@@ -172,6 +172,7 @@ def search_layouts_many(
     cluster = cluster or Cluster()
     raw = with_build_options(load_raw(model) if isinstance(model, str) else model, options)
     check_model(raw, Layout(dp=2))  # a model no layout can cut: one line, the advice's reason
+    check_checkpoint_every(step.checkpointing, step.checkpointing_every)  # the same
     requested = step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     closest: dict[str, dict[str, Any]] = {}  # the smallest worst rank (p90) that does not fit
