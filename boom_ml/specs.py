@@ -269,7 +269,7 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 # max_batch=auto searches the largest batch per GPU for up to this many GPUs: the search
-# replays the step through the allocator near each GPU's limit (about 0.6 s per GPU on a
+# replays the step through the allocator near each GPU's limit (about 0.4 s per GPU on a
 # laptop core), which would dominate a gpu=all comparison. The advisor's fine-tuning recipes
 # follow the same rule (each is a trace per attention group: +80 s cold for Llama-3-8B on
 # every GPU, 157 -> 239 s).
