@@ -487,3 +487,20 @@ def test_zero1_over_master_weights_steps_the_ranks_fp32_shard_alone():
     other = _stage_at(prof, prof.windows["backward"], Layout(dp=dp, sharding="zero1"), 0,
                       LAYERS, 1)  # fmt: skip
     assert "zero_gradients" not in other["parallel_terms"]
+
+
+def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
+    """QLoRA holds its 4-bit weights as buffers: a layout's ``memory.parameters`` counts them as
+    the weights they stand for, as one GPU's prediction does (it counted the rest alone)."""
+    from boom_ml import api
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    kw = dict(gpu="h100-sxm", batch_size=2, seq_len=32, params_dtype="bf16",
+              finetune={"method": "qlora"}, advice=False, max_batch="off")  # fmt: skip
+    one = api.predict(f"hf:{path}", **kw).to_dict()
+    ranks = api.predict(f"hf:{path}", parallel={"dp": 2}, **kw).to_dict()
+    held = LAYERS * layer_params(1) + 2 * VOCAB * H + H  # every weight, the 4-bit ones included
+    adapters = one["graph"]["num_trainable_parameters"]
+    assert one["graph"]["num_parameters"] == held + adapters
+    assert ranks["parallel"][0]["memory"]["parameters"] == held + adapters

@@ -234,7 +234,7 @@ def _stage_at(
     return {
         "stage": stage,
         "layers": layers,
-        "parameters": int(held),
+        "parameters": int(_held(prof.logical or prof.params, layers, first, last, pp)[0]),
         "total_bytes": total_b,
         "p10_bytes": p10,
         "p90_bytes": p90,

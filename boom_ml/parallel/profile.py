@@ -95,6 +95,9 @@ class MemoryProfile:
     # master_weights=true: the optimizer step casts each 16-bit gradient to fp32 (its peak's
     # gradients are the fp32 ones), which ZeRO-1 does for the rank's shard alone
     master_weights: bool = False
+    # ``params`` as the model stands for them: a 4-bit layer's weights counted (QLoRA holds
+    # them as buffers); what ``memory.parameters`` reports
+    logical: dict[str, int] = field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=64)
@@ -328,6 +331,7 @@ def memory_profile(
         windows=_windows(ests, peaks, heads),
         held=held,
         master_weights=bool(step.master_weights),
+        logical=_roles(one, two, "logical_"),
     )  # fmt: skip
     disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof

@@ -208,23 +208,34 @@ def param_split(module: Any) -> dict[str, int]:
     counts prefixed ``trainable_`` hold the parameters that get gradients and optimizer state
     (all of them unless a recipe froze some: LoRA). ``bytes`` and ``trainable_bytes``: bytes
     per element of the parameters as held (``params_dtype``; fp32 by default) and of the
-    trainable ones, hence of their gradients.
+    trainable ones, hence of their gradients. ``logical_``: the parameters the model stands
+    for, a 4-bit (QLoRA) layer's weights counted as weights, not as the bytes that hold them.
     """
     counts = {"layers": 0, "first": 0, "last": 0, "tied": 0, "bytes": 4}
-    counts |= {f"trainable_{k}": 0 for k in ("layers", "first", "last", "tied")}
+    counts |= {f"{p}_{k}": 0 for p in ("trainable", "logical")
+               for k in ("layers", "first", "last", "tied")}  # fmt: skip
     counts["trainable_bytes"] = 4
-    for name, param in module.named_parameters():
-        role = "layers" if LAYER_PATH.search(name) else (
+
+    def role_of(name: str) -> str:
+        return "layers" if LAYER_PATH.search(name) else (
             "first" if EMBEDDING_PATH.search(name) else "last")  # fmt: skip
+
+    for name, param in module.named_parameters():
+        role = role_of(name)
         counts[role] += param.numel()
+        counts[f"logical_{role}"] += param.numel()
         counts["bytes"] = param.element_size()
         if param.requires_grad:
             counts[f"trainable_{role}"] += param.numel()
             counts["trainable_bytes"] = param.element_size()
+    for name, sub in module.named_modules():  # QLoRA's 4-bit layers: weights held as buffers
+        logical = getattr(sub, "logical_numel", None)
+        if isinstance(logical, int):
+            counts[f"logical_{role_of(name)}"] += logical
     out_emb = getattr(module, "get_output_embeddings", lambda: None)()
     in_emb = getattr(module, "get_input_embeddings", lambda: None)()
     if out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight:
-        counts["tied"] = int(in_emb.weight.numel())
+        counts["tied"] = counts["logical_tied"] = int(in_emb.weight.numel())
         counts["trainable_tied"] = counts["tied"] if in_emb.weight.requires_grad else 0
     return counts
 
