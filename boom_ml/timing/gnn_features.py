@@ -74,6 +74,18 @@ def per_op_function(name: str | None = None) -> tuple[str, PerOpFn]:
     return "roofline", roofline_ms
 
 
+def per_op_times(
+    graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, per_op: str, channels_last: bool = False
+) -> np.ndarray:
+    """((len(gpus), n)) the per-node ms of the named per-op function, all GPUs in one call
+    where it can (the heads' ``many``)."""
+    _, fn = per_op_function(per_op)
+    many = getattr(fn, "many", None)
+    if many is not None:
+        return many(graph.nodes, gpus, tf32, channels_last)
+    return np.stack([np.asarray(fn(graph.nodes, g, tf32), dtype=float) for g in gpus])
+
+
 def heads_function(heads: Any) -> PerOpFn:
     """The per-op time function of a given PerOpModel (a CV fold's heads, say)."""
     return HeadsTimes(heads)

@@ -27,7 +27,7 @@ from boom_ml.timing.gnn_features import (
     edge_index,
     gpu_context,
     gpu_work_mask,
-    per_op_function,
+    per_op_times,
     static_node_features,
 )
 from boom_ml.timing.tf32 import Tf32
@@ -171,13 +171,7 @@ def predict_graph_many(
     the caller has them already."""
     tf32 = Tf32.of(tf32)
     if per_op_ms is None:
-        _, fn = per_op_function(per_op)
-        many = getattr(fn, "many", None)
-        per_op_ms = (
-            many(graph.nodes, gpus, tf32, channels_last)
-            if many is not None
-            else np.stack([np.asarray(fn(graph.nodes, g, tf32), dtype=float) for g in gpus])
-        )
+        per_op_ms = per_op_times(graph, gpus, tf32, per_op, channels_last)
     per_op_ms = np.asarray(per_op_ms, dtype=float)
     dynamic = np.stack(
         [dynamic_node_features(graph, g, tf32, ms) for g, ms in zip(gpus, per_op_ms, strict=True)]

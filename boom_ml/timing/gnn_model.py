@@ -24,7 +24,7 @@ from boom_ml.timing.gnn_features import (
     SPEC_NAMES,
     RowBatch,
     one_graph_batch,
-    per_op_function,
+    per_op_times,
     row_inputs,
 )
 from boom_ml.timing.gnn_inference import GnnPrediction
@@ -195,13 +195,7 @@ def predict_graph_many(
     the per-op times of the named function, when the caller has them already."""
     tf32 = Tf32.of(tf32)
     if per_op_ms is None:
-        _, fn = per_op_function(per_op)
-        many = getattr(fn, "many", None)
-        per_op_ms = (
-            many(graph.nodes, gpus, tf32, channels_last)
-            if many is not None
-            else np.stack([np.asarray(fn(graph.nodes, g, tf32), dtype=float) for g in gpus])
-        )
+        per_op_ms = per_op_times(graph, gpus, tf32, per_op, channels_last)
     rows = [
         row_inputs(graph, gpu, tf32, np.asarray(base, dtype=float), channels_last)
         for gpu, base in zip(gpus, per_op_ms, strict=True)
