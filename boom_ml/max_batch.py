@@ -352,35 +352,22 @@ class BatchSearch:
         """The last batch in [lo, hi) whose unbounded need fits (need(lo) fits, need(hi)
         does not): interpolation, falling back to bisection when it does not halve."""
         cap = gpu.capacity_bytes
-        interpolate, stalls = True, 0
+        interpolate = True
         while hi - lo > 1:
             width = hi - lo
             guess = (lo + hi) // 2
-            interpolated = False
             if interpolate:
                 n_lo, n_hi = self.need(lo, gpu), self.need(hi, gpu)
                 if n_hi > n_lo:
                     guess = lo + int((cap - n_lo) / (n_hi - n_lo) * width)
                     guess = min(max(guess, lo + 1), hi - 1)
-                    interpolated = True
             if self.need(guess, gpu) <= cap:
                 lo = guess
                 if guess + 1 < hi and self.need(guess + 1, gpu) > cap:
                     hi = guess + 1
             else:
                 hi = guess
-                # An interpolated guess lands on or next to the boundary (need is close to
-                # affine in the batch): its neighbour below is tried at once, one replay
-                # instead of a bisection of what is left (six on resnet50, 32 to 971, H100).
-                if interpolated and guess - 1 > lo:
-                    if self.need(guess - 1, gpu) <= cap:
-                        lo = guess - 1
-                    else:
-                        hi = guess - 1
-            halved = hi - lo <= width // 2
-            stalls = 0 if halved else stalls + 1
-            # bisection once interpolation stops halving the bracket, after two more tries
-            interpolate = halved or (interpolated and stalls <= 2)
+            interpolate = hi - lo <= width // 2
         return lo
 
 

@@ -20,7 +20,7 @@ from boom_ml.memory import estimate as memory_estimate
 from boom_ml.memory.estimate import estimate_memory, simulate_step
 from boom_ml.memory.live import live_peak
 from boom_ml.memory.overheads import TABLE_PATH, load_overheads
-from boom_ml.memory.replay import build_replay
+from boom_ml.memory.replay import build_replay, resized
 from boom_ml.specs import StepSpec
 from boom_ml.trace.graph import OpGraph, canonical_free_order
 from boom_ml.trace.step import trace_step
@@ -227,16 +227,20 @@ def test_a_gradient_that_grows_with_the_batch_is_built_anew():
     a gradient's size moves with the batch, each scaled graph is built from its own sizes."""
     g2, g4 = cnn(2), cnn(4)
     grown = dataclasses.replace(g4, mem_events=g4.mem_events.copy())
-    grad = grown.mem_events.index[grown.mem_events["phase"].eq("gradient")][0]
-    grown.mem_events.loc[grad, "bytes"] += 2 * 512
+    ev = grown.mem_events
+    block = ev.loc[ev["phase"].eq("gradient"), "block"].iloc[0]
+    ev.loc[ev["block"].eq(block), "bytes"] += 2 * 512  # every event of that gradient's block
     scaling = BatchScaling(g2, 2, grown, 4)
     assert not scaling.shares_build
     scaled = scaling.graph_at(9)
-    gpu = get_gpu("l4")
-    assert np.array_equal(
-        simulate_step(scaled, gpu, capacity=False).replay.nbytes,
-        simulate_step(_copy(scaled), gpu, capacity=False).replay.nbytes,
-    )
+    assert memory_estimate._RESIZED.peek(scaled, ()) is None
+    direct = build_replay(scaled, steps=3)
+    # the template's build with these sizes swapped in pairs that gradient as the template
+    # did, by its size at batch 2: another event list, which a shared build would replay
+    swapped = resized(build_replay(scaling.template, steps=3), scaled.mem_events["bytes"])
+    assert not np.array_equal(direct.block, swapped.block)
+    replayed = simulate_step(scaled, get_gpu("l4"), capacity=False).replay.block
+    assert np.array_equal(replayed[replayed >= 0], direct.block)  # workspaces (< 0) aside
 
 
 def test_timeline_png(tmp_path, graph):
