@@ -193,10 +193,12 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
 
 def run(cfg: Any) -> str:
     """Plain function behind the CLI: a config mapping in, the rendered output out."""
-    if not isinstance(cfg, Mapping):  # an OmegaConf DictConfig
+    if not isinstance(cfg, dict):  # Hydra's DictConfig, a Mapping whose nested values stay
+        # DictConfig / ListConfig (model_options.rope_scaling={...} reached transformers so)
         from omegaconf import OmegaConf
 
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+        if OmegaConf.is_config(cfg):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
     options = validate(cfg)  # before the imports below: they take seconds
     output = options.pop("output", "table")
     explain = bool(options.pop("explain", False))

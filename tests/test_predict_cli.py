@@ -445,3 +445,29 @@ def test_a_candidate_that_fails_to_trace_is_no_advice(tmp_path):
     result = json.loads(run(options))
     assert result["gpus"][0]["memory"]["fits"] is False
     assert not any("batch_size=1" in a["change"] for a in result["advice"].get("small", []))
+
+
+def test_run_hands_nested_model_options_over_as_plain_python(tmp_path) -> None:
+    """Hydra's DictConfig is a Mapping whose nested values stay DictConfig / ListConfig: run()
+    converts the whole config, so a factory (or an hf config field such as rope_scaling) gets
+    a list or dict, not an OmegaConf node."""
+    from hydra import compose, initialize_config_dir
+
+    from boom_ml.config_help import CONFIG_DIR
+    from boom_ml.predict import run
+
+    factory = tmp_path / "widths.py"
+    factory.write_text(
+        "import torch\n"
+        "def make(widths=(8,)):\n"
+        "    assert type(widths) is list, type(widths).__name__\n"
+        "    return torch.nn.Sequential(torch.nn.Conv2d(3, widths[-1], 3),\n"
+        "        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(widths[-1], 10))\n"
+    )
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("predict", overrides=[
+            f"model=file:{factory}:make", "gpu=l4", "batch_size=2", "image_size=32",
+            "max_batch=off", "advice=false", "cache=off", "output=json",
+            "model_options={widths:[4,8]}",
+        ])  # fmt: skip
+    assert json.loads(run(cfg))["graph"]["num_parameters"] == 8 * 3 * 9 + 8 + 8 * 10 + 10

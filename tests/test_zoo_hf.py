@@ -398,3 +398,35 @@ def test_seq2seq_sequence_classifier_is_a_one_line_error(tmp_path: Path) -> None
     name = _tiny_config(tmp_path, "bart", "BartForSequenceClassification", **small)
     with pytest.raises(InvalidInputError, match="EOS tokens it finds by value"):
         build_model(name)
+
+
+def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path: Path) -> None:
+    """transformers 5 validates configs through huggingface_hub's strict dataclasses, whose
+    errors are no ValueError, and some configs build into a KeyError or ZeroDivisionError:
+    each is one InvalidInputError, not a traceback."""
+    path = tmp_path / "config.json"
+    raw = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 128}  # fmt: skip
+    path.write_text(json.dumps(raw))
+    for options, words in (
+        ({"hidden_size": 66}, "not a multiple of the number of attention heads"),
+        ({"num_hidden_layers": "two"}, "expected int, got str"),
+        ({"num_attention_heads": 0}, "division or modulo by zero"),
+    ):
+        with pytest.raises(InvalidInputError, match=words):
+            build_model(ModelSpec(f"hf:{path}", options=options))
+    with pytest.raises(InvalidInputError, match="torchvision:resnet18: cannot build: RuntimeError"):
+        build_model(ModelSpec("torchvision:resnet18", options={"num_classes": -5}))
+
+
+def test_t5_without_is_encoder_decoder_takes_its_class_default(tmp_path: Path) -> None:
+    """A hand-written T5 config without ``is_encoder_decoder`` (T5Config defaults it to True)
+    gets the decoder start token every T5 uses, and traces."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"],
+                                "d_model": 32, "d_ff": 64, "d_kv": 8, "num_heads": 4,
+                                "num_layers": 2, "num_decoder_layers": 1, "vocab_size": 100}))  # fmt: skip
+    built = build_model(f"hf:{path}")
+    assert built.module.config.decoder_start_token_id == 0  # the pad token, as T5's configs say
+    fake_step(built, StepSpec(batch_size=2, seq_len=16))

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import boom_ml.zoo.hf_hub as hf_hub
-from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
+from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
 from boom_ml.hf_shipped import lookup as _lookup
 from boom_ml.hf_shipped import shipped
 from boom_ml.specs import ATTENTION_CHOICES, ModelSpec, StepSpec, check_choice
@@ -114,15 +114,35 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
     # and transformers 5 warns about them on every build.
     raw.pop("cache_implementation", None)
-    if raw.get("is_encoder_decoder") and raw.get("decoder_start_token_id") is None:
+    if _encoder_decoder(raw) and raw.get("decoder_start_token_id") is None:
         # T5-family decoders start from the pad token (every published T5 / Switch config
         # says so); configs written by hand (NeuSight's switchxl4) leave it out, and the
         # model's label shift needs it.
         raw["decoder_start_token_id"] = raw.get("pad_token_id", 0)
     try:
         return AutoConfig.for_model(**raw)
-    except (ValueError, TypeError, KeyError) as err:
-        raise InvalidInputError(f"HF config {path}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - transformers 5 validates through huggingface_hub's
+        # strict dataclasses, whose errors are no ValueError: a bad field is one line all the same
+        raise InvalidInputError(f"HF config {path}: {_last_line(err)}") from err
+
+
+def _encoder_decoder(raw: dict[str, Any]) -> bool:
+    """The config's ``is_encoder_decoder``, else its class's default (T5's is True)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if "is_encoder_decoder" in raw:
+        return bool(raw["is_encoder_decoder"])
+    param = inspect.signature(CONFIG_MAPPING[raw["model_type"]].__init__).parameters.get(
+        "is_encoder_decoder"
+    )
+    return bool(param is not None and param.default is True)
+
+
+def _last_line(err: BaseException) -> str:
+    """An error's last non-empty line (huggingface_hub's validation errors name the class
+    and validator first and the reason last)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__
 
 
 def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -301,8 +321,14 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     what = f"hf:{name}"
     try:
         module = build_on_device(lambda: _instantiate(cls, config, attention), device)
+    except BoomError:
+        raise
     except (ValueError, TypeError, AttributeError) as err:
         raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - a config transformers accepts but cannot build
+        raise InvalidInputError(
+            f"{what}: cannot build {cls.__name__}: {type(err).__name__}: {_last_line(err)}"
+        ) from err
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.
     moe_layers = patch_moe(module, imbalance) if on_meta else 0
