@@ -430,3 +430,29 @@ def test_t5_without_is_encoder_decoder_takes_its_class_default(tmp_path: Path) -
     built = build_model(f"hf:{path}")
     assert built.module.config.decoder_start_token_id == 0  # the pad token, as T5's configs say
     fake_step(built, StepSpec(batch_size=2, seq_len=16))
+
+
+def test_notes_name_an_unknown_architecture_and_a_scan_traced_without_its_kernels(
+    tmp_path: Path,
+) -> None:
+    """An ``architectures`` name transformers lacks is traced with the model_type's natural
+    head, and a Mamba scan as transformers' loop over tokens: the build notes both."""
+    weird = tmp_path / "weird.json"
+    weird.write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForSomethingWeird"], "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 128}))  # fmt: skip
+    built = build_model(f"hf:{weird}")
+    assert built.info["notes"] == [
+        "transformers has no class 'LlamaForSomethingWeird' (the config's architectures); "
+        "traced as LlamaForCausalLM, the natural head of model_type 'llama'"
+    ]
+    mamba = _tiny_config(tmp_path, "mamba", "MambaForCausalLM", hidden_size=32,
+                         num_hidden_layers=1, vocab_size=64, state_size=4)  # fmt: skip
+    (note,) = build_model(mamba).info["notes"]
+    assert note.startswith("mamba's scan traced as transformers' PyTorch loop over tokens")
+    assert "mamba-ssm, causal-conv1d" in note
+    plain = _tiny_config(tmp_path, "llama", "LlamaForCausalLM", hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         vocab_size=64)  # fmt: skip
+    assert build_model(plain).info["notes"] == []

@@ -184,6 +184,36 @@ def _remote_code_note(config: Any, head: str) -> list[str]:
     ]
 
 
+# Model types whose transformers classes run fused CUDA kernels where they are installed and
+# a per-token scan in PyTorch otherwise: the trace, on the meta device, always takes the scan.
+_MAMBA_KERNELS = "mamba-ssm, causal-conv1d"
+SCAN_FALLBACK_KERNELS = {
+    **{t: _MAMBA_KERNELS for t in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba",
+                                   "zamba2")},
+    "rwkv": "its wkv CUDA kernel, compiled on first use",
+}  # fmt: skip
+
+
+def _build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
+    """What the build chose that the user did not name: a head other than the config's
+    ``architectures`` says, and a recurrent scan traced without its fused kernel."""
+    notes = []
+    archs = getattr(config, "architectures", None) or []
+    if archs and not from_arch:
+        notes.append(
+            f"transformers has no class {archs[0]!r} (the config's architectures); traced as "
+            f"{head}, the natural head of model_type {config.model_type!r}"
+        )
+    kernels = SCAN_FALLBACK_KERNELS.get(config.model_type)
+    if kernels:
+        notes.append(
+            f"{config.model_type}'s scan traced as transformers' PyTorch loop over tokens; a GPU "
+            f"run with its fused kernels ({kernels}) runs far fewer, larger kernels, so time "
+            "and memory here are those of the slow path"
+        )
+    return notes
+
+
 def _in_mapping(mapping: Any, config: Any) -> bool:
     try:
         return type(config) in mapping
@@ -463,6 +493,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
-            "notes": _remote_code_note(config, head),
+            "notes": _remote_code_note(config, head) + _build_notes(config, head, from_arch),
         },
     )
