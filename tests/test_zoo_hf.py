@@ -413,6 +413,7 @@ def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path:
         ({"hidden_size": 66}, "not a multiple of the number of attention heads"),
         ({"num_hidden_layers": "two"}, "expected int, got str"),
         ({"num_attention_heads": 0}, "division or modulo by zero"),
+        ({"num_hidden_layers": -1}, "num_hidden_layers=-1: a count or size cannot be negative"),
     ):
         with pytest.raises(InvalidInputError, match=words):
             build_model(ModelSpec(f"hf:{path}", options=options))

@@ -13,6 +13,7 @@ import difflib
 import functools
 import inspect
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,10 @@ def _last_line(err: BaseException) -> str:
     return lines[-1] if lines else type(err).__name__
 
 
+# Config fields that count or size something (num_hidden_layers, hidden_size, n_head, ...).
+COUNT_FIELD = re.compile(r"^(num|n)_|_(size|layers|heads|dim|experts)$")
+
+
 def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Refuse an override that looks like a misspelled config field: unknown to the config
     and its class, and close to a name that is known (transformers accepts any name and
@@ -152,6 +157,12 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     them (head_dim, num_labels) are not close to another and pass."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    for key, value in (overrides or {}).items():
+        # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer)
+        if type(value) is int and value < 0 and COUNT_FIELD.search(key):
+            raise InvalidInputError(
+                f"model_options.{key}={value}: a count or size cannot be negative"
+            )
     if not overrides or raw.get("model_type") not in CONFIG_MAPPING:
         return
     cls = CONFIG_MAPPING[raw["model_type"]]
