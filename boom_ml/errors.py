@@ -47,3 +47,10 @@ def interrupted(err: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def last_line(err: BaseException) -> str:
+    """An error's last non-empty line (huggingface_hub's validation errors name the class and
+    validator first and the reason last; torch's name the tensor last), for a one-line error."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1] if lines else type(err).__name__

@@ -252,7 +252,11 @@ def module_role(module_path: str) -> str:
 def check_model(raw: dict[str, Any], layout: Layout) -> dict[str, int | None]:
     """The model facts a layout is validated against; one-line errors for the models the
     per-rank traces cannot cut (an encoder-decoder's two stacks of layers)."""
-    if raw.get("is_encoder_decoder"):
+    from boom_ml.zoo.hf_models import (
+        encoder_decoder,  # T5's class says so where its config is silent
+    )
+
+    if encoder_decoder(raw):
         raise InvalidInputError(
             f"parallel layouts cut one stack of layers; {raw.get('model_type')!r} is an "
             "encoder-decoder (an encoder and a decoder stack), which they do not model: "

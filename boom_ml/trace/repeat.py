@@ -77,7 +77,7 @@ def shallow_options(model: ModelSpec) -> Plan | None:
     if not repeat_enabled():
         return None
     from boom_ml.zoo import resolve_name
-    from boom_ml.zoo.hf_models import config_path, load_config, split_options
+    from boom_ml.zoo.hf_models import config_path, encoder_decoder, load_config, split_options
 
     try:
         scheme, _, name = resolve_name(model.text).partition(":")  # a bare name too
@@ -93,7 +93,7 @@ def shallow_options(model: ModelSpec) -> Plan | None:
     layers = raw.get(key) if key else None
     dense = raw.get(DENSE_FIRST_KEY) or 0
     repeated = dense + 1
-    if not isinstance(dense, int) or layers is None or raw.get("is_encoder_decoder"):
+    if not isinstance(dense, int) or layers is None or encoder_decoder(raw):
         return None
     if layers < max(MIN_LAYERS, 2 * (repeated + 2) + 2):  # the shallow traces hold 2n + 1
         return None

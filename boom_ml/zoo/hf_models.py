@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import boom_ml.zoo.hf_hub as hf_hub
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, suggest
+from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, last_line, suggest
 from boom_ml.hf_shipped import lookup as _lookup
 from boom_ml.hf_shipped import shipped
 from boom_ml.specs import ATTENTION_CHOICES, ModelSpec, StepSpec, check_choice
@@ -115,7 +115,11 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
     # and transformers 5 warns about them on every build.
     raw.pop("cache_implementation", None)
-    if _encoder_decoder(raw) and raw.get("decoder_start_token_id") is None:
+    if (
+        encoder_decoder(raw)
+        and raw.get("decoder_start_token_id") is None
+        and _init_default(raw["model_type"], "decoder_start_token_id") is None
+    ):
         # T5-family decoders start from the pad token (every published T5 / Switch config
         # says so); configs written by hand (NeuSight's switchxl4) leave it out, and the
         # model's label shift needs it.
@@ -124,26 +128,24 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
         return AutoConfig.for_model(**raw)
     except Exception as err:  # noqa: BLE001 - transformers 5 validates through huggingface_hub's
         # strict dataclasses, whose errors are no ValueError: a bad field is one line all the same
-        raise InvalidInputError(f"HF config {path}: {_last_line(err)}") from err
+        raise InvalidInputError(f"HF config {path}: {last_line(err)}") from err
 
 
-def _encoder_decoder(raw: dict[str, Any]) -> bool:
+def encoder_decoder(raw: dict[str, Any]) -> bool:
     """The config's ``is_encoder_decoder``, else its class's default (T5's is True)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     if "is_encoder_decoder" in raw:
         return bool(raw["is_encoder_decoder"])
-    param = inspect.signature(CONFIG_MAPPING[raw["model_type"]].__init__).parameters.get(
-        "is_encoder_decoder"
-    )
-    return bool(param is not None and param.default is True)
+    return _init_default(str(raw.get("model_type")), "is_encoder_decoder") is True
 
 
-def _last_line(err: BaseException) -> str:
-    """An error's last non-empty line (huggingface_hub's validation errors name the class
-    and validator first and the reason last)."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return lines[-1] if lines else type(err).__name__
+def _init_default(model_type: str, field: str) -> Any:
+    """The default of ``field`` in the model_type's config constructor (None without one)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return None
+    param = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters.get(field)
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
 # Config fields that count or size something (num_hidden_layers, hidden_size, n_head, ...).
@@ -158,8 +160,13 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     for key, value in (overrides or {}).items():
-        # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer)
+        # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer);
+        # a field whose own default is negative (ViLT's num_images=-1) means something by it
         if type(value) is int and value < 0 and COUNT_FIELD.search(key):
+            known = raw.get("model_type") in CONFIG_MAPPING
+            default = _init_default(raw["model_type"], key) if known else None
+            if type(default) is int and default < 0:
+                continue
             raise InvalidInputError(
                 f"model_options.{key}={value}: a count or size cannot be negative"
             )
@@ -201,6 +208,8 @@ _MAMBA_KERNELS = "mamba-ssm, causal-conv1d"
 SCAN_FALLBACK_KERNELS = {
     **{t: _MAMBA_KERNELS for t in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba",
                                    "zamba2")},
+    **{t: _MAMBA_KERNELS for t in ("falcon_h1", "nemotron_h", "granitemoehybrid")},
+    "lfm2": "causal-conv1d",
     "rwkv": "its wkv CUDA kernel, compiled on first use",
 }  # fmt: skip
 
@@ -362,13 +371,13 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     what = f"hf:{name}"
     try:
         module = build_on_device(lambda: _instantiate(cls, config, attention), device)
-    except BoomError:
+    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
         raise
     except (ValueError, TypeError, AttributeError) as err:
         raise InvalidInputError(f"{what}: cannot build {cls.__name__}: {err}") from err
     except Exception as err:  # noqa: BLE001 - a config transformers accepts but cannot build
         raise InvalidInputError(
-            f"{what}: cannot build {cls.__name__}: {type(err).__name__}: {_last_line(err)}"
+            f"{what}: cannot build {cls.__name__}: {type(err).__name__}: {last_line(err)}"
         ) from err
     # Fake tensors cannot answer which tokens a router picks: route evenly (hf_moe). A model
     # built on a real device for a measurement keeps transformers' routing.

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError
+from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, last_line
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
@@ -76,10 +76,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         )
     except TypeError as err:
         raise InvalidInputError(f"timm:{name}: bad option: {err}") from err
-    except BoomError:
+    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
         raise
     except Exception as err:  # noqa: BLE001 - an option value it cannot build with (num_classes=-5)
-        raise InvalidInputError(f"timm:{name}: cannot build: {type(err).__name__}: {err}") from err
+        raise InvalidInputError(
+            f"timm:{name}: cannot build: {type(err).__name__}: {last_line(err)}"
+        ) from err
 
     what = f"timm:{name}"
     num_classes = int(getattr(module, "num_classes", options.get("num_classes", 1000)) or 0)

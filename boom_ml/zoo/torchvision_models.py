@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError
+from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, last_line
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
@@ -111,11 +111,11 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         module = build_on_device(lambda: get_model(name, weights=None, **options), device)
     except TypeError as err:  # an option the constructor does not take
         raise InvalidInputError(f"torchvision:{name}: bad option: {err}") from err
-    except BoomError:
+    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
         raise
     except Exception as err:  # noqa: BLE001 - an option value it cannot build with (num_classes=-5)
         raise InvalidInputError(
-            f"torchvision:{name}: cannot build: {type(err).__name__}: {err}"
+            f"torchvision:{name}: cannot build: {type(err).__name__}: {last_line(err)}"
         ) from err
 
     num_classes = int(options.get("num_classes", 1000))
