@@ -462,13 +462,13 @@ def test_notes_name_an_unknown_architecture_and_a_scan_traced_without_its_kernel
 def test_a_build_oom_on_a_gpu_stays_an_oom(monkeypatch) -> None:
     """A measurement builds on the GPU, and an out-of-memory error there must reach the step
     runner as one (it records an ``oom`` row), not as a one-line input error."""
-    from boom_ml.zoo import hf_models, torchvision_models
+    from boom_ml.zoo import common, hf_models
 
     def oom(*args: object, **kwargs: object) -> None:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (synthetic, in a test)")
 
     monkeypatch.setattr(hf_models, "build_on_device", oom)
-    monkeypatch.setattr(torchvision_models, "build_on_device", oom)
-    for name in ("hf:gpt2", "torchvision:resnet18"):
+    monkeypatch.setattr(common, "build_on_device", oom)  # torchvision's and timm's builds
+    for name in ("hf:gpt2", "torchvision:resnet18", "timm:resnet18"):
         with pytest.raises(torch.cuda.OutOfMemoryError):
             build_model(name)

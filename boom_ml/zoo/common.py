@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from boom_ml.errors import InvalidInputError
+from boom_ml.errors import BoomError, InvalidInputError, last_line
 
 T = TypeVar("T")
 
@@ -55,6 +55,24 @@ def build_on_device(factory: Callable[[], T], device: str | torch.device = "meta
                 return factory()
         except Exception:
             raise first from None
+
+
+def build_with_options(
+    what: str, factory: Callable[[], T], device: str | torch.device = "meta"
+) -> T:
+    """:func:`build_on_device`, its failures one line each: a TypeError is an option the
+    constructor does not take, anything else a value it cannot build with (num_classes=-5).
+    A GPU's out-of-memory error stays one: a measurement records its build's OOM."""
+    try:
+        return build_on_device(factory, device)
+    except TypeError as err:
+        raise InvalidInputError(f"{what}: bad option: {err}") from err
+    except (BoomError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        raise InvalidInputError(
+            f"{what}: cannot build: {type(err).__name__}: {last_line(err)}"
+        ) from err
 
 
 @contextlib.contextmanager

@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, last_line
+from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
 from boom_ml.zoo.common import (
-    build_on_device,
+    build_with_options,
     classification_loss,
     closest,
     generic_loss,
@@ -70,18 +70,9 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise UnknownModelError(f"unknown timm model {name!r}{hint}")
     options = dict(spec.options)
     refuse_weights(options, f"timm:{name}")
-    try:
-        module = build_on_device(
-            lambda: timm.create_model(name, pretrained=False, **options), device
-        )
-    except TypeError as err:
-        raise InvalidInputError(f"timm:{name}: bad option: {err}") from err
-    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
-        raise
-    except Exception as err:  # noqa: BLE001 - an option value it cannot build with (num_classes=-5)
-        raise InvalidInputError(
-            f"timm:{name}: cannot build: {type(err).__name__}: {last_line(err)}"
-        ) from err
+    module = build_with_options(
+        f"timm:{name}", lambda: timm.create_model(name, pretrained=False, **options), device
+    )
 
     what = f"timm:{name}"
     num_classes = int(getattr(module, "num_classes", options.get("num_classes", 1000)) or 0)

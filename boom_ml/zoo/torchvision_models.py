@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import BoomError, InvalidInputError, UnknownModelError, last_line
+from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
 from boom_ml.zoo.common import (
-    build_on_device,
+    build_with_options,
     classification_loss,
     closest,
     image_batch,
@@ -107,16 +107,9 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         # Weight init is pointless on meta, and passing it silences torchvision's warning.
         # The aux heads stay on: real training of these nets uses them.
         options.setdefault("init_weights", False)
-    try:
-        module = build_on_device(lambda: get_model(name, weights=None, **options), device)
-    except TypeError as err:  # an option the constructor does not take
-        raise InvalidInputError(f"torchvision:{name}: bad option: {err}") from err
-    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
-        raise
-    except Exception as err:  # noqa: BLE001 - an option value it cannot build with (num_classes=-5)
-        raise InvalidInputError(
-            f"torchvision:{name}: cannot build: {type(err).__name__}: {last_line(err)}"
-        ) from err
+    module = build_with_options(
+        f"torchvision:{name}", lambda: get_model(name, weights=None, **options), device
+    )
 
     num_classes = int(options.get("num_classes", 1000))
     image_size = native_image_size(name, module)

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from boom_ml.errors import BoomError, InvalidInputError, last_line
+from boom_ml.errors import InvalidInputError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import enable_generic
-from boom_ml.zoo.common import build_on_device, classification_loss, refuse_weights
+from boom_ml.zoo.common import build_with_options, classification_loss, refuse_weights
 
 IGNORE_INDEX = 255  # the reference script's "void" class (Pascal VOC's border pixels)
 AUX_WEIGHT = 0.5  # references/segmentation/train.py: losses["out"] + 0.5 * losses["aux"]
@@ -92,16 +92,9 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     segmentation = name in segmentation_names()
     if segmentation:
         options.setdefault("weights_backbone", None)  # the default would download ImageNet's
-    try:
-        module = build_on_device(lambda: get_model(name, weights=None, **options), device)
-    except TypeError as err:
-        raise InvalidInputError(f"torchvision:{name}: bad option: {err}") from err
-    except (BoomError, torch.cuda.OutOfMemoryError):  # a measurement's build OOM stays one
-        raise
-    except Exception as err:  # noqa: BLE001 - an option value it cannot build with (num_classes=-5)
-        raise InvalidInputError(
-            f"torchvision:{name}: cannot build: {type(err).__name__}: {last_line(err)}"
-        ) from err
+    module = build_with_options(
+        f"torchvision:{name}", lambda: get_model(name, weights=None, **options), device
+    )
     what = f"torchvision:{name}"
     meta, keywords = _weights_meta(name)
     num_classes = int(options.get("num_classes", len(meta.get("categories") or ()) or 1))
