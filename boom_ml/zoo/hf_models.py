@@ -30,6 +30,7 @@ from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, closest, generic_loss
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
+from boom_ml.zoo.hf_notes import build_notes
 
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
@@ -186,52 +187,6 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
                 f"model_options.{key}: {cls.__name__} has no field {key!r} (did you mean: "
                 f"{close[0]}?)"
             )
-
-
-def _remote_code_note(config: Any, head: str) -> list[str]:
-    """A config whose ``auto_map`` names the repo's own modelling code (trust_remote_code)
-    is built from transformers' class for its model_type: say so, since that code is what
-    the user's run would execute, and it may differ (fused kernels, other layouts)."""
-    auto_map = getattr(config, "auto_map", None)
-    if not isinstance(auto_map, dict) or not auto_map:
-        return []
-    hub_classes = sorted({str(v).split("--")[-1] for v in auto_map.values()})
-    return [
-        f"the config's auto_map names the repository's own code ({', '.join(hub_classes)}); "
-        f"traced with transformers' {head} instead (that code is never run here)"
-    ]
-
-
-# Model types whose transformers classes run fused CUDA kernels where they are installed and
-# a per-token scan in PyTorch otherwise: the trace, on the meta device, always takes the scan.
-_MAMBA_KERNELS = "mamba-ssm, causal-conv1d"
-SCAN_FALLBACK_KERNELS = {
-    **{t: _MAMBA_KERNELS for t in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba",
-                                   "zamba2")},
-    **{t: _MAMBA_KERNELS for t in ("falcon_h1", "nemotron_h", "granitemoehybrid")},
-    "lfm2": "causal-conv1d",
-    "rwkv": "its wkv CUDA kernel, compiled on first use",
-}  # fmt: skip
-
-
-def _build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
-    """What the build chose that the user did not name: a head other than the config's
-    ``architectures`` says, and a recurrent scan traced without its fused kernel."""
-    notes = []
-    archs = getattr(config, "architectures", None) or []
-    if archs and not from_arch:
-        notes.append(
-            f"transformers has no class {archs[0]!r} (the config's architectures); traced as "
-            f"{head}, the natural head of model_type {config.model_type!r}"
-        )
-    kernels = SCAN_FALLBACK_KERNELS.get(config.model_type)
-    if kernels:
-        notes.append(
-            f"{config.model_type}'s scan traced as transformers' PyTorch loop over tokens; a GPU "
-            f"run with its fused kernels ({kernels}) runs far fewer, larger kernels, so time "
-            "and memory here are those of the slow path"
-        )
-    return notes
 
 
 def _in_mapping(mapping: Any, config: Any) -> bool:
@@ -513,6 +468,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
-            "notes": _remote_code_note(config, head) + _build_notes(config, head, from_arch),
+            "notes": build_notes(config, head, from_arch),
         },
     )

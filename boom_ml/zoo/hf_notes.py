@@ -1,0 +1,53 @@
+"""The notes an hf: build adds to a prediction (``graph.model_notes``, ``Note:`` lines): what
+the traced model is that the user did not name or that a GPU run would do otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def remote_code_note(config: Any, head: str) -> list[str]:
+    """A config whose ``auto_map`` names the repo's own modelling code (trust_remote_code)
+    is built from transformers' class for its model_type: say so, since that code is what
+    the user's run would execute, and it may differ (fused kernels, other layouts)."""
+    auto_map = getattr(config, "auto_map", None)
+    if not isinstance(auto_map, dict) or not auto_map:
+        return []
+    hub_classes = sorted({str(v).split("--")[-1] for v in auto_map.values()})
+    return [
+        f"the config's auto_map names the repository's own code ({', '.join(hub_classes)}); "
+        f"traced with transformers' {head} instead (that code is never run here)"
+    ]
+
+
+# Model types whose transformers classes run fused CUDA kernels where they are installed and
+# a per-token scan in PyTorch otherwise: the trace, on the meta device, always takes the scan.
+_MAMBA_KERNELS = "mamba-ssm, causal-conv1d"
+SCAN_FALLBACK_KERNELS = {
+    **{t: _MAMBA_KERNELS for t in ("mamba", "mamba2", "falcon_mamba", "jamba", "bamba", "zamba",
+                                   "zamba2")},
+    **{t: _MAMBA_KERNELS for t in ("falcon_h1", "nemotron_h", "granitemoehybrid")},
+    "lfm2": "causal-conv1d",
+    "rwkv": "its wkv CUDA kernel, compiled on first use",
+}  # fmt: skip
+
+
+def build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
+    """What the build chose that the user did not name: the repository's own code not run, a
+    head other than the config's ``architectures`` says, a recurrent scan traced without its
+    fused kernel."""
+    notes = remote_code_note(config, head)
+    archs = getattr(config, "architectures", None) or []
+    if archs and not from_arch:
+        notes.append(
+            f"transformers has no class {archs[0]!r} (the config's architectures); traced as "
+            f"{head}, the natural head of model_type {config.model_type!r}"
+        )
+    kernels = SCAN_FALLBACK_KERNELS.get(config.model_type)
+    if kernels:
+        notes.append(
+            f"{config.model_type}'s scan traced as transformers' PyTorch loop over tokens; a GPU "
+            f"run with its fused kernels ({kernels}) runs far fewer, larger kernels, so time "
+            "and memory here are those of the slow path"
+        )
+    return notes
