@@ -102,3 +102,50 @@ def test_advice_for_16_bit_parameters_proposes_no_autocast(fields) -> None:
     labels = [label for label, _, _ in single_changes(StepSpec(batch_size=4, **fields), gpu)]
     # autocast over 16-bit parameters was offered, and raised for fp16 parameters
     assert labels[0] == "checkpointing=full" and not [x for x in labels if x.startswith("amp")]
+
+
+def _gradient_bytes_at_backward(graph, **replay_kw) -> list[int]:
+    """Live bytes of category ``gradient`` when each replayed step's backward starts."""
+    from boom_ml.memory.replay import build_replay
+
+    replay = build_replay(graph, steps=3, **replay_kw)
+    category = graph.mem_events["category"].to_numpy().astype(str)
+    phase = graph.mem_events["phase"].to_numpy().astype(str)
+    sizes: dict[int, tuple[int, bool]] = {}
+    live, starts, seen = 0, [], set()
+    for i in range(len(replay.block)):
+        src, k = int(replay.src[i]), int(replay.step[i])
+        # (the kept 16-bit gradients are allocated early from their backward rows)
+        opens = src >= 0 and phase[src] == "backward" and category[src] != "gradient"
+        if opens and k not in seen:
+            seen.add(k)
+            starts.append(live)
+        block = int(replay.block[i])
+        if replay.is_alloc[i]:
+            assert block not in sizes, f"block {block} allocated twice while alive"
+            grad = src >= 0 and category[src] == "gradient"
+            sizes[block] = (int(replay.nbytes[i]), grad)
+            live += sizes[block][0] if grad else 0
+        else:
+            size, grad = sizes.pop(block)
+            live -= size if grad else 0
+    return starts
+
+
+@pytest.mark.parametrize(
+    ("zero_grad", "accumulate", "expected"),
+    [
+        ("set_to_none", False, [0, 0, 0]),
+        # kept zeroed: the copies' fp32 gradients, once (the step's cast replaces each one)
+        ("zero", False, [4, 4, 4]),
+        # accumulation: the earlier micro-batches' 16-bit gradients, not the fp32 ones
+        ("set_to_none", True, [0, 2, 2]),
+        ("zero", True, [4, 6, 6]),
+    ],
+)
+def test_gradients_alive_when_backward_starts(tiny_llama, zero_grad, accumulate, expected):
+    graph = trace(tiny_llama, params_dtype="bf16", master_weights=True, optimizer="adamw",
+                  zero_grad=zero_grad)  # fmt: skip
+    n = graph.meta["num_trainable_parameters"]
+    starts = _gradient_bytes_at_backward(graph, accumulate=accumulate, hold_outputs=False)
+    assert starts == [e * n for e in expected]

@@ -10,7 +10,11 @@ next forward returns (``hold_outputs``). The tracer itself deletes both right aw
 With gradient accumulation (``accumulate``) ``zero_grad`` runs only once per optimizer
 step, so the gradients of the previous micro-batch stay alive through the next forward
 and backward; each new gradient is summed into the existing ``.grad`` in place by
-autograd's AccumulateGrad, and the incoming buffer dies right after the sum.
+autograd's AccumulateGrad, and the incoming buffer dies right after the sum. Under fp32
+master weights the gradients that survive are backward's 16-bit ones (the optimizer casts
+them to the copies' fp32 gradients and drops them): each step after the first starts with
+them alive, as the earlier micro-batches left them, and the copies' fp32 gradients come and
+go as without accumulation.
 """
 
 from __future__ import annotations
@@ -110,6 +114,11 @@ def build_replay(
     body = np.flatnonzero(~pre)
     # zero_grad(set_to_none=False) keeps every gradient: allocated once, alive in every step
     kept_grads = graph.meta.get("step", {}).get("zero_grad") == "zero"
+    # fp32 master weights: backward's 16-bit gradients are cast to the copies' fp32 ones and
+    # dropped in the optimizer; under accumulation they, not the fp32 ones, are what survives
+    # from one micro-batch to the next (the fp32 ones exist from the step to the zero_grad)
+    master = bool(graph.meta.get("step", {}).get("master_weights"))
+    accumulate_carried = accumulate and not master
     persistent_rows = np.flatnonzero(pre & ((phase != "gradient") | kept_grads) & is_alloc)
     old_grads = set(blocks[pre & (phase == "gradient")].tolist())
     freed_in_body = set(blocks[~pre & ~is_alloc].tolist())
@@ -117,6 +126,10 @@ def build_replay(
     # anything else the step leaves behind); the next zero_grad releases them.
     carried = [int(blocks[r]) for r in body if is_alloc[r] and int(blocks[r]) not in freed_in_body]
     grad_match = _match_gradients(ev, old_grads, carried)
+    dropped: dict[int, int] = {}  # master weights: 16-bit gradient block -> its alloc row
+    if master and accumulate:
+        grads = body[is_alloc[body] & (category[body] == "gradient")]
+        dropped = {int(blocks[r]): int(r) for r in grads if int(blocks[r]) in freed_in_body}
 
     deferred: dict[int, str] = {}
     if hold_outputs:
@@ -171,14 +184,17 @@ def build_replay(
                 for s in state_rows:  # lazily created at the first optimizer.step()
                     out.add(True, int(blocks[s]), int(nbytes[s]), int(s), 1)
             if b in old_grads and not is_alloc[r]:
-                if k > 1 and b in grad_match and not accumulate:
+                if k == 1 and kept_grads:  # a kept gradient replaced (the fp32 copies' cast)
+                    out.add(False, b, int(nbytes[r]), r, k)
+                elif k > 1 and b in grad_match and not accumulate_carried:
                     out.add(False, grad_match[b] + off - stride, int(nbytes[r]), r, k)
             elif not is_alloc[r] and b in deferred:
                 held[deferred[b]].append((b + off, int(nbytes[r]), r))
-            elif accumulate and k > 1 and is_alloc[r] and b in matched:
+            elif k > 1 and is_alloc[r] and (b in dropped or (accumulate_carried and b in matched)):
                 # summed into the surviving .grad in place; the incoming buffer dies
-                out.add(True, b + off, int(nbytes[r]), r, k)
-                out.add(False, b + off, int(nbytes[r]), r, k)
+                transient = b + (steps + k) * stride if b in dropped else b + off
+                out.add(True, transient, int(nbytes[r]), r, k)
+                out.add(False, transient, int(nbytes[r]), r, k)
             else:
                 out.add(bool(is_alloc[r]), b + off, int(nbytes[r]), r, k)
             for i in after.get(r, ()):
@@ -188,6 +204,9 @@ def build_replay(
                 for c in carried:
                     if c not in matched:
                         out.add(False, c + off - stride, 0, -1, k)
+                # the earlier micro-batches' 16-bit gradients, which this backward adds into
+                for d, a in dropped.items():
+                    out.add(True, d + off, int(nbytes[a]), a, k)
             if r == last_of["forward"]:
                 for blk, size, src in pending["forward"]:
                     out.add(False, blk, size, src, k)
