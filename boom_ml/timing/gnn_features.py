@@ -299,8 +299,21 @@ class RowBatch:
     adjacency: tuple  # per edge type: (src, dst, inverse in-degree), see mean_adjacency
 
 
+def adjacency_arrays(
+    index: np.ndarray, types: np.ndarray, n: int
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per edge type (src, dst, 1 / in-degree of each node, as a column): what a mean
+    aggregation needs, in numpy (the packaged model's forward pass runs on these)."""
+    out = []
+    for t in range(EDGE_TYPES):
+        src, dst = index[:, types == t]
+        inv = 1.0 / np.maximum(np.bincount(dst, minlength=n), 1)
+        out.append((src, dst, inv[:, None]))
+    return out
+
+
 def mean_adjacency(edge_index: torch.Tensor, edge_type: torch.Tensor, n: int) -> tuple:
-    """Per edge type (src, dst, 1 / in-degree of each node): what a mean aggregation needs.
+    """:func:`adjacency_arrays` as tensors (the inverse in-degrees float32, as the model's).
 
     Gather + ``index_add_`` instead of PyG's scatter path: without the compiled
     torch-scatter extension that path (and torch.sparse CSR matmuls) are several times
@@ -308,12 +321,11 @@ def mean_adjacency(edge_index: torch.Tensor, edge_type: torch.Tensor, n: int) ->
     """
     import torch
 
-    out = []
-    for t in range(EDGE_TYPES):
-        src, dst = edge_index[:, edge_type == t]
-        inv = 1.0 / torch.bincount(dst, minlength=n).clamp(min=1).float()
-        out.append((src, dst, inv[:, None]))
-    return tuple(out)
+    arrays = adjacency_arrays(edge_index.numpy(), edge_type.numpy(), n)
+    return tuple(
+        (torch.from_numpy(src), torch.from_numpy(dst), torch.from_numpy(inv.astype(np.float32)))
+        for src, dst, inv in arrays
+    )
 
 
 @dataclass

@@ -18,11 +18,11 @@ import numpy as np
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.gnn_features import (
-    EDGE_TYPES,
     MIN_MS,
     N_CONTEXT,
     N_SPEC,
     SPEC_NAMES,
+    adjacency_arrays,
     dynamic_node_features,
     edge_index,
     gpu_context,
@@ -91,18 +91,6 @@ def _layer_norm(state: dict[str, np.ndarray], name: str, x: np.ndarray) -> np.nd
 
 def _softplus(x: np.ndarray) -> np.ndarray:
     return np.where(x > SOFTPLUS_THRESHOLD, x, np.log1p(np.exp(np.minimum(x, SOFTPLUS_THRESHOLD))))
-
-
-def _mean_adjacency(graph: OpGraph) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per edge type (src, dst, 1 / in-degree): gnn_features.mean_adjacency's numbers."""
-    index, types = edge_index(graph)
-    n = len(graph.nodes)
-    out = []
-    for t in range(EDGE_TYPES):
-        src, dst = index[:, types == t]
-        inv = 1.0 / np.maximum(np.bincount(dst, minlength=n), 1)
-        out.append((src, dst, inv[:, None]))
-    return out
 
 
 def _member_pass(
@@ -181,7 +169,8 @@ def predict_graph_many(
     )  # fmt: skip
     log_per_op = np.log(np.maximum(per_op_ms, MIN_MS)).astype(np.float32).astype(np.float64)
     x = static_node_features(graph.nodes).astype(np.float64)
-    adjacency = _mean_adjacency(graph)
+    index, types = edge_index(graph)
+    adjacency = adjacency_arrays(index, types, len(graph.nodes))
     gpu_mask = gpu_work_mask(graph).astype(np.float64)
     passes = [
         _member_pass(weights.config, state, x, adjacency, dynamic, log_per_op,
