@@ -81,7 +81,7 @@ def test_master_weights_need_16_bit_parameters_without_autocast(fields) -> None:
 
 def test_label_and_parallel_state_bytes() -> None:
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from tests.test_parallel import SYNTHETIC_TINY_LLAMA
 
     step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)

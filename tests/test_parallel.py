@@ -45,7 +45,7 @@ def layer_params(tp: int) -> int:
 @pytest.fixture(scope="module")
 def tiny_memory(tmp_path_factory):
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", grad_accum=2)
@@ -192,12 +192,13 @@ def test_pipeline_first_stage_holds_in_flight_activations(tiny_memory):
 
 def test_a_stage_without_the_head_holds_none_of_its_tensors(tiny_memory):
     from boom_ml.parallel.memory import rank_memory
-    from boom_ml.parallel.profile import _graphs, head_modules
+    from boom_ml.parallel.memory_profile import head_modules
+    from boom_ml.parallel.profile import rank_graphs
     from boom_ml.specs import StepSpec
 
     # what runs after the last layer: the final norm, the head, the root's loss; the rotary
     # tables run before the layers, on every stage
-    graph = _graphs(SYNTHETIC_TINY_LLAMA, 1, StepSpec(batch_size=2, seq_len=32))[0][0]
+    graph = rank_graphs(SYNTHETIC_TINY_LLAMA, 1, StepSpec(batch_size=2, seq_len=32))[0][0]
     assert head_modules(graph) == {"LlamaForCausalLM", "LlamaForCausalLM.lm_head",
                                    "LlamaForCausalLM.model.norm"}  # fmt: skip
     first, last = rank_memory(tiny_memory, Layout(pp=2), [1, 1])["per_stage"]
@@ -424,7 +425,7 @@ def test_time_profiles_read_the_steps_tf32_switches():
     from dataclasses import replace
 
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import _graphs, time_profiles
+    from boom_ml.parallel.profile import rank_graphs, time_profiles
     from boom_ml.specs import StepSpec
     from boom_ml.timing.estimate import estimate_times
     from boom_ml.timing.tf32 import Tf32
@@ -434,7 +435,7 @@ def test_time_profiles_read_the_steps_tf32_switches():
     on = replace(off, tf32=True)
     prof_off, prof_on = (time_profiles(SYNTHETIC_TINY_LLAMA, 1, s, [gpu])[0] for s in (off, on))
     assert prof_on.layer_matrix_ms < prof_off.layer_matrix_ms
-    (one, _), (two, _) = _graphs(SYNTHETIC_TINY_LLAMA, 1, on)
+    (one, _), (two, _) = rank_graphs(SYNTHETIC_TINY_LLAMA, 1, on)
     t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
     nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
     assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
@@ -467,7 +468,7 @@ def test_zero1_over_master_weights_steps_the_ranks_fp32_shard_alone():
     and the other shards' bf16 gradients stay (they were counted all in fp32)."""
     from boom_ml.gpus import get_gpu
     from boom_ml.parallel.memory import _stage_at
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)

@@ -14,7 +14,7 @@ import pytest
 
 from boom_ml.parallel.layout import Layout
 from boom_ml.parallel.memory import DDP_BUCKET_BYTES, stage_memory
-from boom_ml.parallel.profile import MemoryProfile
+from boom_ml.parallel.memory_profile import MemoryProfile
 from tests.test_parallel import LAYERS, SYNTHETIC_TINY_LLAMA, VOCAB, H, layer_params
 
 GIB = 2**30
@@ -26,7 +26,7 @@ def _round(nbytes: int) -> int:
 
 def test_the_traced_optimizer_temporaries_are_foreach_adamws_square_roots() -> None:
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", optimizer_impl="foreach")

@@ -62,7 +62,7 @@ def test_build_options_reach_the_rank_model() -> None:
     """attention=eager (and moe.imbalance) change the rank's trace as they change one GPU's."""
     import json
 
-    from boom_ml.parallel.profile import _graphs
+    from boom_ml.parallel.profile import rank_graphs
     from boom_ml.parallel.shard import rank_config, rank_model, with_build_options
     from boom_ml.specs import StepSpec
     from tests.test_parallel import SYNTHETIC_TINY_LLAMA
@@ -72,8 +72,8 @@ def test_build_options_reach_the_rank_model() -> None:
     model = rank_model(json.dumps(rank_config(raw, 1, 1)))
     assert model.options == options and "_boom" not in open(model.name).read()
     step = StepSpec(batch_size=2, seq_len=32)
-    ops = {k: set(g.nodes["op"]) for k, g in (("sdpa", _graphs(SYNTHETIC_TINY_LLAMA, 1, step)[0][0]),
-                                              ("eager", _graphs(raw, 1, step)[0][0]))}  # fmt: skip
+    ops = {k: set(g.nodes["op"]) for k, g in (("sdpa", rank_graphs(SYNTHETIC_TINY_LLAMA, 1, step)[0][0]),
+                                              ("eager", rank_graphs(raw, 1, step)[0][0]))}  # fmt: skip
     assert not [op for op in ops["eager"] if "attention" in op] and "_softmax" in ops["eager"]
     assert [op for op in ops["sdpa"] if "attention" in op]
 

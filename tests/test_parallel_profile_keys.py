@@ -27,7 +27,8 @@ def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> 
     for d in ("trace", "zoo", "memory", "parallel"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "a.py").write_text("x = 1\n")
-    (tmp_path / "parallel" / "profile.py").write_text("x = 1\n")  # what a profile holds
+    for name in ("profile.py", "memory_profile.py"):  # how it is traced, what it holds
+        (tmp_path / "parallel" / name).write_text("x = 1\n")
     monkeypatch.setattr(profile, "_ROOT", tmp_path)
     monkeypatch.setattr(trace_cache, "_PACKAGE", tmp_path)
     monkeypatch.setattr(trace_cache, "_CODE_DIRS", (tmp_path / "trace", tmp_path / "zoo"))
@@ -45,6 +46,9 @@ def test_memory_profiles_are_keyed_by_the_memory_code(monkeypatch, tmp_path) -> 
         assert identity() != before
         changed = identity()
         (tmp_path / "parallel" / "profile.py").write_text("x = 2\n")
+        assert identity() != changed
+        changed = identity()
+        (tmp_path / "parallel" / "memory_profile.py").write_text("x = 2\n")
         assert identity() != changed
     finally:
         trace_cache.code_digest.cache_clear()

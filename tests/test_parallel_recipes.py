@@ -24,7 +24,7 @@ HELD = LAYERS * base_layer_params(1) + 2 * VOCAB * H + H  # embedding, layers, h
 
 def _memory(**step_fields):
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", grad_accum=2, **step_fields)

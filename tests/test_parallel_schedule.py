@@ -212,7 +212,7 @@ def test_step_time_1f1b_equals_the_closed_form_and_gpipe_without_sends():
 @pytest.fixture(scope="module")
 def tiny_memory():
     from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.profile import memory_profile
+    from boom_ml.parallel.memory_profile import memory_profile
     from boom_ml.specs import StepSpec
 
     step = StepSpec(batch_size=2, seq_len=32, optimizer="adamw", grad_accum=4)

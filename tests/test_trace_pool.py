@@ -193,6 +193,7 @@ def test_the_layout_search_takes_its_small_traces_from_workers(llama: str) -> No
     are those found without them."""
     got = run_fresh(
         """
+        import boom_ml.parallel.memory_profile as memory_profile
         import boom_ml.parallel.profile as profile
         from boom_ml.gpus import get_gpu
         from boom_ml.parallel.search import search_layouts_many
@@ -203,6 +204,7 @@ def test_the_layout_search_takes_its_small_traces_from_workers(llama: str) -> No
         in_workers = pool.started
         profile.forget_traces()
         profile._MEMO.clear()
+        memory_profile._MEMO.clear()
         os.environ["BOOM_TRACE_WORKERS"] = "0"  # no pool from here on
         import shutil
         shutil.rmtree(os.environ["BOOM_CACHE_DIR"])  # profiles cached on disk: none now

@@ -292,7 +292,7 @@ def window_peaks(
     multi-GPU profile traces may peak in the backward pass where the whole model peaks in
     the optimizer step, whose memory grows with the parameters; and two small models can
     peak at different moments of one pass. Extrapolating each window on its own and taking
-    the largest keeps that peak (``parallel/profile.py``).
+    the largest keeps that peak (``parallel/memory_profile.py``).
     """
     stack = stack if stack is not None else resolve_stack()
     _, sm = step_fits(graph, gpu, level="p50", stack=stack, table=load_overheads(),

@@ -1,7 +1,7 @@
 """Memory of each pipeline stage's rank: the traced per-rank model plus analytic sharding terms.
 
 Start: the allocator replay of the per-rank model (tensor-parallel dimensions divided) with
-1 and 2 layers, extrapolated linearly to the stage's layers (``profile.py``), except the
+1 and 2 layers, extrapolated linearly to the stage's layers (``memory_profile.py``), except the
 allocator's fragmentation, which stays within the two traces' values. Then:
 
 * a stage that does not hold the embedding (or the LM head) loses their parameters, gradients
@@ -44,7 +44,7 @@ from typing import Any
 
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
 from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
-from boom_ml.parallel.profile import MemoryProfile
+from boom_ml.parallel.memory_profile import MemoryProfile
 from boom_ml.parallel.schedule import peak_in_flight
 
 NCCL_BUFFSIZE = 4 * MIB  # NCCL DEFAULT_BUFFSIZE (src/init.cc), per channel and peer

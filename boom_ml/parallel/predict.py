@@ -14,7 +14,8 @@ from boom_ml.parallel.collectives import groups as make_groups
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.links import inter_link, intra_link
 from boom_ml.parallel.memory import rank_memory
-from boom_ml.parallel.profile import memory_profile, param_counts, time_profiles
+from boom_ml.parallel.memory_profile import memory_profile
+from boom_ml.parallel.profile import param_counts, time_profiles
 from boom_ml.parallel.shard import (
     check_model,
     chunk_layers,

@@ -55,7 +55,8 @@ def memory_identity() -> str:
 
     memory = _ROOT / "memory"
     files = sorted([*memory.glob("*.py"), *memory.glob("*.csv")])
-    files += [_ROOT / "parallel" / "profile.py"]  # what a profile holds (its fields)
+    # what a profile holds (its fields) and how its traces are taken
+    files += [_ROOT / "parallel" / "memory_profile.py", _ROOT / "parallel" / "profile.py"]
     return _files_digest(code_digest(), files)
 
 
