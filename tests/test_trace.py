@@ -356,3 +356,38 @@ def test_a_compiled_child_used_twice_is_unwrapped_in_both_places() -> None:
     model, count = uncompiled(nn.Sequential(shared, nn.ReLU(), shared))
     assert [type(m).__name__ for m in model] == ["Linear", "ReLU", "Linear"]
     assert model[0] is model[2] and count == 2
+
+
+MLP = """
+from torch import nn
+
+
+def make():
+    return nn.Sequential(nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def make_with_inputs():
+    model = make()
+    model.example_inputs = lambda batch_size, device: {"input": torch.randn(batch_size, 128)}
+    return model
+
+
+import torch
+"""
+
+
+def test_a_file_model_given_the_guessed_image_batch_is_told_of_example_inputs(tmp_path) -> None:
+    from boom_ml.errors import TraceError
+
+    path = tmp_path / "mlp.py"
+    path.write_text(MLP)
+    step = StepSpec(batch_size=2, image_size=32)
+    with pytest.raises(TraceError) as err:
+        trace_step(build_model(ModelSpec(f"file:{path}:make")), step)
+    assert str(err.value).endswith(
+        "(its batch was synthesised as input=(batch, 3, S, S) images; a model that takes "
+        "other inputs defines example_inputs(batch_size, device) on the module)"
+    )
+    # with example_inputs the module gets its own batch, and the step traces
+    graph = trace_step(build_model(ModelSpec(f"file:{path}:make_with_inputs")), step)
+    assert graph.meta["num_trainable_parameters"] == 128 * 64 + 64 + 64 * 10 + 10

@@ -447,4 +447,9 @@ def _describe_failure(built: BuiltModel, exc: Exception) -> str:
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
-    return f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
+    said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
+    synthesised = built.info.get("synthesised_input")
+    if synthesised:  # a user's module given the one batch we can guess (zoo/file_models.py)
+        said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
+                 " inputs defines example_inputs(batch_size, device) on the module)")  # fmt: skip
+    return said
