@@ -1,4 +1,4 @@
-"""Parallel layouts with training recipes: 16-bit parameters and LoRA.
+"""Parallel layouts with training recipes: 16-bit parameters, master weights, LoRA, QLoRA.
 
 Sharding divides what each parameter carries: its bytes in ``params_dtype``, and, for the
 trainable ones only, a gradient and optimizer state. Data parallelism reduces only the
@@ -8,6 +8,8 @@ an r = 8 adapter pair adds r * (H + H) parameters per projection.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -131,3 +133,71 @@ def test_qlora_with_sharded_or_staged_weights_is_one_line(layout):
         validate(layout, Cluster(), finetune_method="qlora")
     assert "finetune.method=qlora" in str(err.value) and "\n" not in str(err.value)
     validate(Layout(dp=2, sharding="zero2"), Cluster(), finetune_method="qlora")  # modelled
+
+
+def test_checkpointing_every_k_is_refused_with_a_layout(tmp_path):
+    """The rank models' 1- and 2-layer traces both checkpoint layer 0, so their difference is
+    an uncheckpointed layer: a layout with checkpointing.every=2 was predicted as if every
+    layer but the first ran without checkpointing. It is refused in one line, and the layout
+    search (the advice's) gives that line as its reason."""
+    from boom_ml import api
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.search import search_layouts_many
+    from boom_ml.specs import StepSpec
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    words = "checkpointing.every=2 with a multi-GPU layout"
+    with pytest.raises(InvalidInputError, match=words):
+        api.predict(f"hf:{path}", gpu="h100-sxm", batch_size=2, seq_len=32,
+                    checkpointing="full", checkpointing_every=2, parallel={"dp": 2})  # fmt: skip
+    step = StepSpec(batch_size=2, seq_len=32, checkpointing="full", checkpointing_every=2)
+    with pytest.raises(InvalidInputError, match=words):
+        search_layouts_many(f"hf:{path}", [get_gpu("h100-sxm")], step)
+
+
+def test_zero1_over_master_weights_steps_the_ranks_fp32_shard_alone():
+    """bf16 parameters with fp32 master weights: at the optimizer step's peak the gradients
+    are fp32 (each 16-bit one cast and dropped); under ZeRO-1 a rank casts its shard alone,
+    and the other shards' bf16 gradients stay (they were counted all in fp32)."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.memory import _stage_at
+    from boom_ml.parallel.memory_profile import memory_profile
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)
+    prof = memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+    assert prof.master_weights and prof.param_bytes == 2
+    held = HELD
+    view = prof.windows["optimizer"]
+    alone = _stage_at(prof, view, Layout(), 0, LAYERS, 1, drained=True)
+    fp32 = alone["breakdown"]["gradient"]
+    assert 4 * held <= fp32 <= 4 * held + 512 * 40  # every gradient in fp32 (allocator rounding)
+    dp = 4
+    zero1 = _stage_at(prof, view, Layout(dp=dp, sharding="zero1"), 0, LAYERS, 1, drained=True)
+    assert zero1["parallel_terms"]["zero_gradients"] == pytest.approx(
+        -fp32 * (dp - 1) / dp + 2 * held * (dp - 1) / dp
+    )
+    # outside the optimizer step ZeRO-1 shards no gradient
+    other = _stage_at(prof, prof.windows["backward"], Layout(dp=dp, sharding="zero1"), 0,
+                      LAYERS, 1)  # fmt: skip
+    assert "zero_gradients" not in other["parallel_terms"]
+
+
+def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
+    """QLoRA holds its 4-bit weights as buffers: a layout's ``memory.parameters`` counts them as
+    the weights they stand for, as one GPU's prediction does (it counted the rest alone)."""
+    from boom_ml import api
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    kw = dict(gpu="h100-sxm", batch_size=2, seq_len=32, params_dtype="bf16",
+              finetune={"method": "qlora"}, advice=False, max_batch="off")  # fmt: skip
+    one = api.predict(f"hf:{path}", **kw).to_dict()
+    ranks = api.predict(f"hf:{path}", parallel={"dp": 2}, **kw).to_dict()
+    held = (
+        LAYERS * base_layer_params(1) + 2 * VOCAB * H + H
+    )  # every weight, the 4-bit ones included
+    adapters = one["graph"]["num_trainable_parameters"]
+    assert one["graph"]["num_parameters"] == held + adapters
+    assert ranks["parallel"][0]["memory"]["parameters"] == held + adapters
