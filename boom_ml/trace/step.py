@@ -8,7 +8,6 @@ parameters, last step's gradients and optimizer state already allocated.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -27,6 +26,7 @@ from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
 from boom_ml.trace.dropout import cuda_dropout
+from boom_ml.trace.failures import describe_failure, quiet_fake_tensor_log
 from boom_ml.trace.graph import OpGraph, canonical_free_order
 from boom_ml.trace.modules import ModuleOf
 from boom_ml.trace.ops import EXTRA_FLOP_SHAPE_FORMULAS
@@ -224,23 +224,6 @@ class _StepRunner:
 
 
 @contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """No traceback from torch's fake-tensor logger while tracing.
-
-    When an op's meta kernel raises (a shape mismatch in the model), FakeTensorMode logs the
-    whole traceback at ERROR level before re-raising; the trace turns the exception into a
-    one-line TraceError, which the CLI prints alone.
-    """
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-@contextlib.contextmanager
 def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     """Fake mode with the model's parameters materialised, CUDA kernels, and a runner."""
     lazy = sorted(
@@ -259,9 +242,9 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     except BoomError:
         raise
     except Exception as exc:  # noqa: BLE001 - peft or a quantiser failing on the user's model
-        raise TraceError(_describe_failure(built, exc)) from exc
+        raise TraceError(describe_failure(built, exc)) from exc
     with (
-        _quiet_fake_tensor_log(),
+        quiet_fake_tensor_log(),
         fake_mode,
         torch.device("cpu"),
         attention as sdpa,
@@ -284,7 +267,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
         except BoomError:
             raise  # already says what went wrong (a seq_len beyond the positions, say)
         except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
-            raise TraceError(_describe_failure(built, exc)) from exc
+            raise TraceError(describe_failure(built, exc)) from exc
 
 
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:
@@ -438,18 +421,3 @@ def _recipe_bytes(built: BuiltModel, runner: _StepRunner) -> dict[str, int]:
         ),
         "optimizer_state_on_host": sum(t.nbytes for t in runner.host_tensors()),
     }
-
-
-def _describe_failure(built: BuiltModel, exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    op = getattr(exc, "func", None)
-    where = f" in op {op}" if op is not None else ""
-    if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
-        text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
-                 " scaling; fake tensors have shapes, not values)")  # fmt: skip
-    said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
-    synthesised = built.info.get("synthesised_input")
-    if synthesised:  # a user's module given the one batch we can guess (zoo/file_models.py)
-        said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
-                 " inputs defines example_inputs(batch_size, device) on the module)")  # fmt: skip
-    return said

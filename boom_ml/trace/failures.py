@@ -1,0 +1,44 @@
+"""How a failure inside the user's model comes out of a trace: one line (a ``TraceError``),
+without the traceback torch's fake-tensor logger would print first."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from boom_ml.zoo.base import BuiltModel
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """No traceback from torch's fake-tensor logger while tracing.
+
+    When an op's meta kernel raises (a shape mismatch in the model), FakeTensorMode logs the
+    whole traceback at ERROR level before re-raising; the trace turns the exception into a
+    one-line TraceError, which the CLI prints alone.
+    """
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def describe_failure(built: BuiltModel, exc: Exception) -> str:
+    """One line for a failure inside the user's model: the exception's first line, the op it
+    met (fake tensors name it), and what would help where we know it."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    op = getattr(exc, "func", None)
+    where = f" in op {op}" if op is not None else ""
+    if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
+        text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
+                 " scaling; fake tensors have shapes, not values)")  # fmt: skip
+    said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
+    synthesised = built.info.get("synthesised_input")
+    if synthesised:  # a user's module given the one batch we can guess (zoo/file_models.py)
+        said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
+                 " inputs defines example_inputs(batch_size, device) on the module)")  # fmt: skip
+    return said
