@@ -1,0 +1,155 @@
+"""The configs of ``hf:`` models: where one comes from (a shipped config, a local file or
+folder, a hub id through the local cache or ``hf_hub``), its parsing into a transformers
+config with the user's ``model_options`` checked first (a misspelled field, a negative count),
+and the class defaults a config may leave out (``is_encoder_decoder``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import boom_ml.zoo.hf_hub as hf_hub
+from boom_ml.errors import InvalidInputError, UnknownModelError, last_line, suggest
+from boom_ml.hf_shipped import lookup as _lookup
+from boom_ml.hf_shipped import shipped
+from boom_ml.zoo.common import closest
+
+
+def config_path(name: str) -> Path:
+    """A shipped id, a ``config.json`` path, a folder containing one, or a hub id.
+
+    Hub ids (``org/name``) come from the local Hugging Face cache, else their config.json
+    alone is downloaded unless ``HF_HUB_OFFLINE`` is set (``hf_hub``).
+    """
+    mid = _lookup(name)
+    if mid is not None:
+        return shipped()[mid]
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path / "config.json"
+    if path.is_file():
+        return path
+    base, _, revision = name.partition("@")
+    if revision and _lookup(base) is not None:  # a shipped id at a revision: from the hub
+        try:  # (an id without an org, gpt2, is a hub id too)
+            return hf_hub.fetch_config(name)
+        except UnknownModelError as err:
+            raise UnknownModelError(f"{err} (hf:{base} alone is the shipped config)") from err
+    if hf_hub.looks_like_repo_id(name):
+        try:
+            return hf_hub.fetch_config(name)
+        except UnknownModelError as err:
+            # an -Instruct / -chat variant has its base model's architecture: say which
+            hits = closest(name, list(shipped()))
+            if not hits:
+                raise
+            close = ", ".join("hf:" + h for h in hits)
+            raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
+    hits = closest(name, list(shipped()))
+    hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
+    raise UnknownModelError(
+        f"unknown hf model {name!r}{hint}; pass a hub id (org/name), a local config.json "
+        "(or a folder holding one), or a shipped id (`python -m boom_ml.models` lists them)"
+    )
+
+
+def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
+    """Parse a config.json into a transformers config (overrides applied first)."""
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InvalidInputError(f"malformed HF config {path}: {err}") from err
+    if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
+        raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    check_fields(raw, overrides or {})
+    raw.update(overrides or {})
+
+    if raw["model_type"] not in CONFIG_MAPPING:  # transformers' own error lists every type
+        remote = " (code from the hub, auto_map: not run here)" if raw.get("auto_map") else ""
+        raise InvalidInputError(
+            f"HF config {path}: transformers has no model_type {raw['model_type']!r}{remote}"
+            f"{suggest(raw['model_type'], CONFIG_MAPPING.keys())}"
+        )
+    # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
+    # and transformers 5 warns about them on every build.
+    raw.pop("cache_implementation", None)
+    if (
+        encoder_decoder(raw)
+        and raw.get("decoder_start_token_id") is None
+        and _init_default(raw["model_type"], "decoder_start_token_id") is None
+    ):
+        # T5-family decoders start from the pad token (every published T5 / Switch config
+        # says so); configs written by hand (NeuSight's switchxl4) leave it out, and the
+        # model's label shift needs it.
+        raw["decoder_start_token_id"] = raw.get("pad_token_id", 0)
+    try:
+        return AutoConfig.for_model(**raw)
+    except Exception as err:  # noqa: BLE001 - transformers 5 validates through huggingface_hub's
+        # strict dataclasses, whose errors are no ValueError: a bad field is one line all the same
+        raise InvalidInputError(f"HF config {path}: {last_line(err)}") from err
+
+
+def encoder_decoder(raw: dict[str, Any]) -> bool:
+    """The config's ``is_encoder_decoder``, else its class's default (T5's is True)."""
+    if "is_encoder_decoder" in raw:
+        return bool(raw["is_encoder_decoder"])
+    return _init_default(str(raw.get("model_type")), "is_encoder_decoder") is True
+
+
+def _init_default(model_type: str, field: str) -> Any:
+    """The default of ``field`` in the model_type's config constructor (None without one)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return None
+    param = inspect.signature(CONFIG_MAPPING[model_type].__init__).parameters.get(field)
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
+
+
+# Config fields that count or size something (num_hidden_layers, hidden_size, n_head, ...).
+COUNT_FIELD = re.compile(r"^(num|n)_|_(size|layers|heads|dim|experts)$")
+
+
+def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Refuse an override that looks like a misspelled config field: unknown to the config
+    and its class, and close to a name that is known (transformers accepts any name and
+    ignores it: n_layr=2 would build all 12 layers). Names a model reads without declaring
+    them (head_dim, num_labels) are not close to another and pass."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for key, value in (overrides or {}).items():
+        # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer);
+        # a field whose own default is negative (ViLT's num_images=-1) means something by it
+        if type(value) is int and value < 0 and COUNT_FIELD.search(key):
+            known = raw.get("model_type") in CONFIG_MAPPING
+            default = _init_default(raw["model_type"], key) if known else None
+            if type(default) is int and default < 0:
+                continue
+            raise InvalidInputError(
+                f"model_options.{key}={value}: a count or size cannot be negative"
+            )
+    if not overrides or raw.get("model_type") not in CONFIG_MAPPING:
+        return
+    cls = CONFIG_MAPPING[raw["model_type"]]
+    try:
+        defaults = cls().to_dict()
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: nothing to compare
+        return
+    known = {*raw, *defaults, *getattr(cls, "attribute_map", {}),
+             *inspect.signature(cls.__init__).parameters}  # fmt: skip
+    for key in overrides:
+        close = [] if key in known else difflib.get_close_matches(key, sorted(known), 1, 0.85)
+        if close:
+            raise InvalidInputError(
+                f"model_options.{key}: {cls.__name__} has no field {key!r} (did you mean: "
+                f"{close[0]}?)"
+            )
