@@ -78,6 +78,20 @@ def test_first_step_has_no_gradients_to_free_and_creates_state_lazily(graph):
     assert Counter(freed.tolist()) == Counter(grads.tolist())
 
 
+def test_a_peak_as_the_state_is_made_names_the_optimizer_step(graph):
+    """Replayed where a first optimizer.step() makes it, the optimizer's state has no op of
+    its own: a peak reached there is the optimizer's, not a phase named after a category."""
+    from boom_ml.memory.attribution import LAZY_STATE_OP, attribute_peak
+
+    replay = build_replay(graph, steps=2, hold_outputs=False)
+    phase = graph.mem_events["phase"].to_numpy().astype(str)[np.maximum(replay.src, 0)]
+    made = int(np.flatnonzero((phase == "optimizer_state") & (replay.src >= 0))[-1])
+    att = attribute_peak(graph, replay, made, peak_reserved=0)
+    assert (att.op, att.phase, att.step) == (LAZY_STATE_OP, "optimizer", 1)
+    backward = int(np.flatnonzero(phase == "backward")[0])
+    assert attribute_peak(graph, replay, backward, peak_reserved=0).phase == "backward"
+
+
 def test_adagrad_state_exists_before_the_first_step():
     g = cnn(optimizer="adagrad")
     replay = build_replay(g, steps=1)

@@ -23,6 +23,8 @@ from boom_ml.trace.module_paths import group_by_block
 
 PARAMETER_STATE = ("parameter", "gradient", "optimizer_state")
 CATEGORIES = (*MEMORY_CATEGORIES, "workspace", "fragmentation")
+# what runs at a peak reached as the optimizer's state is created (its first step)
+LAZY_STATE_OP = "state init (first step)"
 
 
 @dataclass
@@ -124,6 +126,9 @@ def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
     row = int(src[traced[-1]])
     event = graph.mem_events.iloc[row]
     node_id = int(event["node_id"])
+    if str(event["phase"]) == "optimizer_state":
+        # the replay creates the state where a first optimizer.step() would (replay.py)
+        return LAZY_STATE_OP, "optimizer", ""
     if node_id < 0 or node_id >= len(graph.nodes):
         return "", str(event["phase"]), ""
     node = graph.nodes.iloc[node_id]
