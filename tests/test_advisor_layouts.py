@@ -9,7 +9,6 @@ capacity is forced down to 640 MiB, so that no single-GPU change fits and shardi
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 
 import pytest
@@ -19,9 +18,10 @@ from boom_ml.gpus import get_gpu
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.predict import predict_raw
 from boom_ml.parallel.search import (
+    NEAR_TIE,
     candidate_layouts,
     distinct_choices,
-    rank_key,
+    ranked_layouts,
     search_layouts,
     search_layouts_many,
 )
@@ -71,12 +71,14 @@ def test_nothing_fits_on_one_gpu_proposes_cheapest_fitting_layouts(model: str) -
             * STEP["batch_size"] / prop["global_batch"]
         )  # fmt: skip
     costs = [prop["usd_per_step"] for prop in layouts]
-    assert costs == sorted(costs)
+    assert all(a <= b * (1 + NEAR_TIE) for i, a in enumerate(costs) for b in costs[i + 1 :])
     text = "\n".join(advice_lines(p))
     assert "cheapest layouts that fit" in text and "consider sharding" not in text
 
 
-def test_search_is_valid_ranked_and_cheap_once_profiled(model: str) -> None:
+def test_search_is_valid_ranked_and_cheap_once_profiled(model: str, monkeypatch) -> None:
+    from tests.test_attention_backend import _count_traces
+
     gpu, step, cluster = small_gpu(), StepSpec(**STEP), Cluster()
     raw = load_raw(model)
     facts = model_facts(raw)
@@ -84,11 +86,11 @@ def test_search_is_valid_ranked_and_cheap_once_profiled(model: str) -> None:
         assert layout.world <= 64 and layout.tp <= cluster.gpus_per_node
         assert layout.microbatches >= (2 * layout.pp if layout.pp > 1 else 1)
     search_layouts(model, gpu, step)  # profiles every tp degree once (cached)
-    started = time.perf_counter()
+    traces = _count_traces(monkeypatch)
     found = search_layouts(model, gpu, step, top=100)
-    assert time.perf_counter() - started < 5.0  # arithmetic on cached profiles
+    assert traces == []  # arithmetic on the cached profiles
     assert found["layouts"] and found["fitting"] >= len(found["layouts"])
-    assert [rank_key(p) for p in found["layouts"]] == sorted(map(rank_key, found["layouts"]))
+    assert found["layouts"] == ranked_layouts(found["layouts"])
     for prop in found["layouts"]:  # every proposal passes the CLI's own layout rules
         lay = prop["layout"]
         validate(Layout(**lay), cluster, heads=facts["heads"], kv_heads=facts["kv_heads"],
@@ -226,6 +228,22 @@ def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> 
 def _proposal(sharding: str, gib: float, ms: float, dp: int = 2) -> dict:
     layout = {"dp": dp, "tp": 8, "pp": 1, "sharding": sharding, "microbatches": 1}
     return {"layout": layout, "total_bytes": int(gib * 2**30), "step_ms": ms}
+
+
+def test_near_ties_in_cost_name_the_fewest_gpus_first() -> None:
+    """Llama-3.2-3B on A100s, 8 samples per step asked of 2 GPUs: dp=64, 32 and 16 cost
+    $0.000751, 0.000752 and 0.000755 per requested step, and the advice listed the three
+    largest clusters. Within NEAR_TIE of the cheapest the fewest GPUs come first."""
+
+    def proposal(gpus: int, usd: float | None, gpu_seconds: float = 1.0) -> dict:
+        return {"gpus": gpus, "usd_per_step": usd, "gpu_seconds_per_step": gpu_seconds}
+
+    p64, p32, p16 = proposal(64, 0.000751), proposal(32, 0.000752), proposal(16, 0.000755)
+    p8 = proposal(8, 0.000751 * (1 + NEAR_TIE) * 1.001)  # beyond the tie: after them
+    assert ranked_layouts([p64, p8, p32, p16]) == [p16, p32, p64, p8]
+    # without a price, GPU-seconds rank, with the same tie
+    u64, u16, u4 = proposal(64, None, 10.0), proposal(16, None, 10.05), proposal(4, None, 11.0)
+    assert ranked_layouts([u4, u64, u16]) == [u16, u64, u4]
 
 
 def test_sharding_that_changes_nothing_printed_is_not_a_second_choice() -> None:

@@ -127,6 +127,9 @@ def test_many_gpus_in_one_pass_equal_one_gpu_at_a_time(monkeypatch) -> None:
         for gpu, est in zip(gpus, batched, strict=True):
             alone = estimate.estimate_time(graph, gpu)
             assert est.method == alone.method == ("gnn" if use_gnn else "per-op")
+            # a top op's time is the GNN's where it timed the step, on the per-op model's
+            methods = {o["method"] for o in est.top_ops}
+            assert methods and all(m.startswith("gnn over ") == use_gnn for m in methods)
             for key in ("step_ms", "p10_ms", "p90_ms"):
                 assert getattr(est, key) == pytest.approx(getattr(alone, key), rel=1e-5), key
     assert estimate.estimate_times(graph, []) == []

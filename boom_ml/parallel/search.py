@@ -134,6 +134,31 @@ def rank_key(proposal: dict[str, Any]) -> tuple[float, float]:
     return (math.inf if usd is None else usd, proposal["gpu_seconds_per_step"])
 
 
+# Layouts whose costs differ by less than this share are one price to the advice: the cost of
+# a sample is nearly flat in data parallelism, so by cost alone the largest clusters came
+# first by a fraction of a percent (64, 32, 16 GPUs for a step asked of 2), far inside the
+# step time's own p10-p90 (tens of percent).
+NEAR_TIE = 0.01
+
+
+def ranked_layouts(proposals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``proposals`` by :func:`rank_key`, those within :data:`NEAR_TIE` of the cheapest of
+    their run in fewer GPUs first (GPU-seconds where no GPU has a price)."""
+    by_cost = sorted(proposals, key=rank_key)
+
+    def cost(p: dict[str, Any]) -> float:
+        key = rank_key(p)
+        return key[0] if math.isfinite(key[0]) else key[1]
+
+    out: list[dict[str, Any]] = []
+    while by_cost:
+        limit = cost(by_cost[0]) * (1 + NEAR_TIE)
+        n = next((i for i, p in enumerate(by_cost) if cost(p) > limit), len(by_cost))
+        out += sorted(by_cost[:n], key=lambda p: (p["gpus"], rank_key(p)))
+        by_cost = by_cost[n:]
+    return out
+
+
 def search_layouts(
     model: str | dict[str, Any],
     gpu: GpuSpec,
@@ -146,7 +171,7 @@ def search_layouts(
     """The ``top`` cheapest layouts of ``model`` on ``gpu`` whose worst rank fits (p90).
 
     ``model`` is ``hf:<id or config path>`` or an HF config dict. Returns ``layouts`` (ranked
-    by :func:`rank_key`, less sharding that changes nothing printed: :func:`distinct_choices`),
+    by :func:`ranked_layouts`, less sharding that changes nothing printed: :func:`distinct_choices`),
     ``searched`` (layouts predicted), ``valid``, ``fitting`` (layouts that fit), ``seconds``,
     ``max_gpus`` and, where none fits, ``closest`` (the layout whose worst rank needs least);
     raises ``InvalidInputError`` for a model the parallel predictor cannot model (not an HF
@@ -200,7 +225,7 @@ def search_layouts_many(
     seconds = round(time.perf_counter() - started, 3)
     out = {}
     for gpu in gpus:
-        ranked = distinct_choices(sorted(fitting[gpu.id], key=rank_key))
+        ranked = distinct_choices(ranked_layouts(fitting[gpu.id]))
         out[gpu.id] = {"layouts": ranked[:top], "searched": searched, "valid": valid,
                        "fitting": len(fitting[gpu.id]), "seconds": seconds,
                        "max_gpus": max_gpus}  # fmt: skip

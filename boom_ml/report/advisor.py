@@ -87,8 +87,12 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         dtype = _amp_for(gpu)
         out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
                     replace(step, params_dtype=dtype), 1))  # fmt: skip
-    if step.checkpointing == "none":
-        out.append(("checkpointing=full", replace(step, checkpointing="full"), 1))
+    if step.checkpointing != "full" or step.checkpointing_every > 1:
+        # from none, selective or every K-th block: every block's activations recomputed
+        label = "checkpointing=full" if step.checkpointing != "full" else "checkpointing.every=1"
+        if step.checkpointing != "full" and step.checkpointing_every > 1:
+            label += " + checkpointing.every=1"
+        out.append((label, replace(step, checkpointing="full", checkpointing_every=1), 1))
     if step.optimizer in LIGHTER_OPTIMIZER and step.finetune_method == "full":
         # (adapters' optimizer state is a few MiB: a lighter optimizer saves nothing)
         name, why = LIGHTER_OPTIMIZER[step.optimizer]
@@ -146,9 +150,15 @@ def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, i
     for label, changed, acc in single_changes(step, gpu):
         if acc > 1:  # only the smallest micro-batch still needed is stacked, below
             continue
+        diff = _diff(step, changed)
+        if diff.get("params_dtype", "fp32") != "fp32" and current.amp != step.amp:
+            # 16-bit parameters compute in 16 bits: the autocast stacked before them goes
+            # (fp16 weights under fp16 autocast cannot even be unscaled)
+            diff["amp"] = step.amp
+            labels = [x for x in labels if not x.startswith("amp=")]
         try:
-            stacked = replace(current, **_diff(step, changed))
-        except InvalidInputError:  # levers that cannot stack (fp16 weights under fp16 autocast)
+            stacked = replace(current, **diff)
+        except InvalidInputError:  # levers that cannot stack
             continue
         current = stacked
         labels.append(label.split(" (")[0])
@@ -192,13 +202,19 @@ def recipe_changes(
 
 
 def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str, StepSpec, int]:
-    dtype = "bf16" if gpu.bf16_tflops else "fp16"
-    base = replace(step, params_dtype=dtype, checkpointing="full")
+    dtype = _amp_for(gpu)
+    # fp16 weights under fp16 autocast: GradScaler cannot unscale their gradients; the 16-bit
+    # weights compute in 16 bits without it
+    amp = "none" if dtype == "fp16" and step.amp == "fp16" else step.amp
+    base = replace(step, params_dtype=dtype, checkpointing="full", checkpointing_every=1,
+                   amp=amp)  # fmt: skip
     accumulation = step.batch_size if micro else 1
     if micro:
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
     extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
+    extra += [f"amp={amp}"] if amp != step.amp else []
     extra += ["checkpointing=full"] if step.checkpointing != "full" else []
+    extra += ["checkpointing.every=1"] if step.checkpointing_every > 1 else []
     extra += [_split(1, step.grad_accum * accumulation)] if micro else []
     label = " + ".join([f"finetune.method={method}", *extra])
     return label, replace(base, finetune_method=method), accumulation

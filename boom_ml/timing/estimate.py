@@ -25,6 +25,9 @@ from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
 
+# a top op's method where the GNN timed the step: its node times, read off the per-op model's
+GNN_OVER = "gnn over "
+
 
 def estimate_time(
     graph: OpGraph, gpu: GpuSpec, tf32: Tf32 | bool | None = None, top_n: int = 10
@@ -85,6 +88,9 @@ def _estimate_times(
     for k, pred in enumerate(preds):
         methods = per_op["method"][k] if per_op is not None else None
         est = summarise(graph.nodes, pred.node_ms, method="gnn", top_n=top_n, methods=methods)
+        for op in est.top_ops:  # the GNN's node times, on features of the per-op model's
+            if "method" in op:
+                op["method"] = f"{GNN_OVER}{op['method']}"
         est.step_ms = pred.step_ms
         est.overhead_ms = round(pred.overhead_ms, 4)
         est.gnn_clamped = pred.clamped

@@ -1,0 +1,56 @@
+"""The advisor's levers: which changes it offers a step, alone and stacked, and that each is a
+step the CLI accepts (a candidate the step check refuses once ended the whole prediction)."""
+
+from __future__ import annotations
+
+from boom_ml.gpus import get_gpu
+from boom_ml.report.advisor import (
+    RECIPE_LEVELS,
+    recipe_changes,
+    single_changes,
+    stacked_changes,
+)
+from boom_ml.specs import StepSpec
+
+
+def test_recipes_under_fp16_autocast_on_a_gpu_without_bf16_drop_the_autocast() -> None:
+    """T4: the recipes put the frozen weights in fp16, where GradScaler cannot unscale the
+    gradients of fp16 autocast; they run without it and say so."""
+    step = StepSpec(batch_size=4, seq_len=2048, amp="fp16")
+    offered = [c for level in RECIPE_LEVELS for c in recipe_changes(step, get_gpu("t4"), level)]
+    assert len(offered) == 4
+    for label, changed, _ in offered:
+        assert (changed.params_dtype, changed.amp) == ("fp16", "none")
+        assert " + params_dtype=fp16 + amp=none + checkpointing=full" in label
+    # a bf16 GPU's recipes keep the autocast asked for (bf16 weights under fp16 autocast run)
+    ((_, kept, _),) = recipe_changes(step, get_gpu("rtx-3090"))
+    assert (kept.params_dtype, kept.amp) == ("bf16", "fp16")
+
+
+def test_stacked_16_bit_weights_replace_the_autocast_stacked_before_them() -> None:
+    """LoRA: the first lever is autocast, the second 16-bit frozen weights, which compute in
+    16 bits themselves. On a T4 both are fp16 (refused together: the stack used to skip the
+    weights, its biggest saving); on a bf16 GPU the autocast was named and changed nothing."""
+    lora = StepSpec(batch_size=8, seq_len=2048, finetune_method="lora")
+    for gpu, dtype in (("t4", "fp16"), ("rtx-3090", "bf16")):
+        stacks = stacked_changes(lora, get_gpu(gpu))
+        label, first, _ = stacks[0]
+        assert label == f"params_dtype={dtype} + checkpointing=full"
+        assert (first.params_dtype, first.amp, first.checkpointing) == (dtype, "none", "full")
+        assert all(c.params_dtype == dtype and c.amp == "none" for _, c, _ in stacks)
+        assert not [x for x, _, _ in stacks if "amp=" in x]
+
+
+def test_partial_checkpointing_is_offered_full_checkpointing() -> None:
+    gpu = get_gpu("a100-40gb-sxm")
+    cases = {
+        ("selective", 1): "checkpointing=full",
+        ("full", 2): "checkpointing.every=1",
+        ("selective", 3): "checkpointing=full + checkpointing.every=1",
+    }
+    for (mode, every), want in cases.items():
+        step = StepSpec(batch_size=8, seq_len=1024, checkpointing=mode, checkpointing_every=every)
+        offered = {label: c for label, c, _ in single_changes(step, gpu)}
+        assert (offered[want].checkpointing, offered[want].checkpointing_every) == ("full", 1)
+    done = StepSpec(batch_size=8, seq_len=1024, checkpointing="full")
+    assert not [x for x, _, _ in single_changes(done, gpu) if x.startswith("checkpointing")]
