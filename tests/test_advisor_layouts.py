@@ -74,6 +74,7 @@ def test_nothing_fits_on_one_gpu_proposes_cheapest_fitting_layouts(model: str) -
     assert all(a <= b * (1 + NEAR_TIE) for i, a in enumerate(costs) for b in costs[i + 1 :])
     text = "\n".join(advice_lines(p))
     assert "cheapest layouts that fit" in text and "consider sharding" not in text
+    assert f"$ per step of the requested batch, within {NEAR_TIE:.0%} fewer GPUs first):" in text
 
 
 def test_search_is_valid_ranked_and_cheap_once_profiled(model: str, monkeypatch) -> None:
@@ -234,6 +235,7 @@ def test_near_ties_in_cost_name_the_fewest_gpus_first() -> None:
     """Llama-3.2-3B on A100s, 8 samples per step asked of 2 GPUs: dp=64, 32 and 16 cost
     $0.000751, 0.000752 and 0.000755 per requested step, and the advice listed the three
     largest clusters. Within NEAR_TIE of the cheapest the fewest GPUs come first."""
+    assert 0.000755 / 0.000751 - 1 < NEAR_TIE
 
     def proposal(gpus: int, usd: float | None, gpu_seconds: float = 1.0) -> dict:
         return {"gpus": gpus, "usd_per_step": usd, "gpu_seconds_per_step": gpu_seconds}
