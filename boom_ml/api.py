@@ -21,6 +21,7 @@ from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
 from boom_ml.session import Session
 from boom_ml.specs import (
     ATTENTION_CHOICES,
+    FINETUNE_KEYS,
     MAX_BATCH_AUTO_GPUS,
     StepSpec,
     cache_setting,
@@ -220,16 +221,6 @@ def predict(
             )
         ]
     return prediction
-
-
-FINETUNE_KEYS = {
-    "method": "finetune_method",
-    "r": "lora_r",
-    "alpha": "lora_alpha",
-    "dropout": "lora_dropout",
-    "targets": "lora_targets",
-    "double_quant": "double_quant",
-}
 
 
 def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:

@@ -36,6 +36,16 @@ HF_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "loop")
 # selective: PyTorch's selective activation checkpointing (matmul outputs saved)
 CHECKPOINTING_MODES = ("none", "full", "selective")
+# The ``finetune.*`` option keys (the CLI's ``finetune.method=lora``, the API's ``finetune=``)
+# and the StepSpec fields they set
+FINETUNE_KEYS = {
+    "method": "finetune_method",
+    "r": "lora_r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "targets": "lora_targets",
+    "double_quant": "double_quant",
+}
 PARAMS_DTYPES = ("fp32", "bf16", "fp16")
 ZERO_GRAD_MODES = ("set_to_none", "zero")
 FINETUNE_METHODS = ("full", "lora", "qlora")

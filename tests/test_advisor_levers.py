@@ -54,3 +54,26 @@ def test_partial_checkpointing_is_offered_full_checkpointing() -> None:
         assert (offered[want].checkpointing, offered[want].checkpointing_every) == ("full", 1)
     done = StepSpec(batch_size=8, seq_len=1024, checkpointing="full")
     assert not [x for x, _, _ in single_changes(done, gpu) if x.startswith("checkpointing")]
+
+
+def test_every_advice_says_its_change_as_command_line_keys() -> None:
+    """``settings`` are StepSpec fields (finetune_method); ``options`` are what the command
+    takes (finetune.method=), so an advice can be run as it is printed."""
+    from dataclasses import fields
+
+    from boom_ml.predict import KEY_ALIASES, config_keys
+    from boom_ml.report.advisor import command_options
+
+    step = StepSpec(batch_size=8, seq_len=2048, checkpointing="selective", checkpointing_every=2)
+    gpu = get_gpu("t4")
+    offered = single_changes(step, gpu) + stacked_changes(step, gpu) + recipe_changes(step, gpu)
+    names = {f.name for f in fields(StepSpec)}
+    for _, changed, _ in offered:
+        settings = {
+            f: getattr(changed, f) for f in names if getattr(changed, f) != getattr(step, f)
+        }
+        for key in command_options(settings):
+            assert key in config_keys() or key in KEY_ALIASES, key
+    assert command_options({"finetune_method": "qlora", "lora_r": 16, "checkpointing_every": 1,
+                            "amp": "none"}) == {"finetune.method": "qlora", "finetune.r": 16,
+                                                "checkpointing.every": 1, "amp": "none"}  # fmt: skip

@@ -24,14 +24,14 @@ import bisect
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from boom_ml import progress
 from boom_ml.errors import BoomError, InvalidInputError, interrupted
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.specs import StepSpec
+from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
 # The optimizer to suggest instead, and why it needs less memory.
 LIGHTER_OPTIMIZER = {
@@ -58,6 +58,9 @@ class Advice:
     # total_bytes is a floor no single-GPU lever goes below (parameters, their gradients and
     # the terms outside the allocator): nothing was traced for this GPU
     lower_bound: bool = False
+    # ``settings`` as the command line's keys (finetune.method=, not finetune_method=): what
+    # to add to the command to run this advice
+    options: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -352,9 +355,11 @@ def _advice(
     # a candidate that does not fit has no predicted time; the time of one that does is
     # already that of the whole accumulated step (grad_accum is part of ``changed``)
     step_ms = float("nan") if result.time is None else result.time.step_ms
+    settings = _diff(step, changed)
     return Advice(
         change=label,
-        settings=_diff(step, changed),
+        settings=settings,
+        options=command_options(settings),
         accumulation_steps=accumulation,
         fits=result.fits,
         total_bytes=result.memory.total_bytes,
@@ -364,6 +369,16 @@ def _advice(
         if step_ms > 0
         else float("nan"),
     )
+
+
+# StepSpec fields whose command-line key is another name
+OPTION_KEYS = {**{field: f"finetune.{key}" for key, field in FINETUNE_KEYS.items()},
+               "checkpointing_every": "checkpointing.every"}  # fmt: skip
+
+
+def command_options(settings: dict[str, Any]) -> dict[str, Any]:
+    """StepSpec field changes as ``python -m boom_ml.predict`` keys."""
+    return {OPTION_KEYS.get(k, k): v for k, v in settings.items()}
 
 
 def nothing_fits(items: list[Advice]) -> bool:
