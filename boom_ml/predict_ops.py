@@ -14,7 +14,8 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
 - row-wise and elementwise ops (layer_norm, rms_norm, softmax, add, mul, gelu, ... and the
   ``*_scalar`` forms): ``rows, cols`` (NeuSight's ``B, H``) or ``numel``.
 - embedding: ``rows`` (lookups) and ``cols`` (embedding dim).
-- attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``).
+- attention (sdpa): ``batch, heads, seq_q, head_dim`` (+ ``seq_kv``; ``causal`` 1 for a causal
+  mask, whose fused kernels do the kept pairs' share of the work, as in a traced step).
 
 The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` and ``basis``.
 ``method``: ``per-op`` (a learned head), ``gemm-tiles`` (the tile/wave GEMM model),
@@ -70,7 +71,8 @@ FAMILY_NEEDS: dict[str, tuple[str, ...]] = {
 }
 SHAPE_COLUMNS = ("b", "m", "n", "k", "batch", "in_channels", "out_channels", "kernel_size",
                  "kernel_w", "input_h", "input_w", "stride", "stride_w", "padding", "padding_w",
-                 "groups", "numel", "rows", "cols", "h", "heads", "head_dim", "seq_q", "seq_kv")  # fmt: skip
+                 "groups", "numel", "rows", "cols", "h", "heads", "head_dim", "seq_q", "seq_kv",
+                 "causal")  # fmt: skip
 OTHER_COLUMNS = ("op", "dtype", "direction", "grad_wrt", "latency_ms")
 DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "fp16": "float16",
           "float16": "float16", "half": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -135,6 +137,12 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
                     "2^63 - 1 (torch sizes are int64)"
                 )
             df[col] = num
+    if "causal" in df.columns:
+        flag = df["causal"]
+        if (flag.notna() & ~flag.isin([0, 1])).any():
+            raise InvalidInputError(f"{where}: column causal must be 0 or 1")
+        if (flag.fillna(0).astype(bool) & (fam != "attention")).any():
+            raise InvalidInputError(f"{where}: causal applies to attention (sdpa) rows only")
     rowlike = fam.isin(["norm", "softmax", "embedding", "elementwise"])
     if "b" in df.columns and "h" in df.columns:  # NeuSight's vector ops: a (B, H) tensor
         for dst, src in (("rows", "b"), ("cols", "h")):

@@ -157,7 +157,8 @@ def test_a_blank_spec_field_takes_its_architectures_median():
 def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
     """The trace counts a causal mask's kept pairs (trace/ops.py: _causal); the attention
     features take that count, so a causal SDPA call is not timed as the full square (a flash
-    kernel skips the masked blocks). Without a count (predict_ops' CSV rows) the full square."""
+    kernel skips the masked blocks). Without a count, the full square, or the kept pairs where the
+    row says ``causal`` (predict_ops' CSV rows)."""
     from boom_ml.trace.ops import causal_pairs
 
     b, h, s, d = 8, 12, 4096, 64
@@ -170,3 +171,13 @@ def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
     feats = kernel_features(rows, get_gpu("a100-80gb-sxm"))
     assert feats["flops"].tolist() == [full, kept, 2.5 * kept]
     assert feats["roof_ms"].iloc[1] < 0.6 * feats["roof_ms"].iloc[0]  # compute-bound here
+    # a row with no count but causal=1: the same kept share (square and longer queries)
+    for sq, skv in ((s, s), (300, 128), (128, 300)):
+        flag = pd.DataFrame({"op": ["sdpa"] * 2, "family": ["attention"] * 2,
+                             "dtype": ["float16"] * 2, "direction": ["forward", "backward"],
+                             "batch": [b] * 2, "heads": [h] * 2, "seq_q": [sq] * 2,
+                             "seq_kv": [skv] * 2, "head_dim": [d] * 2, "causal": [1, 1]})  # fmt: skip
+        square = 4 * b * h * sq * skv * d
+        want = [square * causal_pairs(sq, skv) / (sq * skv)] * 2
+        got = kernel_features(flag, get_gpu("a100-80gb-sxm"))["flops"].to_numpy() / [1, 2.5]
+        np.testing.assert_allclose(got, want, rtol=1e-12)

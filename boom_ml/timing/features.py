@@ -351,7 +351,12 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
         # which a traced row's own count carries (flash and memory-efficient kernels skip
         # the masked blocks)
         full = 4 * b * hh * sq * skv * d * np.where(bwd > 0, 2.5, 1.0)
-        flops = np.where((flops > 0) & (flops < full), flops, full)
+        # a row that says causal (predict_ops) without counted FLOPs: the kept pairs' share,
+        # query i seeing keys 0..i (trace/ops.py: causal_pairs, which a traced row's count used)
+        kept = np.where(sq <= skv, sq * (sq + 1) / 2, skv * (skv + 1) / 2 + (sq - skv) * skv)
+        causal = np.nan_to_num(_num(df, "causal")) > 0
+        full_or_kept = np.where(causal, full * kept / np.maximum(sq * skv, 1), full)
+        flops = np.where((flops > 0) & (flops < full), flops, full_or_kept)
         nbytes = elt * b * hh * d * (2 * sq + 2 * skv) * np.where(bwd > 0, 2.0, 1.0)
         f.update(log_batch=_log2(b), log_heads=_log2(hh), log_head_dim=_log2(d),
                  log_seq_q=_log2(sq), log_seq_kv=_log2(skv))  # fmt: skip
