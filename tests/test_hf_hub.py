@@ -259,7 +259,7 @@ def test_offline_error_names_close_shipped_configs(offline_cache: Path) -> None:
 def test_an_unknown_model_type_is_one_short_line(tmp_path: Path) -> None:
     """transformers' own error lists every model type (12 KB on one line): the typo is named
     with the close ones, and a hub model's own code (auto_map) is said not to run here."""
-    from boom_ml.zoo.hf_configs import load_config
+    from boom_ml.zoo.hf_config import load_config
 
     typo = tmp_path / "typo.json"
     typo.write_text(json.dumps({"model_type": "gtp2", "n_layer": 2}))

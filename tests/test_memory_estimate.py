@@ -90,6 +90,12 @@ def test_a_peak_as_the_state_is_made_names_the_optimizer_step(graph):
     assert (att.op, att.phase, att.step) == (LAZY_STATE_OP, "optimizer", 1)
     backward = int(np.flatnonzero(phase == "backward")[0])
     assert attribute_peak(graph, replay, backward, peak_reserved=0).phase == "backward"
+    # Adagrad's state is made with the optimizer, before any step: not the step's
+    adagrad = cnn(optimizer="adagrad")
+    replay = build_replay(adagrad, steps=2, hold_outputs=False)
+    phase = adagrad.mem_events["phase"].to_numpy().astype(str)[np.maximum(replay.src, 0)]
+    made = int(np.flatnonzero((phase == "optimizer_state") & (replay.src >= 0))[-1])
+    assert attribute_peak(adagrad, replay, made, peak_reserved=0).op != LAZY_STATE_OP
 
 
 def test_adagrad_state_exists_before_the_first_step():

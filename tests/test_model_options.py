@@ -65,7 +65,7 @@ def test_names_a_model_reads_without_declaring_them_pass():
     harness's dry-run options, read by the attention code), num_labels, torch_dtype pass."""
     import json as _json
 
-    from boom_ml.zoo.hf_configs import check_fields, config_path
+    from boom_ml.zoo.hf_config import check_fields, config_path
 
     for model in ("gpt2", "bert-base-uncased", "Qwen/Qwen2.5-0.5B"):
         raw = _json.loads(config_path(model).read_text())

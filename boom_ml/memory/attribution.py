@@ -17,7 +17,7 @@ import pandas as pd
 
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.live import round_block
-from boom_ml.memory.replay import Replay
+from boom_ml.memory.replay import PRE_EXISTING, Replay
 from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
 from boom_ml.trace.module_paths import group_by_block
 
@@ -126,8 +126,10 @@ def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
     row = int(src[traced[-1]])
     event = graph.mem_events.iloc[row]
     node_id = int(event["node_id"])
-    if str(event["phase"]) == "optimizer_state":
-        # the replay creates the state where a first optimizer.step() would (replay.py)
+    phases = graph.mem_events["phase"].to_numpy().astype(str)[src[traced]]
+    if str(event["phase"]) == "optimizer_state" and not np.isin(phases, PRE_EXISTING).all():
+        # state made inside the step, where a first optimizer.step() would (replay.py), not
+        # before it (Adagrad's, made with the optimizer)
         return LAZY_STATE_OP, "optimizer", ""
     if node_id < 0 or node_id >= len(graph.nodes):
         return "", str(event["phase"]), ""

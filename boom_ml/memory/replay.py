@@ -96,7 +96,8 @@ def build_replay(
     first optimizer kernel. Steps >= 2 are the recorded steady-state step, where
     ``zero_grad(set_to_none=True)`` frees the previous step's gradients; with
     ``accumulate`` they survive instead and each new gradient is a transient buffer. A step
-    traced with ``zero_grad="zero"`` keeps them from step 1 on (zeroed in place, never freed).
+    traced with ``zero_grad="zero"`` keeps them from step 1 on (zeroed in place, never freed),
+    but for fp32 master weights' gradients, each replaced by the optimizer's cast.
     """
     ev = graph.mem_events
     phase = ev["phase"].to_numpy().astype(str)

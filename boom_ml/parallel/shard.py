@@ -159,7 +159,7 @@ def with_build_options(raw: dict[str, Any], options: dict[str, Any] | None) -> d
     fields = {k: v for k, v in (options or {}).items() if k not in BUILD_OPTION_KEYS}
     build = {k: v for k, v in (options or {}).items() if k in BUILD_OPTION_KEYS}
     if fields:
-        from boom_ml.zoo.hf_configs import check_fields  # transformers: only with fields
+        from boom_ml.zoo.hf_config import check_fields  # transformers: only with fields
 
         check_fields(raw, fields)  # as a one-GPU build would (rank builds see no overrides)
     raw = {**raw, **fields}
@@ -189,7 +189,7 @@ def config_file(raw: dict[str, Any]) -> Path:
 
 def load_raw(model: str) -> dict[str, Any]:
     """The HF config dict behind ``hf:<id or path>`` (shipped, local, or hub cache)."""
-    from boom_ml.zoo.hf_configs import config_path  # the zoo's own resolution
+    from boom_ml.zoo.hf_config import config_path  # the zoo's own resolution
 
     if not model.startswith("hf:"):
         raise InvalidInputError(f"parallel layouts support hf: models for now, got {model!r}")
@@ -252,7 +252,7 @@ def module_role(module_path: str) -> str:
 def check_model(raw: dict[str, Any], layout: Layout) -> dict[str, int | None]:
     """The model facts a layout is validated against; one-line errors for the models the
     per-rank traces cannot cut (an encoder-decoder's two stacks of layers)."""
-    from boom_ml.zoo.hf_configs import (
+    from boom_ml.zoo.hf_config import (
         encoder_decoder,  # T5's class says so where its config is silent
     )
 

@@ -149,7 +149,11 @@ def layout_lines(found: dict[str, Any]) -> list[str]:
     lines = [
         f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
         f"{found['seconds']:.1f} s; $ per step of the requested batch"
-        + (f", within {found['near_tie']:.0%} fewer GPUs first" if found.get("near_tie") else "")
+        + (
+            f"; within {found['near_tie']:.0%} of the cheapest, fewest GPUs first"
+            if found.get("near_tie")
+            else ""
+        )  # fmt: skip
         + "):"
     ]
     for p in layouts:

@@ -27,7 +27,7 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def describe_failure(built: BuiltModel, exc: Exception) -> str:
+def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) -> str:
     """One line for a failure inside the user's model: the exception's first line, the op it
     met (fake tensors name it), and what would help where we know it."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -38,7 +38,9 @@ def describe_failure(built: BuiltModel, exc: Exception) -> str:
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
     synthesised = built.info.get("synthesised_input")
-    if synthesised:  # a user's module given the one batch we can guess (zoo/file_models.py)
+    if (
+        synthesised and running
+    ):  # ``running``: the step failed, not a recipe's set-up  # a user's module given the one batch we can guess (zoo/file_models.py)
         said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
                  " inputs defines example_inputs(batch_size, device) on the module)")  # fmt: skip
     return said

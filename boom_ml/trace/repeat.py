@@ -77,7 +77,7 @@ def shallow_options(model: ModelSpec) -> Plan | None:
     if not repeat_enabled():
         return None
     from boom_ml.zoo import resolve_name
-    from boom_ml.zoo.hf_configs import config_path, encoder_decoder, load_config
+    from boom_ml.zoo.hf_config import config_path, encoder_decoder, load_config
     from boom_ml.zoo.hf_models import split_options
 
     try:

@@ -242,7 +242,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
     except BoomError:
         raise
     except Exception as exc:  # noqa: BLE001 - peft or a quantiser failing on the user's model
-        raise TraceError(describe_failure(built, exc)) from exc
+        raise TraceError(describe_failure(built, exc, running=False)) from exc
     with (
         quiet_fake_tensor_log(),
         fake_mode,

@@ -191,7 +191,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "path": str(path),
             "factory": factory_name,
             "notes": compiled_note(compiled),
-            # the batch the tracer makes without example_inputs: a failure names it (step.py)
+            # the batch the tracer makes without example_inputs: a failure names it (trace/failures.py)
             "synthesised_input": None if has_example else f"{input_name}=(batch, 3, S, S)",
         },  # fmt: skip
     )

@@ -23,7 +23,7 @@ from boom_ml.hf_shipped import shipped
 from boom_ml.specs import ATTENTION_CHOICES, ModelSpec, StepSpec, check_choice
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, generic_loss
-from boom_ml.zoo.hf_configs import config_path, load_config
+from boom_ml.zoo.hf_config import config_path, load_config
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
 from boom_ml.zoo.hf_notes import build_notes
