@@ -372,7 +372,7 @@ def _advice(
 
 
 # StepSpec fields whose command-line key is another name
-OPTION_KEYS = {**{field: f"finetune.{key}" for key, field in FINETUNE_KEYS.items()},
+OPTION_KEYS = {**{name: f"finetune.{key}" for key, name in FINETUNE_KEYS.items()},
                "checkpointing_every": "checkpointing.every"}  # fmt: skip
 
 
