@@ -126,11 +126,12 @@ def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
     row = int(src[traced[-1]])
     event = graph.mem_events.iloc[row]
     node_id = int(event["node_id"])
-    phases = graph.mem_events["phase"].to_numpy().astype(str)[src[traced]]
-    if str(event["phase"]) == "optimizer_state" and not np.isin(phases, PRE_EXISTING).all():
+    if str(event["phase"]) == "optimizer_state":
         # state made inside the step, where a first optimizer.step() would (replay.py), not
         # before it (Adagrad's, made with the optimizer)
-        return LAZY_STATE_OP, "optimizer", ""
+        phases = graph.mem_events["phase"].to_numpy().astype(str)[src[traced]]
+        if not np.isin(phases, PRE_EXISTING).all():
+            return LAZY_STATE_OP, "optimizer", ""
     if node_id < 0 or node_id >= len(graph.nodes):
         return "", str(event["phase"]), ""
     node = graph.nodes.iloc[node_id]
