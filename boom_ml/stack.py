@@ -129,8 +129,13 @@ def installed_torch() -> tuple[str, str | None]:
     except metadata.PackageNotFoundError:  # pragma: no cover - torch is a dependency
         return "", None
     release, _, local = text.partition("+")
+    return release, cuda_tag(local)
+
+
+def cuda_tag(local: str) -> str | None:
+    """The CUDA release of a torch wheel's local version tag (``cu124`` -> ``12.4``)."""
     m = re.fullmatch(r"cu(\d+)(\d)", local)
-    return release, (f"{m.group(1)}.{m.group(2)}" if m else None)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
 def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
@@ -150,6 +155,20 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
                 f"stack.{key} must be a string such as '2.10' (a number reads 2.10 as"
                 f" 2.1), got {opts[key]!r}"
             )
+    if "+" in str(opts.get("torch", "")):  # a pasted torch.__version__: 2.6.0+cu118
+        release, _, local = str(opts["torch"]).partition("+")
+        tagged = cuda_tag(local)
+        if tagged is None:
+            raise InvalidInputError(
+                f"stack.torch {opts['torch']!r}: '+{local}' is no CUDA wheel (a CUDA build's tag"
+                " reads like +cu124)"
+            )
+        if "cuda" in opts and _minor(str(opts["cuda"])) != tagged:
+            raise InvalidInputError(
+                f"stack.torch {opts['torch']!r} is a CUDA {tagged} wheel; stack.cuda says "
+                f"{opts['cuda']}"
+            )
+        opts = {**opts, "torch": release, "cuda": tagged}
     rows = load_stacks()
     installed, installed_cuda = installed_torch()
     torch_given = "torch" in opts

@@ -18,7 +18,7 @@ def test_a_yaml_spec_without_tensor_rates_gets_its_architectures(tmp_path):
     assert (ampere.tf32_tflops, ampere.fp16_tflops, ampere.bf16_tflops) == (
         a100.tf32_tflops, a100.fp16_tflops, a100.bf16_tflops)  # fmt: skip
     assert ampere.fp8_tflops is None
-    assert "fp16_tflops, bf16_tflops not given: the median rate per SM and MHz" in ampere.source
+    assert "fp16_tflops, bf16_tflops not given: from a rate given, by the ratio" in ampere.source
     assert turing.fp16_tflops > turing.fp32_tflops and turing.bf16_tflops is None
     given = tmp_path / "given.yaml"
     given.write_text(body.format(arch="ampere", cc="8.0") + "fp16_tflops: 312\n")
@@ -45,3 +45,25 @@ def test_a_yaml_spec_without_its_usable_memory_loses_what_its_architecture_loses
     assert "median share the packaged ampere GPUs report" in mine.capacity_source
     (tmp_path / "given.yaml").write_text(body + "total_memory_bytes: 85000000000\n")
     assert get_gpu(str(tmp_path / "given.yaml")).capacity_bytes == 85_000_000_000
+
+
+def test_a_given_rate_sets_the_others_by_the_ratio_its_sm_shows(tmp_path):
+    """An A10G written out with fp16 alone (70 TFLOPS): bf16 and TF32 follow it as on every
+    packaged compute-capability-8.6 GPU that lists both (bf16 = fp16, TF32 half), where the
+    per-SM-and-MHz rule had put bf16 at 105, above the fp16 given. A GTX 1080 Ti's SM (6.1)
+    lists no fp16 tensor rate on any packaged GPU: none is borrowed from the P100's (6.0)."""
+    import statistics
+
+    from boom_ml.gpus import all_gpus, get_gpu
+
+    body = ("name: mine\narchitecture: {arch}\ncompute_capability: '{cc}'\nsm_count: {sm}\n"
+            "memory_gb: 24\nmemory_bandwidth_gbs: 600\nfp32_tflops: {fp32}\n")  # fmt: skip
+    (tmp_path / "a10g.yaml").write_text(body.format(arch="ampere", cc="8.6", sm=80, fp32=31.2)
+                                        + "fp16_tflops: 70\n")  # fmt: skip
+    mine = get_gpu(str(tmp_path / "a10g.yaml"))
+    sm86 = [g for g in all_gpus() if g.compute_capability == "8.6" and g.fp16_tflops]
+    tf32 = statistics.median(g.tf32_tflops / g.fp16_tflops for g in sm86 if g.tf32_tflops)
+    assert mine.fp16_tflops == mine.bf16_tflops == 70.0
+    assert mine.tf32_tflops == round(70 * tf32, 1) and 0.49 < tf32 < 0.51
+    (tmp_path / "gp102.yaml").write_text(body.format(arch="pascal", cc="6.1", sm=28, fp32=11.3))
+    assert get_gpu(str(tmp_path / "gp102.yaml")).fp16_tflops is None

@@ -60,3 +60,17 @@ def test_a_layout_on_such_a_gpu_says_so_too() -> None:
                         parallel={"dp": 2}, advice=False)  # fmt: skip
     assert [e["stack_missing"] is None for e in p.parallel] == [False, True]
     assert "Note: torch 2.14 + CUDA 13.0 has no kernels for v100-sxm2-32gb (" in render_table(p)
+
+
+def test_a_pasted_torch_version_names_its_cuda_wheel() -> None:
+    """``stack.torch=2.6.0+cu118`` (torch.__version__ as printed) is the CUDA 11.8 wheel; its tag
+    was dropped and the release's default CUDA (12.4) used without a word."""
+    from boom_ml.errors import InvalidInputError
+
+    tagged = resolve_stack({"torch": "2.6.0+cu118"})
+    assert (tagged.torch, tagged.cuda) == ("2.6", "11.8")
+    assert resolve_stack({"torch": "2.6.0+cu118", "cuda": "11.8"}) == tagged
+    for options, words in (({"torch": "2.6.0+cpu"}, "'\\+cpu' is no CUDA wheel"),
+                           ({"torch": "2.6.0+cu118", "cuda": "12.4"}, "is a CUDA 11.8 wheel")):  # fmt: skip
+        with pytest.raises(InvalidInputError, match=words):
+            resolve_stack(options)

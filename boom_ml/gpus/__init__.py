@@ -40,6 +40,7 @@ from typing import Any
 
 from boom_ml.errors import InvalidInputError, UnknownGpuError, suggest
 from boom_ml.gpus.spec import ARCHITECTURES, GIB, GpuSpec
+from boom_ml.gpus.user_checks import check_ranges
 
 __all__ = [
     "GpuSpec",
@@ -110,6 +111,8 @@ def _read_rows(filename: str) -> list[dict[str, str]]:
 def _convert(field: str, raw: Any, where: str) -> Any:
     if raw is None or (isinstance(raw, str) and raw.strip() == ""):
         return None
+    if isinstance(raw, bool) and field in _INT_FIELDS | _FLOAT_FIELDS:  # YAML's yes/true
+        raise InvalidInputError(f"{where}: field '{field}' must be a number, got {raw!r}")
     try:
         if field in _INT_FIELDS:
             value = float(raw)
@@ -251,13 +254,20 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
             for spec in specs:
                 seen = out.setdefault(spec.id, spec)
                 if seen != spec:  # a YAML file naming itself as another GPU: which one?
+                    a, b = seen.to_dict(), spec.to_dict()
+                    differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
+                              if a[k] != b[k] and not k.endswith("source")]  # fmt: skip
                     raise InvalidInputError(
-                        f"two different GPUs are named {spec.id!r} ({seen.source or seen.name} "
-                        f"and {spec.source or spec.name}); give the YAML file another id"
+                        f"two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
+                        "give the YAML file another id"
                     )
     if not out:
         raise InvalidInputError(f"no GPU given in {value!r}")
     return list(out.values())
+
+
+def _shown(value: Any) -> Any:
+    return f"{value:g}" if isinstance(value, float) else value
 
 
 def load_user_gpu(path: str | Path) -> GpuSpec:
@@ -299,14 +309,12 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
 
     values = {f: _convert(f, data.get(f), str(path)) for f in fields}
     values["id"] = values["id"] or _norm_id(path.stem)
-    for f in ("sm_count", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops"):
-        if values[f] <= 0:
-            raise InvalidInputError(f"{path}: field '{f}' must be positive, got {values[f]}")
     if not re.fullmatch(r"\d+(\.\d+)?", values["compute_capability"]):
         raise InvalidInputError(
             f"{path}: compute_capability must look like '9.0', got {values['compute_capability']!r}"
         )
     _check_architecture(values, path)
+    check_ranges(values, str(path), all_gpus())
     if values["memory_bytes"] is None:
         values["memory_bytes"] = int(values["memory_gb"] * GIB)
     values["source"] = values["source"] or f"user spec {path}"
@@ -315,9 +323,9 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
     filled = _fill_tensor_rates(values)
     if filled:
         values["source"] += (
-            f"; {', '.join(filled)} not given: the median rate per SM and MHz of the packaged "
+            f"; {', '.join(filled)} not given: from a rate given, by the ratio the packaged "
             f"GPUs of compute capability {values['compute_capability']} (else of "
-            f"{values['architecture']})"
+            f"{values['architecture']}) show, else their median rate per SM and MHz"
         )
     return GpuSpec(**values)
 
@@ -345,33 +353,44 @@ TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
 
 def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     """Tensor-core rates a user spec leaves out (or gives as 0), from the packaged GPUs of
-    its compute capability (the same SM: the same tensor-core work per SM and clock), else
-    of its architecture: the median of rate / (SMs x boost MHz), times the spec's SMs and
-    boost clock (a GPU without one counts at its architecture's median clock), and on tensor
-    cores never below the spec's fp32 rate. A rate none of them lists (bf16 before Ampere) stays
-    unknown. Without this, an A100 spec with fp32_tflops alone timed its fp16 matmuls at
-    the fp32 rate, 16x too slow. Returns the fields filled."""
+    its compute capability (the same SM: the same tensor-core work per SM and clock), or of
+    its architecture where none has that SM. A rate the spec gives sets the others by the
+    ratio those GPUs show (bf16 = fp16 and tf32 = fp16 / 2 on every packaged Ampere to
+    Blackwell GPU that lists both: a file with fp16 alone had its bf16 filled above it); else
+    the median of rate / (SMs x boost MHz), times the spec's SMs and boost clock (a GPU
+    without one counts at its architecture's median clock), and on tensor cores never below
+    the spec's fp32 rate. A rate none of them lists (bf16 before Ampere, fp16 tensor cores on
+    a GTX 1080 Ti's SM) stays unknown. Without this, an A100 spec with fp32_tflops alone timed
+    its fp16 matmuls at the fp32 rate, 16x too slow. Returns the fields filled."""
     arch = [g for g in all_gpus() if g.architecture == values["architecture"]]
     same_sm = [
         g for g in arch if float(g.compute_capability) == float(values["compute_capability"])
     ]
+    pool = same_sm or arch
     clocks = [float(g.boost_clock_mhz) for g in arch if g.boost_clock_mhz]
     arch_clock = statistics.median(clocks) if clocks else None
     clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else arch_clock
     tensor_cores = float(values["compute_capability"]) >= 7.0  # Volta on
+    given = [f for f in TENSOR_RATES if (values[f] or 0) > 0]
     filled = []
     for field in TENSOR_RATES:
-        if (values[field] or 0) > 0 or not clock:
+        if field in given:
             continue
-        for pool in (same_sm, arch):
+        for ref in given:  # a given rate, by the ratio the same SMs show
+            ratios = [getattr(g, field) / getattr(g, ref) for g in pool
+                      if getattr(g, field) and getattr(g, ref)]  # fmt: skip
+            if ratios:
+                values[field] = round(values[ref] * statistics.median(ratios), 1)
+                break
+        else:
             per = [getattr(g, field) / (g.sm_count * (g.boost_clock_mhz or arch_clock))
                    for g in pool if getattr(g, field)]  # fmt: skip
-            if per:
-                rate = statistics.median(per) * values["sm_count"] * clock
-                floor = values["fp32_tflops"] if tensor_cores else 0.0  # tensor cores: >= fp32
-                values[field] = round(max(rate, floor), 1)
-                filled.append(field)
-                break
+            if not per or not clock:
+                continue
+            rate = statistics.median(per) * values["sm_count"] * clock
+            floor = values["fp32_tflops"] if tensor_cores else 0.0  # tensor cores: >= fp32
+            values[field] = round(max(rate, floor), 1)
+        filled.append(field)
     return filled
 
 
