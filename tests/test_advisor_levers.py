@@ -77,3 +77,52 @@ def test_every_advice_says_its_change_as_command_line_keys() -> None:
     assert command_options({"finetune_method": "qlora", "lora_r": 16, "checkpointing_every": 1,
                             "amp": "none"}) == {"finetune.method": "qlora", "finetune.r": 16,
                                                 "checkpointing.every": 1, "amp": "none"}  # fmt: skip
+
+
+def test_a_fit_without_checkpointing_is_found_beside_the_stacked_one() -> None:
+    """The stack adds checkpointing before the splits; the walk without it reaches a smaller
+    micro-batch instead, and the faster of the two fits is advised first. A synthetic GPU
+    where autocast + Adafactor fit at micro-batch 2, every lever at micro-batch 4; a
+    checkpointed step costs a third more, a halved micro-batch 5 % (numbers made up here)."""
+    from boom_ml.estimates import GpuPrediction, MemoryEstimate, TimeEstimate
+    from boom_ml.report.advisor import advise
+
+    step = StepSpec(batch_size=8, seq_len=1024)
+    gpu = get_gpu("rtx-3090")
+    asked: list[StepSpec] = []
+
+    def evaluate(changed: StepSpec, gpus: list) -> list:
+        asked.append(changed)
+        light = changed.amp != "none" and changed.optimizer == "adafactor"
+        ckpt = changed.checkpointing == "full"
+        fits = light and changed.batch_size <= (4 if ckpt else 2)
+        ms = 100.0 * (4 / 3 if ckpt else 1.0) * 1.05 ** (8 // changed.batch_size - 1)
+        memory = MemoryEstimate(0, 0, 10 if fits else 30, 20, fits, "synthetic")
+        return [GpuPrediction(g.id, g.name, memory, TimeEstimate(ms, "synthetic")) for g in gpus]
+
+    failing = evaluate(step, [gpu])[0]
+    advised = advise(step, [(gpu, failing)], evaluate, recipes_too=False)[gpu.id]
+    assert [a.change for a in advised] == [
+        "amp=bf16 + optimizer=adafactor + batch_size=2 x 4 accumulation steps",
+        "amp=bf16 + checkpointing=full + optimizer=adafactor + batch_size=4 x 2 accumulation steps",
+    ]
+    assert len(asked) == len(set(asked))  # no candidate evaluated twice
+
+
+def test_a_step_with_checkpointing_is_not_walked_twice() -> None:
+    """Checkpointed already (and on SGD: no lighter optimizer), the walk without
+    checkpointing has nothing the first walk and the single changes did not try."""
+    from boom_ml.estimates import GpuPrediction, MemoryEstimate, TimeEstimate
+    from boom_ml.report.advisor import advise
+
+    step = StepSpec(batch_size=8, seq_len=1024, checkpointing="full", optimizer="sgd")
+    gpu = get_gpu("t4")
+    asked: list[StepSpec] = []
+
+    def evaluate(changed: StepSpec, gpus: list) -> list:
+        asked.append(changed)
+        memory = MemoryEstimate(0, 0, 30, 20, False, "synthetic")  # nothing fits
+        return [GpuPrediction(g.id, g.name, memory, TimeEstimate(1.0, "synthetic")) for g in gpus]
+
+    advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    assert len(asked) == len(set(asked)) > 1

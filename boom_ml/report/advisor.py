@@ -145,13 +145,18 @@ def halving_micros(batch: int) -> list[int]:
     return out
 
 
-def stacked_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
-    """Levers applied one on top of the other, cheapest first."""
+def stacked_changes(
+    step: StepSpec, gpu: GpuSpec, checkpointing: bool = True
+) -> list[tuple[str, StepSpec, int]]:
+    """Levers applied one on top of the other, cheapest first, the micro-batch splits on top
+    of them all; without ``checkpointing``, every lever but activation checkpointing."""
     out: list[tuple[str, StepSpec, int]] = []
     labels: list[str] = []
     current, accumulation = step, 1
     for label, changed, acc in single_changes(step, gpu):
         if acc > 1:  # only the smallest micro-batch still needed is stacked, below
+            continue
+        if not checkpointing and label.startswith("checkpointing"):
             continue
         diff = _diff(step, changed)
         if diff.get("params_dtype", "fp32") != "fp32" and current.amp != step.amp:
@@ -294,19 +299,20 @@ def advise(
                 elif spec.id not in closest or advice.total_bytes < closest[spec.id].total_bytes:
                     closest[spec.id] = advice
 
-    try_level(_by_step((spec, c) for spec in pending for c in single_changes(step, spec)))
+    singles = {spec.id: single_changes(step, spec) for spec in pending}
+    try_level(_by_step((spec, c) for spec in pending for c in singles[spec.id]))
     pending = [spec for spec in pending if not found[spec.id]]
-    stacks = {spec.id: stacked_changes(step, spec) for spec in pending}
-    level = 0
-    while pending:
-        asks = _by_step(
-            (spec, stacks[spec.id][level]) for spec in pending if level < len(stacks[spec.id])
-        )
-        if not asks:
-            break
-        try_level(asks)
-        pending = [spec for spec in pending if not found[spec.id]]
-        level += 1
+    tried = {spec.id: {changed for _, changed, _ in singles[spec.id]} for spec in pending}
+    # Two walks, each to its first fit: every lever stacked in order, and the same without
+    # activation checkpointing, whose third more compute a smaller micro-batch can undercut
+    # (Llama-3.2-1B on an RTX 3090 at 8 x 1024: bf16 + Adafactor + 2 x 4 fits 7 % faster than
+    # with checkpointing + 4 x 2); the faster fit comes first.
+    for with_checkpointing in (True, False):
+        stacks = {s.id: [c for c in stacked_changes(step, s, with_checkpointing)
+                         if c[1] not in tried[s.id]] for s in pending}  # fmt: skip
+        for s in pending:
+            tried[s.id] |= {changed for _, changed, _ in stacks[s.id]}
+        _walk(stacks, pending, try_level, found)
     for recipe_level in RECIPE_LEVELS if recipes_too else ():
         bare = [
             s for s, _ in failing if s.id in found and not found[s.id] and not recipes.get(s.id)
@@ -321,6 +327,27 @@ def advise(
         + sorted(recipes.get(gpu, []), key=lambda a: a.step_ms)
         for gpu, items in found.items()
     }
+
+
+def _walk(
+    stacks: dict[str, list[tuple[str, StepSpec, int]]],
+    gpus: list[GpuSpec],
+    try_level: Callable[[dict[StepSpec, list[tuple[GpuSpec, str, int]]]], None],
+    found: dict[str, list[Advice]],
+) -> None:
+    """Level by level of each GPU's ``stacks``, every candidate evaluated once for all GPUs
+    that ask for it, until each GPU has one more fit in ``found`` or no level left."""
+    pending, level = list(gpus), 0
+    while pending:
+        asks = _by_step(
+            (spec, stacks[spec.id][level]) for spec in pending if level < len(stacks[spec.id])
+        )
+        if not asks:
+            break
+        before = {spec.id: len(found[spec.id]) for spec in pending}
+        try_level(asks)
+        pending = [spec for spec in pending if len(found[spec.id]) == before[spec.id]]
+        level += 1
 
 
 def _by_step(
