@@ -24,6 +24,9 @@ UNITS = {"memory_gb": "GB, as the datasheet states it", "memory_bandwidth_gbs": 
          "fp32_tflops": "TFLOPS", "tf32_tflops": "TFLOPS", "fp16_tflops": "TFLOPS",
          "bf16_tflops": "TFLOPS", "fp8_tflops": "TFLOPS", "l2_cache_mb": "MiB",
          "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz"}  # fmt: skip
+# Checked above only: a small memory is how one asks what a tighter GPU would do (0.3 GB
+# makes any step not fit), where a slip to TB is rarer than one to bytes or MB.
+ABOVE_ONLY = ("memory_gb",)
 # How far beyond the packaged GPUs' range (Pascal to Blackwell) a value may lie: wide enough for
 # a GPU beyond the table, far inside the factor of 1000 a unit slip makes.
 UNIT_SLACK = 20
@@ -48,7 +51,8 @@ def check_ranges(values: dict[str, Any], where: str, packaged: Sequence[GpuSpec]
         known = [getattr(g, field) for g in packaged if getattr(g, field)]
         if not value or not known:
             continue
-        low, high = min(known) / UNIT_SLACK, max(known) * UNIT_SLACK
+        low = 0.0 if field in ABOVE_ONLY else min(known) / UNIT_SLACK
+        high = max(known) * UNIT_SLACK
         if not low <= value <= high:
             raise InvalidInputError(
                 f"{where}: field '{field}' is {value:g}, outside {low:g}-{high:g} ({UNIT_SLACK}x "
