@@ -107,6 +107,10 @@ def test_a_fit_without_checkpointing_is_found_beside_the_stacked_one() -> None:
         "amp=bf16 + checkpointing=full + optimizer=adafactor + batch_size=4 x 2 accumulation steps",
     ]
     assert len(asked) == len(set(asked))  # no candidate evaluated twice
+    # without checkpointing, nothing above the micro-batch that fitted with it (4) is asked
+    light = [c.batch_size for c in asked
+             if c.amp != "none" and c.optimizer == "adafactor" and c.checkpointing == "none"]  # fmt: skip
+    assert light == [4, 2]
 
 
 def test_a_step_with_checkpointing_is_not_walked_twice() -> None:

@@ -306,13 +306,19 @@ def advise(
     # Two walks, each to its first fit: every lever stacked in order, and the same without
     # activation checkpointing, whose third more compute a smaller micro-batch can undercut
     # (Llama-3.2-1B on an RTX 3090 at 8 x 1024: bf16 + Adafactor + 2 x 4 fits 7 % faster than
-    # with checkpointing + 4 x 2); the faster fit comes first.
-    for with_checkpointing in (True, False):
-        stacks = {s.id: [c for c in stacked_changes(step, s, with_checkpointing)
-                         if c[1] not in tried[s.id]] for s in pending}  # fmt: skip
-        for s in pending:
-            tried[s.id] |= {changed for _, changed, _ in stacks[s.id]}
-        _walk(stacks, pending, try_level, found)
+    # with checkpointing + 4 x 2); the faster fit comes first. Without checkpointing a step
+    # holds more at any micro-batch, so the second walk asks only where the first fitted, at
+    # its micro-batch or below (the one above did not fit even checkpointed).
+    stacks = {s.id: [c for c in stacked_changes(step, s) if c[1] not in tried[s.id]]
+              for s in pending}  # fmt: skip
+    fitted = _walk(stacks, pending, try_level, found)
+    again = [s for s in pending if s.id in fitted]
+    for s in again:
+        tried[s.id] |= {changed for _, changed, _ in stacks[s.id]}
+    stacks = {s.id: [c for c in stacked_changes(step, s, checkpointing=False)
+                     if c[1] not in tried[s.id] and c[1].batch_size <= fitted[s.id].batch_size]
+              for s in again}  # fmt: skip
+    _walk(stacks, again, try_level, found)
     for recipe_level in RECIPE_LEVELS if recipes_too else ():
         bare = [
             s for s, _ in failing if s.id in found and not found[s.id] and not recipes.get(s.id)
@@ -334,10 +340,11 @@ def _walk(
     gpus: list[GpuSpec],
     try_level: Callable[[dict[StepSpec, list[tuple[GpuSpec, str, int]]]], None],
     found: dict[str, list[Advice]],
-) -> None:
+) -> dict[str, StepSpec]:
     """Level by level of each GPU's ``stacks``, every candidate evaluated once for all GPUs
-    that ask for it, until each GPU has one more fit in ``found`` or no level left."""
-    pending, level = list(gpus), 0
+    that ask for it, until each GPU has one more fit in ``found`` or no level left. Returns
+    the step that fitted, per GPU that found one."""
+    pending, level, fitted = list(gpus), 0, {}
     while pending:
         asks = _by_step(
             (spec, stacks[spec.id][level]) for spec in pending if level < len(stacks[spec.id])
@@ -346,8 +353,12 @@ def _walk(
             break
         before = {spec.id: len(found[spec.id]) for spec in pending}
         try_level(asks)
-        pending = [spec for spec in pending if len(found[spec.id]) == before[spec.id]]
+        for spec in pending:
+            if len(found[spec.id]) > before[spec.id]:
+                fitted[spec.id] = stacks[spec.id][level][1]
+        pending = [spec for spec in pending if spec.id not in fitted]
         level += 1
+    return fitted
 
 
 def _by_step(
