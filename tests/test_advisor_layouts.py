@@ -224,7 +224,7 @@ def test_a_gpu_below_parameters_and_gradients_gets_the_floor_and_no_traces(model
 
 def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> None:
     from boom_ml.gpus import get_gpu
-    from boom_ml.report.advisor import RECIPE_LEVELS, recipe_changes, single_changes
+    from boom_ml.report.levers import RECIPE_LEVELS, recipe_changes, single_changes
     from boom_ml.specs import StepSpec
 
     gpu = get_gpu("rtx-4090")
@@ -320,7 +320,7 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
 @pytest.mark.parametrize("batch", [5, 6, 11, 12, 60, 64])
 def test_accumulation_advice_keeps_every_sample(batch):
     """A micro-batch split trains the same samples per step (5 as 1 x 5, not 2 x 2)."""
-    from boom_ml.report.advisor import halving_micros, single_changes, stacked_changes
+    from boom_ml.report.levers import halving_micros, single_changes, stacked_changes
 
     gpu = get_gpu("t4")
     step = StepSpec(batch_size=batch)
@@ -333,7 +333,7 @@ def test_accumulation_advice_keeps_every_sample(batch):
 def test_advice_labels_name_the_accumulation_that_was_evaluated() -> None:
     """Under grad_accum=2, splitting batch 16 into 8s runs 4 accumulation steps: the label
     says 4 (it said 2, the factor, and `batch_size=8 grad_accum=2` ran half the samples)."""
-    from boom_ml.report.advisor import recipe_changes, single_changes, stacked_changes
+    from boom_ml.report.levers import recipe_changes, single_changes, stacked_changes
 
     step = StepSpec(batch_size=16, grad_accum=2, amp="bf16")
     gpu = get_gpu("l4")
@@ -349,7 +349,7 @@ def test_a_lighter_optimizer_is_traced_with_its_own_implementation() -> None:
     """The step handed to the advisor carries AdamW's resolved foreach: the Adafactor
     candidate resolves its own (Adafactor's default for-loop, 4 GB less on an enlarged
     gpt2 than with AdamW's foreach temporaries)."""
-    from boom_ml.report.advisor import single_changes, stacked_changes
+    from boom_ml.report.levers import single_changes, stacked_changes
 
     step = StepSpec(batch_size=8, optimizer="adamw", optimizer_impl="foreach")
     gpu = get_gpu("t4")

@@ -4,12 +4,7 @@ step the CLI accepts (a candidate the step check refuses once ended the whole pr
 from __future__ import annotations
 
 from boom_ml.gpus import get_gpu
-from boom_ml.report.advisor import (
-    RECIPE_LEVELS,
-    recipe_changes,
-    single_changes,
-    stacked_changes,
-)
+from boom_ml.report.levers import RECIPE_LEVELS, recipe_changes, single_changes, stacked_changes
 from boom_ml.specs import StepSpec
 
 

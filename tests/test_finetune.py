@@ -407,7 +407,7 @@ def test_a_lora_step_on_fp32_weights_is_offered_16_bit_frozen_weights() -> None:
     (bf16 on Ampere, fp16 before) come first, and never under fp16 autocast (GradScaler
     cannot unscale fp16 adapter gradients) or for full training."""
     from boom_ml.gpus import get_gpu
-    from boom_ml.report.advisor import single_changes
+    from boom_ml.report.levers import single_changes
 
     def offered(step: StepSpec, gpu: str) -> dict[str, StepSpec]:
         return {label: s for label, s, _ in single_changes(step, get_gpu(gpu))}
@@ -430,7 +430,7 @@ def test_16_bit_frozen_weights_do_not_stack_with_fp16_autocast() -> None:
     Since the twentieth session the 16-bit weights replace the autocast in the stack (they
     were skipped, the stack's biggest saving)."""
     from boom_ml.gpus import get_gpu
-    from boom_ml.report.advisor import single_changes, stacked_changes
+    from boom_ml.report.levers import single_changes, stacked_changes
 
     step, t4 = StepSpec(batch_size=512, finetune_method="lora"), get_gpu("t4")
     singles = [label for label, _, _ in single_changes(step, t4)]

@@ -95,7 +95,7 @@ def test_label_and_parallel_state_bytes() -> None:
 )
 def test_advice_for_16_bit_parameters_proposes_no_autocast(fields) -> None:
     from boom_ml.gpus import get_gpu
-    from boom_ml.report.advisor import single_changes
+    from boom_ml.report.levers import single_changes
 
     gpu = get_gpu("v100-sxm2-16gb")  # no bf16: fp32 steps are offered amp=fp16
     assert single_changes(StepSpec(batch_size=4), gpu)[0][0] == "amp=fp16"

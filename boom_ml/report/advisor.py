@@ -1,12 +1,9 @@
 """Advisor: for a GPU where the step does not fit, the cheapest changes that make it fit.
 
-Candidates are the usual levers, each predicted with the same memory and time models:
-autocast, activation checkpointing, an optimizer with less state, and a smaller
-micro-batch with gradient accumulation (same effective batch; the gradients stay alive
-between micro-batches, which the memory replay models). A candidate fits when its p90
-step does. Single changes come
-first; if none fits, they are stacked in that order, which is roughly the order of what
-they cost in speed.
+Candidates are the levers of ``levers.py``, each predicted with the same memory and time
+models; a candidate fits when its p90 step does. Single changes come first; if none fits,
+the stacked ones, walked to a first fit twice: with checkpointing and without it (where the
+first walk fitted, at its micro-batch or below); the faster fits are advised first.
 
 When nothing tried fits on one GPU and the step trains every weight, fine-tuning recipes
 are tried too (LoRA, QLoRA: peft adapters on half-precision or 4-bit frozen weights, with
@@ -20,27 +17,25 @@ layouts that fit, ranked by $ per step (``boom_ml/parallel/search.py``).
 
 from __future__ import annotations
 
-import bisect
 import logging
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from boom_ml import progress
-from boom_ml.errors import BoomError, InvalidInputError, interrupted
+from boom_ml.errors import BoomError, interrupted
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.report.levers import (
+    RECIPE_LEVELS,
+    halves_frozen_weights,
+    recipe_changes,
+    single_changes,
+    stacked_changes,
+    step_diff,
+)
 from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
-# The optimizer to suggest instead, and why it needs less memory.
-LIGHTER_OPTIMIZER = {
-    "adam": ("adafactor", "Adafactor keeps factored second moments, no first moment"),
-    "adamw": ("adafactor", "Adafactor keeps factored second moments, no first moment"),
-    "adagrad": ("adafactor", "Adafactor keeps factored second moments"),
-    "rmsprop": ("sgd", "SGD keeps no optimizer state"),
-    "sgd-momentum": ("sgd", "SGD without momentum keeps no optimizer state"),
-}
 MAX_ADVICE = 4
 
 
@@ -72,165 +67,6 @@ Evaluate = Callable[[StepSpec, list[GpuSpec]], list[GpuPrediction]]
 Prefetch = Callable[[StepSpec, list[GpuSpec]], None]
 # search(gpus) -> per GPU id: {"layouts": [proposal, ...] ranked by $ per step, "searched": n, ...}
 LayoutSearch = Callable[[list[GpuSpec]], dict[str, dict[str, Any]]]
-
-
-def _amp_for(gpu: GpuSpec) -> str:
-    return "bf16" if gpu.bf16_tflops else "fp16"
-
-
-def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
-    """(label, changed step, accumulation) for every lever still available."""
-    out: list[tuple[str, StepSpec, int]] = []
-    if step.amp == "none" and step.params_dtype == "fp32":
-        # autocast halves fp32 weights' activations; 16-bit parameters already compute in 16
-        # bits (and an fp16 GradScaler cannot unscale fp16 gradients)
-        amp = _amp_for(gpu)
-        out.append((f"amp={amp}", replace(step, amp=amp), 1))
-    if halves_frozen_weights(step):
-        dtype = _amp_for(gpu)
-        out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
-                    replace(step, params_dtype=dtype), 1))  # fmt: skip
-    if step.checkpointing != "full" or step.checkpointing_every > 1:
-        # from none, selective or every K-th block: every block's activations recomputed
-        label = "checkpointing=full" if step.checkpointing != "full" else "checkpointing.every=1"
-        if step.checkpointing != "full" and step.checkpointing_every > 1:
-            label += " + checkpointing.every=1"
-        out.append((label, replace(step, checkpointing="full", checkpointing_every=1), 1))
-    if step.optimizer in LIGHTER_OPTIMIZER and step.finetune_method == "full":
-        # (adapters' optimizer state is a few MiB: a lighter optimizer saves nothing)
-        name, why = LIGHTER_OPTIMIZER[step.optimizer]
-        # its own implementation (the step's was resolved for the optimizer it replaces:
-        # Adafactor traced with AdamW's foreach temporaries came out 4 GB too large)
-        lighter = replace(step, optimizer=name, optimizer_impl="auto")
-        out.append((f"optimizer={name} ({why})", lighter, 1))
-    # up to 8 micro-batches; a batch with no such split (a prime above 8) runs one at a time
-    micros = halving_micros(step.batch_size)
-    for micro in [m for m in micros if step.batch_size // m <= 8] or micros[-1:]:
-        accumulation = step.batch_size // micro
-        out.append(
-            (
-                _split(micro, step.grad_accum * accumulation),
-                replace(step, batch_size=micro, grad_accum=step.grad_accum * accumulation),
-                accumulation,
-            )
-        )
-    return out
-
-
-def _split(micro: int, steps: int) -> str:
-    """A micro-batch split as the keys that run it: ``batch_size=micro grad_accum=steps``."""
-    return f"batch_size={micro} x {steps} accumulation steps"
-
-
-def halves_frozen_weights(step: StepSpec) -> bool:
-    """Whether the advice offers a LoRA step its frozen fp32 weights in 16 bits: how LoRA is
-    run (they take no update, so rounding them loses nothing), half their bytes; not under
-    fp16 autocast (GradScaler cannot unscale fp16 adapter gradients)."""
-    return step.finetune_method == "lora" and step.params_dtype == "fp32" and step.amp != "fp16"
-
-
-def halving_micros(batch: int) -> list[int]:
-    """Micro-batch sizes about halving from ``batch`` down to 1, each dividing it exactly
-    (the largest divisor at or below each half): a split that does not (5 as 2 x 2) trains
-    fewer samples per step and looks faster for it."""
-    small = [d for d in range(1, math.isqrt(batch) + 1) if batch % d == 0]
-    divisors = sorted({*small, *(batch // d for d in small)})  # trial division to the root
-    out: list[int] = []
-    target = batch
-    while target > 1:
-        target //= 2
-        micro = divisors[bisect.bisect_right(divisors, target) - 1]
-        if micro not in out:
-            out.append(micro)
-    return out
-
-
-def stacked_changes(
-    step: StepSpec, gpu: GpuSpec, checkpointing: bool = True
-) -> list[tuple[str, StepSpec, int]]:
-    """Levers applied one on top of the other, cheapest first, the micro-batch splits on top
-    of them all; without ``checkpointing``, every lever but activation checkpointing."""
-    out: list[tuple[str, StepSpec, int]] = []
-    labels: list[str] = []
-    current, accumulation = step, 1
-    for label, changed, acc in single_changes(step, gpu):
-        if acc > 1:  # only the smallest micro-batch still needed is stacked, below
-            continue
-        if not checkpointing and label.startswith("checkpointing"):
-            continue
-        diff = _diff(step, changed)
-        if diff.get("params_dtype", "fp32") != "fp32" and current.amp != step.amp:
-            # 16-bit parameters compute in 16 bits: the autocast stacked before them goes
-            # (fp16 weights under fp16 autocast cannot even be unscaled)
-            diff["amp"] = step.amp
-            labels = [x for x in labels if not x.startswith("amp=")]
-        try:
-            stacked = replace(current, **diff)
-        except InvalidInputError:  # levers that cannot stack
-            continue
-        current = stacked
-        labels.append(label.split(" (")[0])
-        if len(labels) > 1:
-            out.append((" + ".join(labels), current, accumulation))
-    for micro in halving_micros(step.batch_size):
-        accumulation = step.batch_size // micro
-        out.append(
-            (
-                " + ".join([*labels, _split(micro, step.grad_accum * accumulation)]),
-                replace(current, batch_size=micro, grad_accum=step.grad_accum * accumulation),
-                accumulation,
-            )
-        )
-    return out
-
-
-# Fine-tuning recipes in levels of falling memory, each tried only on the GPUs where no
-# earlier level fits (every candidate is a trace per attention group: an 8B model's cost
-# seconds each): LoRA; then QLoRA, or LoRA at one sample per micro-batch; then QLoRA so.
-RECIPE_LEVELS = ((("lora", False),), (("qlora", False), ("lora", True)), (("qlora", True),))
-
-
-def recipe_changes(
-    step: StepSpec, gpu: GpuSpec, level: tuple[tuple[str, bool], ...] = RECIPE_LEVELS[0]
-) -> list[tuple[str, StepSpec, int]]:
-    """Fine-tuning instead of full training: LoRA on half-precision frozen weights, QLoRA on
-    4-bit ones, both with activation checkpointing (what people run when nothing else fits);
-    for a LoRA step, QLoRA (its frozen weights in 4 bits). ``level`` names the methods and
-    whether each runs one sample per micro-batch."""
-    if step.finetune_method == "qlora":
-        return []
-    if step.finetune_method == "lora":  # adapters already: what is left is 4-bit base weights
-        level = tuple((method, micro) for method, micro in level if method == "qlora")
-    # one sample per micro-batch only means something when the batch has more than one
-    return [
-        _recipe(step, gpu, method, micro)
-        for method, micro in level
-        if not (micro and step.batch_size == 1)
-    ]
-
-
-def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str, StepSpec, int]:
-    dtype = _amp_for(gpu)
-    # fp16 weights under fp16 autocast: GradScaler cannot unscale their gradients; the 16-bit
-    # weights compute in 16 bits without it
-    amp = "none" if dtype == "fp16" and step.amp == "fp16" else step.amp
-    base = replace(step, params_dtype=dtype, checkpointing="full", checkpointing_every=1,
-                   amp=amp)  # fmt: skip
-    accumulation = step.batch_size if micro else 1
-    if micro:
-        base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
-    extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
-    extra += [f"amp={amp}"] if amp != step.amp else []
-    extra += ["checkpointing=full"] if step.checkpointing != "full" else []
-    extra += ["checkpointing.every=1"] if step.checkpointing_every > 1 else []
-    extra += [_split(1, step.grad_accum * accumulation)] if micro else []
-    label = " + ".join([f"finetune.method={method}", *extra])
-    return label, replace(base, finetune_method=method), accumulation
-
-
-def _diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
-    a, b = base.to_dict(), changed.to_dict()
-    return {k: v for k, v in b.items() if a[k] != v}
 
 
 def advise(
@@ -393,7 +229,7 @@ def _advice(
     # a candidate that does not fit has no predicted time; the time of one that does is
     # already that of the whole accumulated step (grad_accum is part of ``changed``)
     step_ms = float("nan") if result.time is None else result.time.step_ms
-    settings = _diff(step, changed)
+    settings = step_diff(step, changed)
     return Advice(
         change=label,
         settings=settings,
