@@ -155,7 +155,8 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
                 f"stack.{key} must be a string such as '2.10' (a number reads 2.10 as"
                 f" 2.1), got {opts[key]!r}"
             )
-    if "+" in str(opts.get("torch", "")):  # a pasted torch.__version__: 2.6.0+cu118
+    tag = ""  # the CUDA tag of a pasted torch.__version__ (2.6.0+cu118)
+    if "+" in str(opts.get("torch", "")):
         release, _, local = str(opts["torch"]).partition("+")
         tagged = cuda_tag(local)
         if tagged is None:
@@ -168,7 +169,7 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
                 f"stack.torch {opts['torch']!r} is a CUDA {tagged} wheel; stack.cuda says "
                 f"{opts['cuda']}"
             )
-        opts = {**opts, "torch": release, "cuda": tagged}
+        opts, tag = {**opts, "torch": release, "cuda": tagged}, local
     rows = load_stacks()
     installed, installed_cuda = installed_torch()
     torch_given = "torch" in opts
@@ -188,9 +189,10 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
     if wanted is not None:
         match = [r for r in variants if r.cuda == _minor(str(wanted))]
         if not match and "cuda" in opts:
+            asked = f" (its +{tag} tag)" if tag else ""
             raise InvalidInputError(
-                f"torch {torch} was not released for CUDA {_minor(str(wanted))}; "
-                f"choose stack.cuda from: {', '.join(r.cuda for r in variants)}"
+                f"torch {torch} was not released for CUDA {_minor(str(wanted))}{asked}; "
+                f"its CUDA builds: {', '.join(r.cuda for r in variants)} (stack.cuda)"
             )
         row = match[0] if match else default_row
     cuda = row.cuda

@@ -108,20 +108,46 @@ def test_a_fit_without_checkpointing_is_found_beside_the_stacked_one() -> None:
     assert light == [4, 2]
 
 
+def _synthetic(fits, asked: list[StepSpec], refuse=lambda changed: False):
+    """An evaluate() over synthetic predictions: ``fits(step)`` says which fit."""
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.estimates import GpuPrediction, MemoryEstimate, TimeEstimate
+
+    def evaluate(changed: StepSpec, gpus: list) -> list:
+        if refuse(changed):
+            raise InvalidInputError("synthetic: this model cannot take that")
+        asked.append(changed)
+        memory = MemoryEstimate(0, 0, 10 if fits(changed) else 30, 20, fits(changed), "synthetic")
+        return [GpuPrediction(g.id, g.name, memory, TimeEstimate(100.0 / changed.batch_size,
+                                                                 "synthetic")) for g in gpus]  # fmt: skip
+
+    return evaluate
+
+
 def test_a_step_with_checkpointing_is_not_walked_twice() -> None:
     """Checkpointed already (and on SGD: no lighter optimizer), the walk without
-    checkpointing has nothing the first walk and the single changes did not try."""
-    from boom_ml.estimates import GpuPrediction, MemoryEstimate, TimeEstimate
+    checkpointing is the first walk again: nothing is evaluated twice."""
     from boom_ml.report.advisor import advise
 
     step = StepSpec(batch_size=8, seq_len=1024, checkpointing="full", optimizer="sgd")
-    gpu = get_gpu("t4")
-    asked: list[StepSpec] = []
+    gpu, asked = get_gpu("t4"), []
+    evaluate = _synthetic(lambda c: c.amp != "none" and c.batch_size <= 2, asked)
+    advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    assert [a.change for a in advised[gpu.id]] == ["amp=fp16 + batch_size=2 x 4 accumulation steps"]
+    assert len(asked) == len(set(asked)) == 7  # the step, 4 singles, 2 stacked
 
-    def evaluate(changed: StepSpec, gpus: list) -> list:
-        asked.append(changed)
-        memory = MemoryEstimate(0, 0, 30, 20, False, "synthetic")  # nothing fits
-        return [GpuPrediction(g.id, g.name, memory, TimeEstimate(1.0, "synthetic")) for g in gpus]
 
-    advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
-    assert len(asked) == len(set(asked)) > 1
+def test_a_model_that_cannot_be_checkpointed_is_walked_without_it() -> None:
+    """Every stack of the first walk holds checkpointing, which this model refuses (no blocks,
+    an HF class without it): nothing was evaluated there, and the walk without it finds the
+    fit (it was skipped: it asked only where the first walk fitted)."""
+    from boom_ml.report.advisor import advise
+
+    step, gpu, asked = StepSpec(batch_size=8, seq_len=1024), get_gpu("rtx-3090"), []
+    evaluate = _synthetic(lambda c: c.amp != "none" and c.optimizer == "adafactor"
+                          and c.batch_size <= 2, asked,
+                          refuse=lambda c: c.checkpointing == "full")  # fmt: skip
+    advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    assert [a.change for a in advised[gpu.id]] == [
+        "amp=bf16 + optimizer=adafactor + batch_size=2 x 4 accumulation steps"
+    ]

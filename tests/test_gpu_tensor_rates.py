@@ -67,3 +67,17 @@ def test_a_given_rate_sets_the_others_by_the_ratio_its_sm_shows(tmp_path):
     assert mine.tf32_tflops == round(70 * tf32, 1) and 0.49 < tf32 < 0.51
     (tmp_path / "gp102.yaml").write_text(body.format(arch="pascal", cc="6.1", sm=28, fp32=11.3))
     assert get_gpu(str(tmp_path / "gp102.yaml")).fp16_tflops is None
+
+
+def test_an_sm_no_packaged_gpu_has_takes_its_major_versions(tmp_path):
+    """A compute-capability-10.3 part (B300-like: no packaged GPU has that SM) takes the rate
+    per SM and MHz of the 10.0 B200, not the median with the 12.0 cards' (8x lower)."""
+    from boom_ml.gpus import get_gpu
+
+    b200 = get_gpu("b200")  # no boost clock listed: it and the spec count at one median clock
+    (tmp_path / "b300.yaml").write_text(
+        "name: mine\narchitecture: blackwell\ncompute_capability: '10.3'\nsm_count: 148\n"
+        "memory_gb: 288\nmemory_bandwidth_gbs: 8000\nfp32_tflops: 75\n"
+    )
+    mine = get_gpu(str(tmp_path / "b300.yaml"))
+    assert b200.sm_count == 148 and mine.fp16_tflops == b200.fp16_tflops == 2250.0

@@ -295,6 +295,9 @@ def test_a_yaml_gpu_named_as_a_table_gpu_is_no_silent_swap(tmp_path: Path):
     other.write_text(yaml.safe_dump({**original.to_dict(), "memory_gb": 24, "memory_bytes": None,
                                      "total_memory_bytes": None}))  # fmt: skip
     assert parse_gpu_list([str(copy), "h100-sxm"]) == [original]
+    unsourced = tmp_path / "unsourced.yaml"  # the same numbers without the table's sources
+    unsourced.write_text(yaml.safe_dump({**original.to_dict(), "source": ""}))
+    assert parse_gpu_list([str(unsourced), "h100-sxm"])[0].id == "h100-sxm"
     with pytest.raises(InvalidInputError) as err:
         parse_gpu_list([str(other), "h100-sxm"])
     # the fields that differ, not two sources' whole text (700 characters)

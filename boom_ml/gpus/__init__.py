@@ -253,10 +253,10 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
                 specs = [get_gpu(part.strip() if isinstance(part, str) else part)]
             for spec in specs:
                 seen = out.setdefault(spec.id, spec)
-                if seen != spec:  # a YAML file naming itself as another GPU: which one?
-                    a, b = seen.to_dict(), spec.to_dict()
-                    differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
-                              if a[k] != b[k] and not k.endswith("source")]  # fmt: skip
+                a, b = seen.to_dict(), spec.to_dict()
+                differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
+                          if a[k] != b[k] and not k.endswith("source")]  # fmt: skip
+                if differ:  # a YAML file naming itself as another GPU: which one?
                     raise InvalidInputError(
                         f"two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
                         "give the YAML file another id"
@@ -354,7 +354,7 @@ TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
 def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     """Tensor-core rates a user spec leaves out (or gives as 0), from the packaged GPUs of
     its compute capability (the same SM: the same tensor-core work per SM and clock), or of
-    its architecture where none has that SM. A rate the spec gives sets the others by the
+    its major version, or of its architecture where none has that SM. A rate the spec gives sets the others by the
     ratio those GPUs show (bf16 = fp16 and tf32 = fp16 / 2 on every packaged Ampere to
     Blackwell GPU that lists both: a file with fp16 alone had its bf16 filled above it); else
     the median of rate / (SMs x boost MHz), times the spec's SMs and boost clock (a GPU
@@ -363,10 +363,11 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     a GTX 1080 Ti's SM) stays unknown. Without this, an A100 spec with fp32_tflops alone timed
     its fp16 matmuls at the fp32 rate, 16x too slow. Returns the fields filled."""
     arch = [g for g in all_gpus() if g.architecture == values["architecture"]]
-    same_sm = [
-        g for g in arch if float(g.compute_capability) == float(values["compute_capability"])
-    ]
-    pool = same_sm or arch
+    cc = float(values["compute_capability"])
+    same_sm = [g for g in arch if float(g.compute_capability) == cc]
+    # else the same major version (a 10.3 part takes the B200's 10.0, not the 12.0 cards')
+    same_major = [g for g in arch if int(float(g.compute_capability)) == int(cc)]
+    pool = same_sm or same_major or arch
     clocks = [float(g.boost_clock_mhz) for g in arch if g.boost_clock_mhz]
     arch_clock = statistics.median(clocks) if clocks else None
     clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else arch_clock

@@ -25,8 +25,9 @@ UNITS = {"memory_gb": "GB, as the datasheet states it", "memory_bandwidth_gbs": 
          "bf16_tflops": "TFLOPS", "fp8_tflops": "TFLOPS", "l2_cache_mb": "MiB",
          "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz"}  # fmt: skip
 # Checked above only: a small memory is how one asks what a tighter GPU would do (0.3 GB
-# makes any step not fit), where a slip to TB is rarer than one to bytes or MB.
-ABOVE_ONLY = ("memory_gb",)
+# makes any step not fit), where a slip to TB is rarer than one to bytes or MB; a 16-bit rate
+# can be far below the packaged ones (a GTX 1080 Ti's fp16 runs at 1/64 of its fp32: 0.18).
+ABOVE_ONLY = ("memory_gb", "tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
 # How far beyond the packaged GPUs' range (Pascal to Blackwell) a value may lie: wide enough for
 # a GPU beyond the table, far inside the factor of 1000 a unit slip makes.
 UNIT_SLACK = 20

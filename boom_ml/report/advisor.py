@@ -104,6 +104,7 @@ def advise(
         pending = [spec for spec in pending if spec.id not in closest]
 
     recipes: dict[str, list[Advice]] = {}
+    refused: set[StepSpec] = set()  # candidates the model cannot take
 
     def try_level(
         asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]], recipe: bool = False
@@ -124,6 +125,7 @@ def advise(
                     # head or a BatchNorm refuses, no adapter targets for peft): not advice,
                     # and the prediction asked for stands; the API's log says which
                     logging.getLogger(__name__).warning("advice: %s not tried: %s", label, err)
+                    refused.add(changed)
                     continue
             for (spec, label, accumulation), result in zip(group, results, strict=True):
                 advice = _advice(label, step, changed, accumulation, result)
@@ -144,15 +146,23 @@ def advise(
     # (Llama-3.2-1B on an RTX 3090 at 8 x 1024: bf16 + Adafactor + 2 x 4 fits 7 % faster than
     # with checkpointing + 4 x 2); the faster fit comes first. Without checkpointing a step
     # holds more at any micro-batch, so the second walk asks only where the first fitted, at
-    # its micro-batch or below (the one above did not fit even checkpointed).
+    # its micro-batch or below (the one above did not fit even checkpointed); for a model that
+    # cannot be checkpointed (no blocks, an HF class without it) everywhere, unbounded.
     stacks = {s.id: [c for c in stacked_changes(step, s) if c[1] not in tried[s.id]]
               for s in pending}  # fmt: skip
     fitted = _walk(stacks, pending, try_level, found)
-    again = [s for s in pending if s.id in fitted]
+    uncheckpointable = any(  # the model refused checkpointing alone
+        changed in refused
+        for changes in singles.values()
+        for label, changed, _ in changes
+        if label.startswith("checkpointing")
+    )
+    again = [s for s in pending if s.id in fitted or uncheckpointable]
     for s in again:
         tried[s.id] |= {changed for _, changed, _ in stacks[s.id]}
+    bound = {s.id: fitted[s.id].batch_size if s.id in fitted else step.batch_size for s in again}
     stacks = {s.id: [c for c in stacked_changes(step, s, checkpointing=False)
-                     if c[1] not in tried[s.id] and c[1].batch_size <= fitted[s.id].batch_size]
+                     if c[1] not in tried[s.id] and c[1].batch_size <= bound[s.id]]
               for s in again}  # fmt: skip
     _walk(stacks, again, try_level, found)
     for recipe_level in RECIPE_LEVELS if recipes_too else ():
