@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -50,3 +51,16 @@ def linear_factory(directory: Path, forward: str, init: str = "") -> str:
         "def make():\n    return Model()\n"
     )
     return f"file:{path}:make"
+
+
+def tiny_config(tmp_path: Path, model_type: str, arch: str, **fields: object) -> str:
+    """An hf: spec of a config.json written under ``tmp_path``: the model_type's defaults with
+    ``fields``, its class ``arch`` (synthetic configs, sized small by the caller)."""
+    from transformers import AutoConfig
+
+    raw = AutoConfig.for_model(model_type, **fields).to_dict()
+    raw["architectures"] = [arch]
+    path = tmp_path / model_type / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(raw))
+    return f"hf:{path}"
