@@ -17,11 +17,12 @@ from tiny_models import tiny_llama_config
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.stack import resolve_stack
-from boom_ml.trace.ops import REGISTRY, causal_pairs
+from boom_ml.trace.ops import REGISTRY
 from boom_ml.trace.sdpa_select import (
     GROUPS,
     SdpaCall,
     TensorInfo,
+    causal_pairs,
     sdpa_group,
     sdpa_traits,
     select_backend,

@@ -159,7 +159,7 @@ def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
     features take that count, so a causal SDPA call is not timed as the full square (a flash
     kernel skips the masked blocks). Without a count, the full square, or the kept pairs where the
     row says ``causal`` (predict_ops' CSV rows)."""
-    from boom_ml.trace.ops import causal_pairs
+    from boom_ml.trace.sdpa_select import causal_pairs
 
     b, h, s, d = 8, 12, 4096, 64
     full = 4 * b * h * s * s * d

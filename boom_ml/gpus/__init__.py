@@ -354,8 +354,8 @@ TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
 def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     """Tensor-core rates a user spec leaves out (or gives as 0), from the packaged GPUs of
     its compute capability (the same SM: the same tensor-core work per SM and clock), or of
-    its major version, or of its architecture where none has that SM. A rate the spec gives sets the others by the
-    ratio those GPUs show (bf16 = fp16 and tf32 = fp16 / 2 on every packaged Ampere to
+    its major version, or of its architecture where none has that SM. A rate the spec gives
+    sets the others by the ratio those GPUs show (bf16 = fp16 and tf32 = fp16 / 2 on every packaged Ampere to
     Blackwell GPU that lists both: a file with fp16 alone had its bf16 filled above it); else
     the median of rate / (SMs x boost MHz), times the spec's SMs and boost clock (a GPU
     without one counts at its architecture's median clock), and on tensor cores never below

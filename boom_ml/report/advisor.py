@@ -28,6 +28,7 @@ from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
     RECIPE_LEVELS,
+    changes_checkpointing,
     halves_frozen_weights,
     recipe_changes,
     single_changes,
@@ -154,8 +155,8 @@ def advise(
     uncheckpointable = any(  # the model refused checkpointing alone
         changed in refused
         for changes in singles.values()
-        for label, changed, _ in changes
-        if label.startswith("checkpointing")
+        for _, changed, _ in changes
+        if changes_checkpointing(step, changed)
     )
     again = [s for s in pending if s.id in fitted or uncheckpointable]
     for s in again:

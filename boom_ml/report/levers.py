@@ -100,6 +100,14 @@ def halving_micros(batch: int) -> list[int]:
     return out
 
 
+def changes_checkpointing(step: StepSpec, changed: StepSpec) -> bool:
+    """Whether ``changed`` checkpoints the step's activations otherwise (the lever)."""
+    return (changed.checkpointing, changed.checkpointing_every) != (
+        step.checkpointing,
+        step.checkpointing_every,
+    )
+
+
 def stacked_changes(
     step: StepSpec, gpu: GpuSpec, checkpointing: bool = True
 ) -> list[tuple[str, StepSpec, int]]:
@@ -111,7 +119,7 @@ def stacked_changes(
     for label, changed, acc in single_changes(step, gpu):
         if acc > 1:  # only the smallest micro-batch still needed is stacked, below
             continue
-        if not checkpointing and label.startswith("checkpointing"):
+        if not checkpointing and changes_checkpointing(step, changed):
             continue
         diff = step_diff(step, changed)
         if diff.get("params_dtype", "fp32") != "fp32" and current.amp != step.amp:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.roofline import LAUNCH_MS
+from boom_ml.trace.sdpa_select import causal_pairs
 
 FEATURE_VERSION = 2
 # LAUNCH_MS (eager launch + inter-kernel gap) is added to every roofline so that tiny ops
@@ -352,8 +353,8 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
         # the masked blocks)
         full = 4 * b * hh * sq * skv * d * np.where(bwd > 0, 2.5, 1.0)
         # a row that says causal (predict_ops) without counted FLOPs: the kept pairs' share,
-        # query i seeing keys 0..i (trace/ops.py: causal_pairs, which a traced row's count used)
-        kept = np.where(sq <= skv, sq * (sq + 1) / 2, skv * (skv + 1) / 2 + (sq - skv) * skv)
+        # as a traced row's count has it
+        kept = causal_pairs(sq, skv)
         causal = np.nan_to_num(_num(df, "causal")) > 0
         full_or_kept = np.where(causal, full * kept / np.maximum(sq * skv, 1), full)
         flops = np.where((flops > 0) & (flops < full), flops, full_or_kept)

@@ -29,6 +29,7 @@ from torch.utils.flop_counter import (
 )
 
 from boom_ml.trace.families import FAMILIES, UNKNOWN
+from boom_ml.trace.sdpa_select import causal_pairs
 
 Packet = torch._ops.OpOverloadPacket
 # torch's convention: formula(*args, out_val=out, **kwargs) -> FLOPs of one call.
@@ -216,14 +217,6 @@ def conv_backward_flops(
 
 register("_efficient_attention_forward _efficient_attention_backward _flash_attention_forward "
          "_flash_attention_backward", "attention")  # fmt: skip
-
-
-def causal_pairs(seq_q: int, seq_k: int) -> int:
-    """(query, key) pairs a causal mask keeps: query i sees keys 0..i (PyTorch's upper-left
-    ``tril``), so a square mask keeps L(L+1)/2 of L² and the fused kernels skip the rest."""
-    if seq_q <= seq_k:
-        return seq_q * (seq_q + 1) // 2
-    return seq_k * (seq_k + 1) // 2 + (seq_q - seq_k) * seq_k
 
 
 def _causal(full: int, q_shape: Any, k_shape: Any, args: tuple, kw: dict, at: int) -> int:

@@ -307,3 +307,11 @@ def can_use_cudnn(traits: SdpaTraits, call: SdpaCall) -> bool:
     if call.requires_grad and traits.cudnn_d256:  # check_cudnn_d256_bprop_head_dim
         return (d_qk <= 128 and d_v <= 128) or (d_qk, d_v) in ((192, 128), (256, 256))
     return True
+
+
+def causal_pairs(seq_q: Any, seq_k: Any) -> Any:
+    """(query, key) pairs a causal mask keeps: query i sees keys 0..i (PyTorch's upper-left
+    ``tril``), so a square mask keeps L(L+1)/2 of L² and the fused kernels skip the rest.
+    Integers or arrays alike (the tracer's counts and the attention features' rows)."""
+    m = seq_q - (seq_q - seq_k) * (seq_q > seq_k)  # the shorter of the two
+    return m * (m + 1) // 2 + (seq_q - m) * seq_k
