@@ -219,6 +219,11 @@ def recipe_line(recipe: dict) -> str:
             f"base weights 4-bit NF4 {nbytes['base_weights_4bit'] / GIB:.2f} GiB "
             f"({recipe.get('nf4_layers', 0)} layers)"
         )
+    if recipe.get("fp32_parameters"):
+        parts.append(
+            f"{recipe['fp32_parameters'] / 1e6:.1f} M parameters kept in fp32 as transformers "
+            f"loads this model in {recipe.get('params_dtype')}"
+        )
     if recipe.get("unquantized_expert_parameters"):
         parts.append(
             f"MoE expert weights not quantised {recipe['unquantized_expert_parameters'] / 1e9:.2f} B "

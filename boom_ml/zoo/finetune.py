@@ -1,7 +1,9 @@
 """Training recipes applied to a meta-built model before the tracer materialises it.
 
 * ``params_dtype``: parameters (and buffers, as ``model.to(dtype)`` does) in fp32, bf16 or
-  fp16; gradients and the optimizer's state follow the parameters' dtype.
+  fp16, but those an HF model keeps in fp32 when ``from_pretrained(dtype=...)`` loads it
+  (its ``_keep_in_fp32_modules`` in fp16, ``_keep_in_fp32_modules_strict`` in fp16 and bf16:
+  T5's ``wo``, MoE routers); gradients and the optimizer's state follow the parameters' dtype.
 * ``finetune_method=lora``: the real peft (``LoraConfig`` + ``get_peft_model``) injects its
   LoRA layers into the model in place and freezes everything else; adapters are kept in
   ``params_dtype`` (``autocast_adapter_dtype=False``: peft would otherwise upcast bf16/fp16
@@ -17,8 +19,10 @@ Frozen parameters get no gradient and no optimizer state in the trace: the step 
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import Counter
+from itertools import chain
 from typing import Any
 
 import torch
@@ -46,12 +50,16 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     facts: dict[str, Any] = {"params_dtype": step.params_dtype, "finetune": step.finetune_method}
     dtype = DTYPES[step.params_dtype]
     if dtype != torch.float32:
-        module.to(dtype)  # on the meta device: dtypes only, tied parameters stay tied
+        kept = cast_as_loaded(module, dtype)
+        if kept:
+            facts["fp32_parameters"] = kept
     if step.finetune_method == "full":
         return facts
     facts.update(_add_lora(module, step))
     if dtype != torch.float32:
-        module.to(dtype)  # peft leaves adapters on the meta device in fp32: params_dtype
+        # peft leaves adapters on the meta device in fp32: params_dtype, but those of a layer
+        # kept in fp32 (their names carry its name), made in its dtype as peft makes them
+        cast_as_loaded(module, dtype)
     if step.finetune_method == "qlora":
         layers = quantize_linears(module, compute_dtype(step), step.double_quant)
         facts["nf4_layers"] = layers
@@ -162,6 +170,39 @@ def default_targets(module: nn.Module) -> tuple[list[str] | None, dict[str, Any]
     return None, {}
 
 
+def _fp32_patterns(module: nn.Module, dtype: torch.dtype) -> list[str]:
+    """The name patterns transformers loads in fp32 under ``dtype`` (its dtype plan), from
+    the first HF model in ``module``; none for other models."""
+    for sub in module.modules():
+        plan = getattr(sub, "_get_dtype_plan", None)
+        if callable(plan):
+            return [k for k, v in plan(dtype).items() if v == torch.float32]
+    return []
+
+
+def cast_as_loaded(module: nn.Module, dtype: torch.dtype) -> int:
+    """``module.to(dtype)`` (on the meta device: dtypes only, tied parameters stay tied), then
+    the parameters and buffers whose names an fp32 pattern of the model finds (as
+    transformers' loader searches state-dict keys, ``*`` any text) back in fp32; returns how
+    many parameter elements stay fp32."""
+    module.to(dtype)
+    patterns = _fp32_patterns(module, dtype)
+    if not patterns:
+        return 0
+    found = re.compile("|".join(f"(?:{p.replace('*', '.*')})" for p in patterns))
+    kept, seen = 0, set()
+    # every name of a tied tensor: the loader's key may be either
+    tensors = chain(module.named_parameters(remove_duplicate=False),
+                    module.named_buffers(remove_duplicate=False))  # fmt: skip
+    for name, tensor in tensors:
+        if id(tensor) in seen or not (found.search(name) and tensor.is_floating_point()):
+            continue
+        seen.add(id(tensor))
+        tensor.data = tensor.data.to(torch.float32)
+        kept += tensor.numel() if isinstance(tensor, nn.Parameter) else 0
+    return kept
+
+
 def _keep_in_fp32(module: nn.Module) -> list[str]:
     """The model's ``_keep_in_fp32_modules`` (T5: ``wo``), which transformers' quantizer
     leaves unquantised; the first HF model inside a peft wrapper answers."""
@@ -173,9 +214,14 @@ def _keep_in_fp32(module: nn.Module) -> list[str]:
 
 
 def _output_heads(module: nn.Module) -> set[int]:
+    """The output head, and the layer it wraps where peft has put LoRA on it (targets
+    naming ``lm_head``): transformers leaves the head unquantised either way."""
     get = getattr(module, "get_output_embeddings", None)
     head = get() if callable(get) else None
-    return {id(head)} if isinstance(head, nn.Module) else set()
+    if not isinstance(head, nn.Module):
+        return set()
+    base = getattr(head, "base_layer", None)
+    return {id(head)} | ({id(base)} if isinstance(base, nn.Module) else set())
 
 
 def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) -> int:

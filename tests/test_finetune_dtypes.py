@@ -1,0 +1,74 @@
+"""Parameter dtypes as transformers loads them: layers an HF model keeps in fp32 under a
+16-bit ``params_dtype``, and an output head that QLoRA leaves unquantised when LoRA wraps it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from boom_ml.report.table import recipe_line
+from tests.test_finetune import TINY_LLAMA, TINY_OTHERS, adopted_bytes, trace
+
+# TINY_OTHERS["t5"]: d_model 32, d_ff 64, one encoder and one decoder block, each with a
+# DenseReluDense.wo of 32 x 64: what T5's _keep_in_fp32_modules ("wo") keeps in fp32
+WO = 2 * 32 * 64
+
+
+@pytest.fixture(scope="module")
+def tiny_t5(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("synthetic_tiny_t5") / "config.json"
+    path.write_text(json.dumps(TINY_OTHERS["t5"]))
+    return f"hf:{path}"
+
+
+def test_t5_in_fp16_keeps_wo_in_fp32(tiny_t5: str) -> None:
+    graph = trace(tiny_t5, params_dtype="fp16", amp="none")
+    n = graph.meta["num_trainable_parameters"]
+    assert graph.meta["recipe"]["fp32_parameters"] == WO
+    weights = 2 * (n - WO) + 4 * WO  # from_pretrained(dtype=torch.float16)'s dtypes
+    assert adopted_bytes(graph, "parameter") == weights
+    assert adopted_bytes(graph, "gradient") == weights
+    assert adopted_bytes(graph, "optimizer_state") == 2 * weights  # AdamW's two states
+    assert "0.0 M parameters kept in fp32 as transformers loads" in recipe_line(
+        graph.meta["recipe"]
+    )
+
+
+def test_t5_in_bf16_casts_wo_too(tiny_t5: str) -> None:
+    # _keep_in_fp32_modules applies to fp16 loading only (its _strict list to bf16 as well)
+    graph = trace(tiny_t5, params_dtype="bf16", amp="none")
+    n = graph.meta["num_trainable_parameters"]
+    assert "fp32_parameters" not in graph.meta["recipe"]
+    assert adopted_bytes(graph, "parameter") == 2 * n
+
+
+def test_t5_qlora_in_fp16_keeps_wo_unquantised_in_fp32(tiny_t5: str) -> None:
+    graph = trace(tiny_t5, finetune_method="qlora", params_dtype="fp16", lora_targets=("q", "v"))
+    assert graph.meta["recipe"]["fp32_parameters"] == WO
+    assert graph.meta["recipe"]["nf4_layers"] == 5 + 9  # all but the two wo
+
+
+def test_qlora_on_the_head_leaves_it_unquantised(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))  # synthetic, untied head of 1000 x 64
+    plain = trace(f"hf:{path}", finetune_method="qlora", params_dtype="bf16")
+    head = trace(f"hf:{path}", finetune_method="qlora", params_dtype="bf16",
+                 lora_targets=("q_proj", "v_proj", "lm_head"))  # fmt: skip
+    # the same 14 block layers quantised; the head stays bf16 under its adapter
+    assert head.meta["recipe"]["nf4_layers"] == plain.meta["recipe"]["nf4_layers"] == 14
+    base = plain.meta["recipe"]["bytes"]["base_weights_4bit"]
+    assert head.meta["recipe"]["bytes"]["base_weights_4bit"] == base
+    adapter = 8 * (64 + 1000)  # r = 8: lora_A 8 x 64, lora_B 1000 x 8, bf16
+    assert adopted_bytes(head, "parameter") == adopted_bytes(plain, "parameter") + 2 * adapter
+    # parameters counted once: the model's, as peft counts them
+    assert head.meta["num_parameters"] == head.meta["recipe"]["peft_all_parameters"]
+    assert head.meta["num_parameters"] == plain.meta["num_parameters"] + adapter
+
+
+def test_recipe_line_names_the_fp32_layers() -> None:
+    line = recipe_line({"finetune": "full", "params_dtype": "fp16", "fp32_parameters": 12582912})
+    assert (
+        line == "Recipe: 12.6 M parameters kept in fp32 as transformers loads this model in fp16."
+    )
