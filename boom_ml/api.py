@@ -12,7 +12,13 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import Prediction
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.parallel.layout import Cluster, Layout, check_checkpoint_every, for_parallel_step
+from boom_ml.parallel.layout import (
+    Cluster,
+    Layout,
+    as_one_gpu,
+    check_checkpoint_every,
+    for_parallel_step,
+)
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
@@ -112,6 +118,8 @@ def predict(
         check_plot_path(plot)  # the directory itself is made and checked for one GPU only
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
+    layout, nodes = _checked(Layout, parallel, "parallel"), _checked(Cluster, cluster, "cluster")
+    layout, grad_accum = as_one_gpu(layout, grad_accum)  # one GPU's micro-batches: grad_accum
     step = StepSpec(
         batch_size=batch_size,
         seq_len=seq_len,
@@ -132,7 +140,6 @@ def predict(
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
-    layout, nodes = _checked(Layout, parallel, "parallel"), _checked(Cluster, cluster, "cluster")
     layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)

@@ -27,7 +27,7 @@ from typing import Any
 from boom_ml import config_help
 from boom_ml.errors import BoomError, InvalidInputError, suggest
 from boom_ml.gpus import parse_gpu_list
-from boom_ml.parallel.layout import Cluster, Layout, for_parallel_step
+from boom_ml.parallel.layout import Cluster, Layout, as_one_gpu, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
@@ -173,9 +173,12 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     for group in ("parallel", "cluster"):  # from the API: parallel=4 is no layout
         if options.get(group) is not None:
             check_group(group, options[group])
+    layout, grad_accum = as_one_gpu(
+        Layout(**(options.get("parallel") or {})), options.get("grad_accum", 1)
+    )
     layout = for_parallel_step(
-        Layout(**(options.get("parallel") or {})),
-        grad_accum=options.get("grad_accum", 1),
+        layout,
+        grad_accum=grad_accum,
         plot=options.get("plot"),
         explain=bool(options.get("explain", False)),
         max_batch_on=options.get("max_batch") == "on",

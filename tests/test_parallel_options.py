@@ -8,7 +8,7 @@ import re
 import pytest
 
 from boom_ml.errors import InvalidInputError
-from boom_ml.parallel.layout import Layout, for_parallel_step
+from boom_ml.parallel.layout import Layout, as_one_gpu, for_parallel_step
 from boom_ml.parallel.time import step_time
 from tests.test_parallel import LAYERS, _groups, _profile, _shape
 
@@ -18,6 +18,34 @@ def test_grad_accum_is_the_layouts_micro_batches() -> None:
     assert for_parallel_step(Layout(), grad_accum=4) == Layout()  # one GPU: its own accumulation
     with pytest.raises(InvalidInputError, match="give one of them"):
         for_parallel_step(Layout(dp=2, microbatches=2), grad_accum=4)
+
+
+def test_one_gpus_micro_batches_are_its_grad_accum() -> None:
+    assert as_one_gpu(Layout(microbatches=4), 1) == (Layout(), 4)
+    for layout in (Layout(dp=2, microbatches=4), Layout(microbatches=4, bucket_view=True)):
+        assert as_one_gpu(layout, 1) == (layout, 1)  # a layout, or a layout's own option
+    assert as_one_gpu(Layout(microbatches=2), 4) == (Layout(microbatches=2), 4)  # refused next
+    assert as_one_gpu(Layout(), 4) == (Layout(), 4)
+
+
+def test_one_gpus_micro_batches_predict_as_grad_accum(tmp_path) -> None:
+    """The single-GPU trace of the whole step, not the layout's 1- and 2-layer extrapolation
+    (their fragmentation differed: Qwen2.5-0.5B 14.05 against 14.58 GB)."""
+    import json
+
+    from boom_ml import api
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    kw = dict(gpu="h100-sxm", batch_size=2, seq_len=32, advice=False, max_batch="off")
+    micro = api.predict(f"hf:{path}", parallel={"microbatches": 2}, **kw).to_dict()
+    accum = api.predict(f"hf:{path}", grad_accum=2, **kw).to_dict()
+    assert micro["gpus"] == accum["gpus"] and micro["step"] == accum["step"]
+    assert micro["step"]["grad_accum"] == 2 and not micro.get("parallel")
+    from boom_ml.predict import validate  # explain= is for one GPU: accepted here
+
+    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"microbatches": 2}, "explain": True})
 
 
 @pytest.mark.parametrize(

@@ -201,3 +201,23 @@ def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
     adapters = one["graph"]["num_trainable_parameters"]
     assert one["graph"]["num_parameters"] == held + adapters
     assert ranks["parallel"][0]["memory"]["parameters"] == held + adapters
+
+
+def test_fsdp_holds_no_gathered_parameters_at_the_optimizer_step():
+    """FSDP2 reshards every unit after its backward, the root too: the optimizer step's peak
+    holds shards only; the backward's holds two layer units and the root gathered."""
+    from boom_ml.parallel.memory import _stage_at
+
+    prof = _memory()
+    dp, layout = 4, Layout(dp=4, sharding="fsdp", microbatches=2)
+    root = HELD - LAYERS * base_layer_params(1)
+    backward = _stage_at(prof, prof.windows["backward"], layout, 0, LAYERS, 2)
+    assert backward["parallel_terms"]["fsdp_allgather_buffers"] == 4 * (
+        2 * base_layer_params(1) + root
+    )
+    step = _stage_at(prof, prof.windows["optimizer"], layout, 0, LAYERS, 2, drained=True)
+    assert "fsdp_allgather_buffers" not in step["parallel_terms"]
+    assert "fsdp_allgather_buffers" not in step["breakdown"]
+    assert step["parallel_terms"]["zero_parameters"] == pytest.approx(
+        -4 * HELD * (dp - 1) / dp, abs=1
+    )

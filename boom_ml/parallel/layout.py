@@ -219,6 +219,18 @@ def validate(
             )
 
 
+def as_one_gpu(layout: Layout, grad_accum: int) -> tuple[Layout, int]:
+    """A layout of one GPU that sets nothing but its micro-batches is one GPU's step with
+    gradient accumulation: (the single-GPU layout, micro-batches as ``grad_accum``), so that
+    it is traced whole like ``grad_accum=N`` (the layout model extrapolates from 1- and
+    2-layer traces, whose fragmentation differs); any other layout as it is."""
+    # grad_accum beside it too: for_parallel_step says to give one of them
+    one_gpu = layout.world == 1 and replace(layout, microbatches=1) == Layout()
+    if not one_gpu or layout.microbatches == 1 or grad_accum > 1:
+        return layout, grad_accum
+    return Layout(), layout.microbatches
+
+
 def for_parallel_step(
     layout: Layout,
     *,

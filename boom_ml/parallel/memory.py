@@ -15,7 +15,9 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   the root's parameters (embedding, final norm, head): FSDP2 does not reshard the root after
   forward, so they stay gathered through the backward (``_fsdp_state.py``, "For the root, do
   not reshard after forward"; one all-gather of the root per micro-batch in
-  ``parallel/traced.py``'s trace);
+  ``parallel/traced.py``'s trace); none at the optimizer step's peak: every unit, the root
+  among them, is resharded after its backward (``reshard_after_backward``), so the step
+  holds sharded parameters only;
 * DDP (dp > 1, no sharding): its Reducer allocates flat buckets over every trainable
   gradient when it is built (``reducer.cpp``, ``initialize_buckets``) and, with PyTorch's
   default ``gradient_as_bucket_view=False``, copies each gradient into them: a second copy of
@@ -191,6 +193,7 @@ def _stage_at(
         )
     if zero >= 3 and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
+    if zero >= 3 and dp > 1 and not drained:
         # the unsharded unit being used plus one prefetched (two layers' parameters), and the
         # root's, gathered from its forward to the end of the backward
         p = prof.params
