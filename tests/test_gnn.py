@@ -147,6 +147,7 @@ def test_per_op_fallback_where_cv_says_so(monkeypatch) -> None:
 def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch, capsys) -> None:
     """Real cnn_step_times rows of two small models: dataset, one-epoch CV, package."""
     from data_collection.import_public import import_all
+    from training import intervals
     from training.train_gnn import run
 
     import_all(SHARED, tmp_path / "canonical", only=["cnn_step_times"], progress=False)
@@ -167,6 +168,10 @@ def test_trains_one_epoch_on_real_rows(tmp_path, monkeypatch, capsys) -> None:
     assert all(np.isfinite(line["GNN MAPE %"]) for line in manifest["cv"])
     model, saved = gnn_artifact.load_model(tmp_path / "artifact")
     assert saved["use_gnn"] == manifest["use_gnn"]
+    # the interval's level chosen by leave-one-GPU-out among the folds, its quantiles recorded
+    level = saved["interval"]["per-op"]["level"]
+    assert level in intervals.LEVEL_GRID
+    assert saved["interval"]["levels"] == list(intervals.quantile_levels(level))
     assert isinstance(model, gnn_model.GnnEnsemble) and len(model.members) == 2
     config = model.members[0].config
     assert {k: config[k] for k in ("hidden", "layers", "max_log_correction")} == {

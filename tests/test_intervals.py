@@ -58,7 +58,7 @@ def test_coverage_of_a_gpu_uses_the_interval_calibrated_without_it():
     share = cov.groupby("held_out")["inside"].mean()
     # a and b: calibrated on {b or a, c} -> [est, e*est] holds them; c: on {a, b} -> [est, est]
     assert share.to_dict() == {"a": 1.0, "b": 1.0, "c": 0.0}
-    table = intervals.coverage_table(p, {}).set_index("rows of")["80% interval coverage %"]
+    table = intervals.coverage_table(cov).set_index("rows of")["80% interval coverage %"]
     assert table["gpu=c"] == 0.0 and table["all (pooled rows)"] == pytest.approx(66.7)
 
 
@@ -89,8 +89,8 @@ def test_calibration_per_family_where_its_rows_span_enough_gpus():
         rows = p[p["family"] == family]
         logs = np.log(rows["target_ms"] / rows["baseline_ms"]).to_numpy()
         w = 1.0 / rows["held_out"].map(rows["held_out"].value_counts()).to_numpy(dtype=float)
-        lo, hi = intervals.weighted_quantiles(logs, w, intervals.LEVELS)
         got = cal["by_family"][family]["per-op"]
+        lo, hi = intervals.weighted_quantiles(logs, w, intervals.quantile_levels(got["level"]))
         assert (got["log_p10"], got["log_p90"]) == (lo, hi)
         assert (got["rows"], got["gpus"]) == (len(rows), rows["held_out"].nunique())
     assert cal["by_family"]["cnn"]["per-op"]["log_p90"] > 0.5  # wide
@@ -98,6 +98,52 @@ def test_calibration_per_family_where_its_rows_span_enough_gpus():
     # "other" spans 2 GPUs < MIN_GPUS: no entry of its own, but its rows count in the pooled one
     assert intervals.MIN_GPUS == 3 and set(cal["by_family"]) == {"cnn", "transformer"}
     assert cal["per-op"]["rows"] == len(p) and "gnn" not in cal["by_family"]["cnn"]
+
+
+def _biased_preds(biases: list[float]) -> pd.DataFrame:
+    """Synthetic CV rows: ten per GPU, log ratios bias + (-0.45, -0.35, ..., 0.45)."""
+    spread = np.linspace(-0.45, 0.45, 10)
+    return pd.DataFrame([{"kind": "gpu", "held_out": f"g{k}", "cell": "cnn/no-amp",
+                          "family": "cnn", "baseline_ms": 10.0, "gnn_ms": 10.0,
+                          "target_ms": 10.0 * math.exp(b + d), "source": "s"}
+                         for k, b in enumerate(biases) for d in spread])  # fmt: skip
+
+
+def test_choose_level_keeps_the_percentiles_where_gpus_err_alike():
+    # every GPU's rows alike: the p10/p90 of the others (midpoints of the 1st/2nd and
+    # 9th/10th values) hold 8 of its 10 rows, 80 %: the narrowest level is kept
+    p = _biased_preds([0.0] * 5)
+    assert intervals.choose_level(p, {}) == 0.8
+    assert intervals.held_out_coverage(p, {}, 0.8)["inside"].mean() == pytest.approx(0.8)
+    assert intervals.calibrate(p, {})["per-op"]["level"] == 0.8
+
+
+def test_choose_level_widens_for_an_error_of_each_gpus_own():
+    p = _biased_preds([-0.3, -0.1, 0.0, 0.15, 0.35])
+    level = intervals.choose_level(p, {})
+    # the narrowest level of the grid that holds TARGET of the held-out rows
+    assert level > 0.8 and level in intervals.LEVEL_GRID
+    inside = {lv: intervals.held_out_coverage(p, {}, lv)["inside"].mean()
+              for lv in intervals.LEVEL_GRID}  # fmt: skip
+    assert inside[level] >= intervals.TARGET
+    assert all(inside[lv] < intervals.TARGET for lv in intervals.LEVEL_GRID if lv < level)
+    cal = intervals.calibrate(p, {})["per-op"]
+    plain = intervals.calibrate(p, {}, 0.8)["per-op"]
+    assert cal["level"] == level
+    assert cal["log_p10"] < plain["log_p10"] and cal["log_p90"] > plain["log_p90"]
+    # a GPU's held-out coverage nests the choice: its level is chosen without it
+    cov = intervals.held_out_coverage(p, {})
+    rest = p[p["held_out"] != "g4"]
+    own = intervals.calibrate(rest, {}, intervals.choose_level(rest, {}))["per-op"]
+    ratio = cov.loc[cov["held_out"] == "g4", "target_ms"] / 10.0
+    want = (math.exp(own["log_p10"]) <= ratio) & (ratio <= math.exp(own["log_p90"]))
+    assert (cov.loc[cov["held_out"] == "g4", "inside"] == want).all()
+
+
+def test_choose_level_with_one_gpu_keeps_the_target_and_quantile_levels():
+    assert intervals.choose_level(_biased_preds([0.2]), {}) == intervals.TARGET
+    assert intervals.quantile_levels(0.8) == (0.1, 0.9)
+    assert intervals.quantile_levels(0.9) == (0.05, 0.95)
 
 
 def test_interval_for_falls_back_to_the_method_interval():

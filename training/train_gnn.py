@@ -258,8 +258,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         p = joined(ds, preds)
         use, cells = decide(p)
         interval = intervals.calibrate(p, use)
-        table = cv_table(p, intervals.held_out_coverage(p, use))
-        coverage = intervals.coverage_table(p, use)
+        held = intervals.held_out_coverage(p, use)
+        table = cv_table(p, held)
+        coverage = intervals.coverage_table(held)
     t_cv = time.perf_counter() - started - t_data
     model = train_model(ds, np.arange(len(ds)), cfg)
     train_seconds = time.perf_counter() - started - t_data
@@ -269,7 +270,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
           "held-out-family rows)")  # fmt: skip
     print(markdown(cells) if len(cells) else "(no folds)")
     print("\nHeld-out coverage of the calibrated 80 % interval (p10-p90) of the method used; "
-          "each GPU's rows scored with the interval calibrated on the other GPUs' folds")  # fmt: skip
+          "each GPU's rows scored with the interval calibrated on the other GPUs' folds, "
+          "at the level chosen on them")  # fmt: skip
     print(markdown(coverage) if len(coverage) else "(no folds)")
     print("packaged 80 % interval (all held-out-GPU folds; estimate x p10 .. x p90; family "
           f"lines where its rows span >= {intervals.MIN_GPUS} GPUs):")  # fmt: skip
@@ -290,9 +292,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "decision": cells.to_dict(orient="records"),
         "interval": {
             **interval,
-            "levels": list(intervals.LEVELS),
+            "levels": list(intervals.quantile_levels(interval["per-op"]["level"])),
             "fitted_on": "log(measured/estimated) of the leave-one-GPU-out CV predictions "
-            "(per-op heads without the held-out GPU), each GPU weighted equally; "
+            "(per-op heads without the held-out GPU), each GPU weighted equally, at the "
+            f"narrowest central level whose leave-one-GPU-out intervals hold "
+            f">= {intervals.TARGET:.0%} of the held-out rows; "
             "per-op: baseline of every row, gnn: rows of cells that use the GNN; "
             f"by_family: the same per model family, where its rows span >= {intervals.MIN_GPUS} "
             "held-out GPUs (else the method's interval applies)",
