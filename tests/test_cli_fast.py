@@ -139,6 +139,40 @@ def test_a_key_given_twice_is_refused_unless_sweeping():
     check_override_keys(["-m", "batch_size=8", "batch_size=16"])  # a sweep may repeat keys
 
 
+def test_the_shell_split_braces_are_said():
+    # bash turns model_options={n_layer:2,n_head:4} into two words, one per k:v
+    argv = ["model_options=n_layer:2", "model_options=n_head:4"]
+    with pytest.raises(InvalidInputError) as err:
+        check_override_keys(argv)
+    assert str(err.value) == (
+        "model_options is given twice ('n_layer:2' and 'n_head:4'); give it once (the shell "
+        "split model_options={...} at its commas: quote it, 'model_options={n_layer:2,n_head:4}')"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["gpu=[l4,", "t4]"], "'gpu=[l4,' and 't4]' are one value split at a space: quote it "
+                              "(\"gpu=[l4, t4]\") or leave the space out"),
+        (["gpu=nvidia", "l4"], "'l4' is not key=value: give every option as key=value"),
+        (["model=x", "gpu"], "'gpu' is not key=value: give it as gpu=..."),
+        (["--gpu", "l4"], "unknown flag '--gpu': give it as gpu=..."),
+        (["--gpux=l4"], "unknown flag '--gpux=l4': options are key=value (did you mean: gpu?)"),
+    ],
+)  # fmt: skip
+def test_words_that_are_not_key_value_are_one_line(argv, message):
+    with pytest.raises(InvalidInputError) as err:
+        check_override_keys(argv)
+    assert str(err.value) == message
+
+
+def test_hydras_own_flags_and_their_values_pass():
+    check_override_keys(["--cfg", "job", "gpu=l4", "--config-name=predict", "-m", "--info"])
+    check_override_keys(["-h"])
+    check_override_keys(["--resolve", "-c", "all", "batch_size=2"])
+
+
 def test_predict_yaml_keys_include_cache():
     assert {"model", "gpu", "batch_size", "cache", "plot"} <= config_keys("predict")
 

@@ -341,7 +341,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     if len(gpus) > MAX_BATCH_AUTO_GPUS and all(g.memory.max_batch_size is None for g in gpus):
         console.print(
             f"max batch: not searched for {len(gpus)} GPUs (max_batch=on searches each GPU, "
-            "about 0.6 s per GPU)",
+            "about 0.4 s per GPU)",
             highlight=False,
         )
     failed: dict[str, list[str]] = {}  # one line per reason, naming its GPUs
