@@ -71,3 +71,18 @@ def test_every_packaged_gpu_passes_the_checks_a_yaml_copy_gets(tmp_path) -> None
         blank = {f for f in TENSOR_RATES if getattr(gpu, f) is None}
         kept = {k: v for k, v in gpu.to_dict().items() if k not in blank | {"source"}}
         assert {k: loaded[k] for k in kept} == kept, gpu.id
+
+
+def test_a_spec_without_tensor_rates_gets_bf16_equal_to_fp16(tmp_path) -> None:
+    """fp16 from the per-SM median, the others by the ratios the same SMs show (each from its
+    own median, an RTX 3090-like 8.6 spec had fp16 73.0 and bf16 109.4: bf16 timed faster)."""
+    from boom_ml.gpus import all_gpus
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text("name: mine\narchitecture: ampere\ncompute_capability: '8.6'\nsm_count: 84\n"
+                    "memory_gb: 24\nmemory_bandwidth_gbs: 936\nfp32_tflops: 35.6\n")  # fmt: skip
+    spec = get_gpu(str(path))
+    same_sm = [g for g in all_gpus() if g.compute_capability == "8.6" and g.bf16_tflops]
+    assert all(g.bf16_tflops == g.fp16_tflops for g in same_sm) and same_sm
+    assert spec.bf16_tflops == spec.fp16_tflops > spec.fp32_tflops
+    assert spec.tf32_tflops == pytest.approx(spec.fp16_tflops / 2, abs=0.1)

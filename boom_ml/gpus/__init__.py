@@ -359,7 +359,8 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     Blackwell GPU that lists both: a file with fp16 alone had its bf16 filled above it); else
     the median of rate / (SMs x boost MHz), times the spec's SMs and boost clock (a GPU
     without one counts at its architecture's median clock), and on tensor cores never below
-    the spec's fp32 rate. A rate none of them lists (bf16 before Ampere, fp16 tensor cores on
+    the spec's fp32 rate: fp16 so, where the spec gives no rate, and the others from it by
+    the ratios. A rate none of them lists (bf16 before Ampere, fp16 tensor cores on
     a GTX 1080 Ti's SM) stays unknown. Without this, an A100 spec with fp32_tflops alone timed
     its fp16 matmuls at the fp32 rate, 16x too slow. Returns the fields filled."""
     arch = [g for g in all_gpus() if g.architecture == values["architecture"]]
@@ -374,7 +375,10 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     tensor_cores = float(values["compute_capability"]) >= 7.0  # Volta on
     given = [f for f in TENSOR_RATES if (values[f] or 0) > 0]
     filled = []
-    for field in TENSOR_RATES:
+    # fp16 first: with no rate given it is filled from the per-SM median and the others by
+    # its ratios (each from its own median, bf16 came out 1.5x fp16 on an Ampere spec: the
+    # A10G, without a bf16 figure, left the bf16 median alone)
+    for field in sorted(TENSOR_RATES, key=lambda f: f != "fp16_tflops"):
         if field in given:
             continue
         for ref in given:  # a given rate, by the ratio the same SMs show
@@ -391,6 +395,7 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
             rate = statistics.median(per) * values["sm_count"] * clock
             floor = values["fp32_tflops"] if tensor_cores else 0.0  # tensor cores: >= fp32
             values[field] = round(max(rate, floor), 1)
+            given.append(field)  # the reference of the rates still to fill
         filled.append(field)
     return filled
 
