@@ -72,3 +72,20 @@ def test_recipe_line_names_the_fp32_layers() -> None:
     assert (
         line == "Recipe: 12.6 M parameters kept in fp32 as transformers loads this model in fp16."
     )
+
+
+def test_a_lora_target_naming_no_module_is_refused(tmp_path: Path) -> None:
+    from boom_ml.errors import InvalidInputError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    # peft placed q_proj alone and dropped vv_proj without a word
+    with pytest.raises(InvalidInputError) as err:
+        trace(f"hf:{path}", finetune_method="lora", lora_targets=("q_proj", "vv_proj"))
+    assert str(err.value).startswith(
+        "finetune.targets: 'vv_proj' names no module of this model (did you mean: v_proj"
+    )
+    # a dotted suffix and a layer by its index pass, as peft matches them
+    graph = trace(f"hf:{path}", finetune_method="lora",
+                  lora_targets=("self_attn.q_proj", "layers.1.mlp.down_proj"))  # fmt: skip
+    assert graph.meta["recipe"]["peft_trainable_parameters"] == 2 * 8 * (64 + 64) + 8 * (128 + 64)

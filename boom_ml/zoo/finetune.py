@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import InvalidInputError
+from boom_ml.errors import InvalidInputError, suggest
 from boom_ml.specs import StepSpec
 from boom_ml.zoo.hf_moe import is_expert_block
 from boom_ml.zoo.nf4 import NF4Linear
@@ -97,6 +97,8 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         targets, chosen = default_targets(module)
     if targets == ["all-linear"]:
         targets = "all-linear"  # peft's own shorthand: every linear layer but the head
+    else:
+        _check_targets(module, targets)
     config = LoraConfig(
         r=step.lora_r,
         lora_alpha=step.lora_alpha,
@@ -141,6 +143,23 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         "peft_trainable_parameters": int(trainable),
         "peft_all_parameters": int(total),
     }
+
+
+def _check_targets(module: nn.Module, targets: list[str] | None) -> None:
+    """Each target names a module, as peft matches one (the name itself or its dotted
+    suffix): peft places the targets it finds and drops the others silently, so a typo
+    (``vv_proj``) changed the prediction without a word. A target naming a layer by its
+    index is left to peft: a model traced shallow (trace/repeat.py) lacks the deep layers."""
+    names = [name for name, _ in module.named_modules() if name]
+    for target in targets or ():
+        if re.search(r"(^|\.)\d+(\.|$)", target):
+            continue
+        if not any(n == target or n.endswith("." + target) for n in names):
+            leaves = sorted({n.rpartition(".")[2] for n in names})
+            raise InvalidInputError(
+                f"finetune.targets: {target!r} names no module of this model"
+                f"{suggest(target.rpartition('.')[2], leaves)}"
+            )
 
 
 def default_targets(module: nn.Module) -> tuple[list[str] | None, dict[str, Any]]:
