@@ -123,6 +123,45 @@ def test_file_example_inputs_and_loss(user_file: Path) -> None:
         built.enable_checkpointing(built.module)  # no blocks
 
 
+TUPLE_FILE = """
+import torch
+from torch import nn
+
+
+class Pair(nn.Module):
+    def __init__(self, returns):
+        super().__init__()
+        self.emb, self.returns = nn.Embedding(50, 8), returns
+
+    def forward(self, ids, mask):
+        return self.emb(ids) * mask.unsqueeze(-1)
+
+    def example_inputs(self, batch_size, device):
+        ids = torch.zeros(batch_size, 4, dtype=torch.long, device=device)
+        mask = torch.ones(batch_size, 4, device=device)
+        return {"tuple": (ids, mask), "three": (ids, mask, mask), "set": {1}}[self.returns]
+
+
+def make(returns="tuple"):
+    return Pair(returns)
+"""
+
+
+def test_file_example_inputs_as_a_tuple(tmp_path: Path) -> None:
+    path = tmp_path / "pair.py"
+    path.write_text(TUPLE_FILE)
+    built = build_model(f"file:{path}:make")
+    batch = built.make_inputs(StepSpec(batch_size=2), CPU)
+    assert list(batch) == ["ids", "mask"] and batch["mask"].shape == (2, 4)  # forward's order
+    fake_step(built, StepSpec(batch_size=2))
+    three = build_model(ModelSpec(f"file:{path}:make", {"returns": "three"}))
+    with pytest.raises(InvalidInputError, match="takes 2 named argument.*not the 3 inputs"):
+        three.make_inputs(StepSpec(batch_size=2), CPU)
+    other = build_model(ModelSpec(f"file:{path}:make", {"returns": "set"}))
+    with pytest.raises(InvalidInputError, match=r"returned set; return a dict \{forward_arg"):
+        other.make_inputs(StepSpec(batch_size=2), CPU)
+
+
 def test_file_errors(user_file: Path) -> None:
     with pytest.raises(InvalidInputError, match=r"file:.*:broken raised ValueError: bad width"):
         build_model(f"file:{user_file}:broken")

@@ -4,9 +4,9 @@ Protocol (all optional except the factory):
 
 * ``factory(**options) -> nn.Module`` — called inside ``torch.device("meta")`` with the
   model spec's options as keyword arguments. Anything else it returns is an error.
-* ``module.example_inputs(batch_size, device, **kw) -> dict | Tensor`` — the batch. A dict
-  maps forward keyword names to tensors; keys starting with ``_`` are loss-only (labels).
-  A bare tensor is passed as the first forward argument. If the method accepts them (or
+* ``module.example_inputs(batch_size, device, **kw) -> dict | tuple | Tensor`` — the batch.
+  A dict maps forward keyword names to tensors; keys starting with ``_`` are loss-only
+  (labels). A tuple fills forward's first arguments in order; a bare tensor the first. If the method accepts them (or
   ``**kwargs``), ``seq_len=`` and ``image_size=`` from the step are passed too.
   Without this method, ``image_size`` must be given: the batch is one image tensor
   ``(batch, 3, image_size, image_size)`` for the first forward argument.
@@ -89,21 +89,28 @@ def _import(path: Path, what: str) -> ModuleType:
 
 
 def _first_forward_arg(module: nn.Module) -> str:
+    return _forward_args(module, 1)[0]
+
+
+def _forward_args(module: nn.Module, count: int) -> list[str]:
+    """The names of forward's first ``count`` arguments, which positional inputs fill."""
     params = [
         p
         for p in inspect.signature(module.forward).parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    if not params:
+    name = type(module).__name__
+    if len(params) < count:
         raise InvalidInputError(
-            f"{type(module).__name__}.forward takes no named argument; define example_inputs()"
+            f"{name}.forward takes {len(params)} named argument(s), not the {count} inputs "
+            "given; define example_inputs() returning a dict {forward_arg: tensor}"
         )
-    if params[0].kind is params[0].POSITIONAL_ONLY:
+    if any(p.kind is p.POSITIONAL_ONLY for p in params[:count]):
         raise InvalidInputError(
-            f"{type(module).__name__}.forward's first argument is positional-only; "
+            f"{name}.forward's arguments are positional-only; "
             "define example_inputs() returning a dict of keyword arguments"
         )
-    return params[0].name
+    return [p.name for p in params[:count]]
 
 
 def _call_example_inputs(module: nn.Module, step: StepSpec, dev: torch.device) -> Any:
@@ -159,9 +166,13 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             batch = _call_example_inputs(module, step, dev)
             if isinstance(batch, torch.Tensor):
                 batch = {_first_forward_arg(module): batch}
+            elif isinstance(batch, (tuple, list)) and batch:  # forward's positional inputs
+                batch = dict(zip(_forward_args(module, len(batch)), batch, strict=True))
             if not isinstance(batch, dict):
                 raise InvalidInputError(
-                    f"{what}: example_inputs returned {type(batch).__name__}, expected a dict"
+                    f"{what}: example_inputs returned {type(batch).__name__}; return a dict "
+                    "{forward_arg: tensor} (keys starting with _ go to the loss only), a "
+                    "tuple of forward's positional inputs, or one tensor"
                 )
             return batch
         if step.image_size is None:
