@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from boom_ml.errors import BoomError, InvalidInputError
+from boom_ml.errors import BoomError, InvalidInputError, suggest
 from boom_ml.timing.features import ELEMENTWISE, conv_shape
 
 GEMM_OPS = {"bmm": "bmm", "baddbmm": "bmm", "linear": "linear", "addmm": "linear", "mm": "mm",
@@ -120,16 +120,21 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     fam = df["op"].map(_family)
     if fam.isna().any():
         bad = df.loc[fam.isna(), "op"].iloc[0]
+        near = suggest(bad, known_ops())
         raise InvalidInputError(
-            f"{where}: unknown op {bad!r} (row {int(fam.isna().idxmax()) + 1}); known: {', '.join(known_ops())}"
+            f"{where}: unknown op {bad!r} (row {int(fam.isna().idxmax()) + 1})"
+            + (near if near else f"; known: {', '.join(known_ops())}")
         )
     for col in SHAPE_COLUMNS:
         if col in df.columns:
             num = pd.to_numeric(df[col], errors="coerce").astype(float)
             whole = np.isfinite(num) & (num >= 0) & (num % 1 == 0)
-            if (df[col].notna() & ~whole).any():
+            bad = (df[col].notna() & ~whole).to_numpy()
+            if bad.any():
+                k = int(np.flatnonzero(bad)[0])
                 raise InvalidInputError(
-                    f"{where}: column {col} must hold non-negative whole numbers"
+                    f"{where}: column {col} must hold non-negative whole numbers (row {k + 1}: "
+                    f"{df[col].iat[k]!r})"
                 )
             if (num >= 2.0**63).any():  # torch sizes are int64
                 raise InvalidInputError(
@@ -172,12 +177,20 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         rows = fam == family
         if not rows.any():
             continue
-        missing = [c for c in needed if c not in df.columns or df.loc[rows, c].isna().any()]
-        if missing:
+        absent = [c for c in needed if c not in df.columns]
+        if absent:
             first = int(rows.idxmax()) + 1
             raise InvalidInputError(
-                f"{where}: missing column(s) for {family} ops ({df.loc[rows, 'op'].iloc[0]}, row {first}): {', '.join(missing)}"
+                f"{where}: missing column(s) for {family} ops ({df.loc[rows, 'op'].iloc[0]}, row {first}): {', '.join(absent)}"
             )
+        for c in needed:
+            empty = (rows & df[c].isna()).to_numpy()
+            if empty.any():
+                k = int(np.flatnonzero(empty)[0])
+                raise InvalidInputError(
+                    f"{where}: row {k + 1} ({df['op'].iat[k]}) leaves column {c} empty; "
+                    f"{family} ops need {', '.join(needed)}"
+                )
     one_d = (df["op"] == "conv1d").to_numpy()
     if one_d.any():  # PyTorch runs conv1d as a 2-D convolution one pixel wide
         for col, value in (("input_w", 1), ("kernel_w", 1), ("stride_w", 1), ("padding_w", 0)):

@@ -39,6 +39,22 @@ def test_unknown_column_and_unknown_op_are_rejected():
         canonical_rows(pd.DataFrame({"B": [1]}))
 
 
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        ({"op": ["bmm", "linear"], "B": [1, 1], "M": [2, 2], "N": [3, 3], "K": [4, None]},
+         "input: row 2 (linear) leaves column k empty; gemm ops need m, n, k"),
+        ({"op": ["linear", "linear"], "M": [2, "a"], "N": [3, 3], "K": [4, 4]},
+         "input: column m must hold non-negative whole numbers (row 2: 'a')"),
+        ({"op": ["addd"], "numel": [10]}, "input: unknown op 'addd' (row 1) (did you mean: add"),
+    ],
+)  # fmt: skip
+def test_a_bad_cell_names_its_row(frame, message):
+    with pytest.raises(InvalidInputError) as err:
+        canonical_rows(pd.DataFrame(frame))
+    assert str(err.value).startswith(message) and "known:" not in str(err.value)
+
+
 def test_neusight_conventions_map_to_canonical_rows():
     rows = canonical_rows(pd.DataFrame({
         "op": ["linear", "softmax", "addu", "conv2d"][:3],
