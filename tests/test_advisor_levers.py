@@ -3,6 +3,8 @@ step the CLI accepts (a candidate the step check refuses once ended the whole pr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from boom_ml.gpus import get_gpu
 from boom_ml.report.levers import RECIPE_LEVELS, recipe_changes, single_changes, stacked_changes
 from boom_ml.specs import StepSpec
@@ -151,3 +153,18 @@ def test_a_model_that_cannot_be_checkpointed_is_walked_without_it() -> None:
     assert [a.change for a in advised[gpu.id]] == [
         "amp=bf16 + optimizer=adafactor + batch_size=2 x 4 accumulation steps"
     ]
+
+
+def test_an_advice_line_names_its_p90_where_it_prints_otherwise() -> None:
+    from boom_ml.report.advisor import Advice
+    from boom_ml.report.table import _advice_line
+
+    gib = 2**30
+    tight = Advice("optimizer=adafactor", {}, 1, True, int(21.9 * gib), 22 * gib, 1349.5, 191.9,
+                   p90_bytes=int(21.96 * gib))  # fmt: skip
+    assert _advice_line(tight) == (
+        "    optimizer=adafactor: 21.9 (p90 22.0) / 22.0 GiB, 1349.5 ms per step, 191.9 samples/s"
+    )
+    same = replace(tight, p90_bytes=int(21.91 * gib))  # prints as the central figure does
+    assert _advice_line(same).startswith("    optimizer=adafactor: 21.9 / 22.0 GiB")
+    assert _advice_line(replace(tight, p90_bytes=None)) == _advice_line(same)

@@ -57,6 +57,8 @@ class Advice:
     # ``settings`` as the command line's keys (finetune.method=, not finetune_method=): what
     # to add to the command to run this advice
     options: dict[str, Any] = field(default_factory=dict)
+    # the p90 replay's total: the level that decides a tight fit (None: not traced)
+    p90_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,6 +250,7 @@ def _advice(
         accumulation_steps=accumulation,
         fits=result.fits,
         total_bytes=result.memory.total_bytes,
+        p90_bytes=result.memory.p90_bytes,
         capacity_bytes=result.memory.capacity_bytes,
         step_ms=step_ms,
         samples_per_s=step.batch_size * step.grad_accum / step_ms * 1e3
