@@ -198,7 +198,8 @@ def predict(
             "trace_from_cache": bool(graph.meta.get("from_cache", False)),
             # a deep model traced shallow, one layer repeated (trace/repeat.py); else None
             "repeated_layers": graph.meta.get("repeated_layers"),
-            # sizes the user set that the model's inputs never read (seq_len for a CNN)
+            # settings the step never reads (seq_len for a CNN, checkpointing.every without
+            # checkpointing)
             "unread": {
                 k: getattr(step, k)
                 for k in ("seq_len", "image_size")
@@ -208,6 +209,11 @@ def predict(
             | (
                 {"channels_last": True}
                 if step.channels_last and not graph.nodes["family"].eq("conv").any()
+                else {}
+            )
+            | (
+                {"checkpointing.every": step.checkpointing_every}
+                if step.checkpointing_every > 1 and step.checkpointing == "none"
                 else {}
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,

@@ -206,6 +206,11 @@ def test_sub_millisecond_time_range_keeps_the_central_values_precision():
     assert _gpu_row(_prediction(4403.94, 3490.04, 4965.26))[3] == "4403.9 (3490.0–4965.3)"
 
 
+def test_a_max_batch_of_zero_reads_none():
+    assert _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=0))[6] == "none"
+    assert _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=7))[6] == "7"
+
+
 TINY = """
 import torch
 class Tiny(torch.nn.Module):

@@ -72,3 +72,18 @@ def test_channels_last_on_a_model_without_convolutions_says_it_was_not_used() ->
     cnn = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
                           channels_last=True, advice=False, max_batch="off")  # fmt: skip
     assert cnn.graph["unread"] == {}
+
+
+def test_checkpointing_every_without_checkpointing_says_it_was_not_used() -> None:
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    kw = dict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+              checkpointing_every=2, advice=False, max_batch="off")  # fmt: skip
+    pred = boom_ml.predict(**kw)
+    assert pred.graph["unread"] == {"checkpointing.every": 2}
+    text = render_table(pred)
+    assert "Not used: checkpointing.every=2 (checkpointing=none checkpoints no block)" in text
+    # a small step's work in GFLOP, not "0.00 TFLOP"
+    assert " GFLOP per step" in text and "0.00 TFLOP" not in text
+    assert boom_ml.predict(**kw, checkpointing="full").graph["unread"] == {}

@@ -50,6 +50,8 @@ def _peak(m: MemoryEstimate) -> str:
 def _max_batch(m: MemoryEstimate) -> str:
     if m.max_batch_size is None:
         return "-"
+    if m.max_batch_size == 0:
+        return "none"  # not even batch 1 fits
     return f"≥ {m.max_batch_size}" if m.max_batch_lower_bound else str(m.max_batch_size)
 
 
@@ -371,13 +373,22 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         )
     # the traced graph is one micro-batch (and one optimizer step)
     per = "micro-batch" if prediction.step.get("grad_accum", 1) > 1 else "step"
+    # a small model's work in GFLOP (0.002 TFLOP printed as 0.00)
+    work = (f"{graph['flops'] / 1e12:.2f} TFLOP" if graph["flops"] >= 1e10
+            else f"{graph['flops'] / 1e9:.2f} GFLOP")  # fmt: skip
     console.print(
-        f"{graph['num_ops']} ops, {graph['flops'] / 1e12:.2f} TFLOP per {per}, "
+        f"{graph['num_ops']} ops, {work} per {per}, "
         f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
         f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
     unread = dict(graph.get("unread") or {})
     channels_last = unread.pop("channels_last", None)
+    every = unread.pop("checkpointing.every", None)
+    if every:
+        console.print(
+            f"Not used: checkpointing.every={every} (checkpointing=none checkpoints no block)",
+            highlight=False,
+        )
     if unread:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
