@@ -15,7 +15,8 @@ import pytest
 from test_train_ops import data_dir, small_kernels, small_model, small_model_dir  # noqa: F401
 
 from boom_ml.errors import InvalidInputError
-from boom_ml.predict_ops import canonical_rows, predict_ops, run
+from boom_ml.ops_csv import canonical_rows
+from boom_ml.predict_ops import predict_ops, run
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGED = REPO / "boom_ml" / "artifacts" / "per_op" / "model.json"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from boom_ml.predict_ops import SCALAR_OPS
+from boom_ml.ops_csv import SCALAR_OPS
 from data_collection.importers.common import (
     GpuResolver,
     ImportResult,
