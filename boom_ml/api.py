@@ -119,7 +119,9 @@ def predict(
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
     layout, nodes = _checked(Layout, parallel, "parallel"), _checked(Cluster, cluster, "cluster")
-    layout, grad_accum = as_one_gpu(layout, grad_accum)  # one GPU's micro-batches: grad_accum
+    one_gpu, grad_accum = as_one_gpu(layout, grad_accum)  # one GPU's micro-batches: grad_accum
+    micro_key = one_gpu != layout  # the user's spelling, which the advice's options keep
+    layout = one_gpu
     step = StepSpec(
         batch_size=batch_size,
         seq_len=seq_len,
@@ -174,6 +176,10 @@ def predict(
             gradient_bytes=trainable,
             prefetch=partial(session.prefetch_for, stack=software),
         )
+        if micro_key:  # grad_accum= beside parallel.microbatches= is refused
+            advised = {g: [replace(a, options={("parallel.microbatches" if k == "grad_accum"
+                                                 else k): v for k, v in a.options.items()})
+                           for a in items] for g, items in advised.items()}  # fmt: skip
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
         search = partial(search_layouts_many, model, cluster=nodes, stack=software,
                          options=options)  # fmt: skip

@@ -101,15 +101,6 @@ def rewrite_aliases(argv: list[str]) -> list[str]:
     return out
 
 
-# Hydra's own command-line flags (hydra/_internal/utils.py: get_args_parser); the second set
-# takes a value, given after it or with "=" (--cfg job, --config-name=x)
-HYDRA_FLAGS = frozenset(("--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r",
-                         "--multirun", "-m", "--shell-completion", "-sc"))  # fmt: skip
-HYDRA_VALUE_FLAGS = frozenset(("--cfg", "-c", "--package", "-p", "--config-path", "-cp",
-                               "--config-name", "-cn", "--config-dir", "-cd",
-                               "--experimental-rerun", "--info", "-i"))  # fmt: skip
-
-
 def _not_key_value(arg: str, previous: str | None, known: list[str]) -> InvalidInputError:
     """One line for a command-line word that is neither key=value nor one of Hydra's flags."""
     name = arg.lstrip("-").partition("=")[0]
@@ -119,7 +110,7 @@ def _not_key_value(arg: str, previous: str | None, known: list[str]) -> InvalidI
         return InvalidInputError(
             f"unknown flag {arg!r}: options are key=value{suggest(name, known)}"
         )
-    if previous is not None and previous.count("[") > previous.count("]"):
+    if previous is not None and any(previous.count(a) > previous.count(b) for a, b in ("[]", "{}")):
         return InvalidInputError(
             f"{previous!r} and {arg!r} are one value split at a space: quote it "
             f'("{previous} {arg}") or leave the space out'
@@ -128,29 +119,40 @@ def _not_key_value(arg: str, previous: str | None, known: list[str]) -> InvalidI
     return InvalidInputError(f"{arg!r} is not key=value: {hint}")
 
 
+def _hydra_words(argv: list[str]) -> tuple[list[str], list[str], Any]:
+    """(overrides, words Hydra's parser leaves over, its flags) as Hydra's own argparse
+    splits ``argv`` (its flags, their values, abbreviations such as --multi)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, rest = get_args_parser().parse_known_args(argv)
+    return list(args.overrides or []), rest, args
+
+
 def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
     """Reject ``typo=value`` with one line instead of Hydra's multi-line struct error, and
     a value given to a group of keys (``parallel=4``), which Hydra also rejects in lines;
     so too a word that is not key=value (``gpu=[l4, t4]`` unquoted, ``--gpu l4``), which
     Hydra's parser or argparse would answer in lines."""
     known = config_keys(config_name)
-    seen: dict[str, str] = {}
-    skip_value = False
-    for i, arg in enumerate(argv):
-        if skip_value and not arg.startswith("-"):
-            skip_value = False
-            continue  # the value of --cfg, --config-name, ...
-        flag = arg.partition("=")[0]
-        if flag in HYDRA_FLAGS or flag in HYDRA_VALUE_FLAGS:
-            skip_value = (
-                flag in HYDRA_VALUE_FLAGS and "=" not in arg and flag not in ("--info", "-i")
+    overrides, rest, flags = _hydra_words(argv)
+    if flags.shell_completion:
+        return  # -sc install=bash: the words are the completion's, not options
+    for arg in rest:
+        if not arg.startswith("-") and "=" in arg:  # argparse reads one run of them
+            raise InvalidInputError(
+                f"{arg!r} comes after a flag that follows other key=value options: give the "
+                "key=value options together, before or after the flags"
             )
-            continue
-        if arg.startswith("-") or "=" not in arg:
-            raise _not_key_value(arg, argv[i - 1] if i else None, known)
+        raise _not_key_value(arg, None, known)
+    seen: dict[str, str] = {}
+    for i, arg in enumerate(overrides):
+        if arg.startswith("~") and "=" not in arg:
+            continue  # Hydra's deletion of a key
+        if "=" not in arg:
+            raise _not_key_value(arg, overrides[i - 1] if i else None, known)
         key, _, value = arg.partition("=")
         key = key.lstrip("+~")
-        if key in seen and not any(a in ("-m", "--multirun") for a in argv):
+        if key in seen and not flags.multirun:
             # Hydra keeps the last silently; with two spellings (optimizer.impl= and
             # optimizer_impl=) the user cannot tell which one won
             braces = ":" in seen[key] and ":" in value and "{" not in seen[key] + value

@@ -168,3 +168,18 @@ def test_an_advice_line_names_its_p90_where_it_prints_otherwise() -> None:
     same = replace(tight, p90_bytes=int(21.91 * gib))  # prints as the central figure does
     assert _advice_line(same).startswith("    optimizer=adafactor: 21.9 / 22.0 GiB")
     assert _advice_line(replace(tight, p90_bytes=None)) == _advice_line(same)
+
+
+def test_the_closest_advice_names_its_p90_too() -> None:
+    from boom_ml.estimates import Prediction
+    from boom_ml.report.advisor import Advice
+    from boom_ml.report.table import advice_lines
+
+    gib = 2**30
+    closest = Advice("batch_size=8", {}, 1, False, int(21.8 * gib), 22 * gib, float("nan"),
+                     float("nan"), p90_bytes=int(22.3 * gib))  # fmt: skip
+    p = Prediction("m", 8, {}, {}, [], advice={"l4": [closest]})
+    assert advice_lines(p)[0] == (
+        "l4: nothing tried fits on one GPU; closest: batch_size=8 needs 21.8 (p90 22.3) of "
+        "22.0 GiB (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
+    )

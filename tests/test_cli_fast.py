@@ -159,6 +159,12 @@ def test_the_shell_split_braces_are_said():
         (["model=x", "gpu"], "'gpu' is not key=value: give it as gpu=..."),
         (["--gpu", "l4"], "unknown flag '--gpu': give it as gpu=..."),
         (["--gpux=l4"], "unknown flag '--gpux=l4': options are key=value (did you mean: gpu?)"),
+        (["model_options={drop_rate:", "0.1}"], "'model_options={drop_rate:' and '0.1}' are one "
+         "value split at a space: quote it (\"model_options={drop_rate: 0.1}\") or leave the "
+         "space out"),
+        (["gpu=l4", "--cfg", "job", "batch_size=2"], "'batch_size=2' comes after a flag that "
+         "follows other key=value options: give the key=value options together, before or "
+         "after the flags"),
     ],
 )  # fmt: skip
 def test_words_that_are_not_key_value_are_one_line(argv, message):
@@ -168,9 +174,15 @@ def test_words_that_are_not_key_value_are_one_line(argv, message):
 
 
 def test_hydras_own_flags_and_their_values_pass():
+    """As Hydra's own parser reads them: values, attached short values, abbreviations,
+    a key's deletion, and shell completion's words."""
     check_override_keys(["--cfg", "job", "gpu=l4", "--config-name=predict", "-m", "--info"])
     check_override_keys(["-h"])
     check_override_keys(["--resolve", "-c", "all", "batch_size=2"])
+    check_override_keys(["--info", "config"])
+    check_override_keys(["-cjob", "gpu=l4", "~plot"])
+    check_override_keys(["--multi", "batch_size=8", "batch_size=16"])  # a sweep may repeat
+    check_override_keys(["-sc", "install=bash"])
 
 
 def test_predict_yaml_keys_include_cache():

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from boom_ml.report.table import recipe_line
 from tests.test_finetune import TINY_LLAMA, TINY_OTHERS, adopted_bytes, trace
@@ -67,13 +68,6 @@ def test_qlora_on_the_head_leaves_it_unquantised(tmp_path: Path) -> None:
     assert head.meta["num_parameters"] == plain.meta["num_parameters"] + adapter
 
 
-def test_recipe_line_names_the_fp32_layers() -> None:
-    line = recipe_line({"finetune": "full", "params_dtype": "fp16", "fp32_parameters": 12582912})
-    assert (
-        line == "Recipe: 12.6 M parameters kept in fp32 as transformers loads this model in fp16."
-    )
-
-
 def test_a_lora_target_naming_no_module_is_refused(tmp_path: Path) -> None:
     from boom_ml.errors import InvalidInputError
 
@@ -83,9 +77,29 @@ def test_a_lora_target_naming_no_module_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidInputError) as err:
         trace(f"hf:{path}", finetune_method="lora", lora_targets=("q_proj", "vv_proj"))
     assert str(err.value).startswith(
-        "finetune.targets: 'vv_proj' names no module of this model (did you mean: v_proj"
+        "finetune.targets: 'vv_proj' names no module of this model as built here (2 layers: a"
+        " multi-GPU layout builds its ranks so, without the modules of deeper layers) (did you"
+        " mean: v_proj"
     )
     # a dotted suffix and a layer by its index pass, as peft matches them
     graph = trace(f"hf:{path}", finetune_method="lora",
                   lora_targets=("self_attn.q_proj", "layers.1.mlp.down_proj"))  # fmt: skip
     assert graph.meta["recipe"]["peft_trainable_parameters"] == 2 * 8 * (64 + 64) + 8 * (128 + 64)
+
+
+def test_adapters_take_their_base_layers_dtype(tiny_t5: str) -> None:
+    """peft makes adapters in the base layer's dtype: fp32 beside T5's kept wo, fp16 beside
+    q; the base layers keep the dtypes decided on the model's own names."""
+    from boom_ml.specs import ModelSpec, StepSpec
+    from boom_ml.zoo import build_model
+    from boom_ml.zoo.finetune import apply_recipe
+
+    module = build_model(ModelSpec(tiny_t5, {})).module
+    apply_recipe(module, StepSpec(finetune_method="lora", params_dtype="fp16",
+                                  lora_targets=("q", "wo")))  # fmt: skip
+    dtypes = {
+        n: p.dtype for n, p in module.named_parameters() if ".lora_" in n or "base_layer" in n
+    }
+    assert dtypes and all(
+        d == (torch.float32 if ".wo." in n else torch.float16) for n, d in dtypes.items()
+    )

@@ -142,8 +142,8 @@ def test_choose_level_widens_for_an_error_of_each_gpus_own():
 
 def test_choose_level_with_one_gpu_keeps_the_target_and_quantile_levels():
     assert intervals.choose_level(_biased_preds([0.2]), {}) == intervals.TARGET
-    assert intervals.quantile_levels(0.8) == (0.1, 0.9)
-    assert intervals.quantile_levels(0.9) == (0.05, 0.95)
+    # the packaged level's quantiles, rounded free of float noise (0.94, not 0.9400000000000001)
+    assert intervals.quantile_levels(0.88) == (0.06, 0.94)
 
 
 def test_interval_for_falls_back_to_the_method_interval():

@@ -48,6 +48,24 @@ def test_one_gpus_micro_batches_predict_as_grad_accum(tmp_path) -> None:
     validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"microbatches": 2}, "explain": True})
 
 
+def test_advice_for_one_gpus_micro_batches_keeps_the_users_key() -> None:
+    """The advice's options are keys to add to the command: grad_accum= beside the user's
+    parallel.microbatches= would be refused, so the micro-batches keep that key."""
+    from dataclasses import replace
+
+    from boom_ml import api
+    from boom_ml.gpus import get_gpu
+
+    gpu = replace(get_gpu("a100-80gb-sxm"), id="a100-small", memory_bytes=700 * 2**20,
+                  total_memory_bytes=700 * 2**20)  # fmt: skip
+    p = api.predict("torchvision:resnet18", gpu=gpu, batch_size=256, image_size=64,
+                    parallel={"microbatches": 2}, max_batch="off")  # fmt: skip
+    items = p.advice["a100-small"]
+    split = [a for a in items if "grad_accum" in a.settings]
+    assert split and all("grad_accum" not in a.options for a in items)
+    assert all(a.options["parallel.microbatches"] == a.settings["grad_accum"] for a in split)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

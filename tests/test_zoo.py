@@ -139,7 +139,7 @@ class Pair(nn.Module):
     def example_inputs(self, batch_size, device):
         ids = torch.zeros(batch_size, 4, dtype=torch.long, device=device)
         mask = torch.ones(batch_size, 4, device=device)
-        return {"tuple": (ids, mask), "three": (ids, mask, mask), "set": {1}}[self.returns]
+        return {"tuple": (ids, mask), "three": (ids, mask, mask), "list": [ids, mask]}[self.returns]
 
 
 def make(returns="tuple"):
@@ -157,8 +157,9 @@ def test_file_example_inputs_as_a_tuple(tmp_path: Path) -> None:
     three = build_model(ModelSpec(f"file:{path}:make", {"returns": "three"}))
     with pytest.raises(InvalidInputError, match="takes 2 named argument.*not the 3 inputs"):
         three.make_inputs(StepSpec(batch_size=2), CPU)
-    other = build_model(ModelSpec(f"file:{path}:make", {"returns": "set"}))
-    with pytest.raises(InvalidInputError, match=r"returned set; return a dict \{forward_arg"):
+    # a list is one input (a detection model's list of images), not spread over arguments
+    other = build_model(ModelSpec(f"file:{path}:make", {"returns": "list"}))
+    with pytest.raises(InvalidInputError, match=r"returned list; return a dict \{forward_arg"):
         other.make_inputs(StepSpec(batch_size=2), CPU)
 
 

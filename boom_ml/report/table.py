@@ -94,7 +94,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
             found = prediction.layout_advice.get(gpu, {})
             searched = found.get("layouts") or found.get("closest")  # the layouts say more
             hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
-            need = f"{a.total_bytes / GIB:.1f} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
+            need = f"{_with_p90(a)} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
             lines.append(
                 f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
                 if a.lower_bound
@@ -123,14 +123,18 @@ def advice_lines(prediction: Prediction) -> list[str]:
     return lines
 
 
-def _advice_line(a: Advice) -> str:
-    # the p90 where it prints otherwise: it decides the fit (the table's tight row showed 21.8
-    # of 22.0 GiB, its advice 21.9 / 22.0, whose p90 fits where the row's did not)
+def _with_p90(a: Advice) -> str:
+    """The advice's GiB, and its p90 where that prints otherwise: the p90 decides the fit (a
+    tight row of 21.8 of 22.0 GiB was told to change to 21.9 / 22.0, whose p90 fits)."""
     memory = f"{a.total_bytes / GIB:.1f}"
     if a.p90_bytes is not None and f"{a.p90_bytes / GIB:.1f}" != memory:
         memory += f" (p90 {a.p90_bytes / GIB:.1f})"
+    return memory
+
+
+def _advice_line(a: Advice) -> str:
     return (
-        f"    {a.change}: {memory} / {a.capacity_bytes / GIB:.1f} GiB, "
+        f"    {a.change}: {_with_p90(a)} / {a.capacity_bytes / GIB:.1f} GiB, "
         f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
     )
 

@@ -166,7 +166,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             batch = _call_example_inputs(module, step, dev)
             if isinstance(batch, torch.Tensor):
                 batch = {_first_forward_arg(module): batch}
-            elif isinstance(batch, (tuple, list)) and batch:  # forward's positional inputs
+            elif isinstance(batch, tuple) and batch:  # forward's positional inputs (a list
+                # is one input: a detection model's list of images)
                 batch = dict(zip(_forward_args(module, len(batch)), batch, strict=True))
             if not isinstance(batch, dict):
                 raise InvalidInputError(

@@ -57,9 +57,7 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         return facts
     facts.update(_add_lora(module, step))
     if dtype != torch.float32:
-        # peft leaves adapters on the meta device in fp32: params_dtype, but those of a layer
-        # kept in fp32 (their names carry its name), made in its dtype as peft makes them
-        cast_as_loaded(module, dtype)
+        _adapters_in_base_dtype(module)
     if step.finetune_method == "qlora":
         layers = quantize_linears(module, compute_dtype(step), step.double_quant)
         facts["nf4_layers"] = layers
@@ -151,13 +149,19 @@ def _check_targets(module: nn.Module, targets: list[str] | None) -> None:
     (``vv_proj``) changed the prediction without a word. A target naming a layer by its
     index is left to peft: a model traced shallow (trace/repeat.py) lacks the deep layers."""
     names = [name for name, _ in module.named_modules() if name]
+    layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
+    # a layout builds its ranks with 1 and 2 layers: a kind of module that starts deeper (a
+    # DeepSeek MoE block after its dense first layer) is not among them
+    shallow = (f" as built here ({layers} layer{'s' if layers > 1 else ''}: a multi-GPU layout"
+               " builds its ranks so, without the modules of deeper layers)"
+               if isinstance(layers, int) and layers <= 2 else "")  # fmt: skip
     for target in targets or ():
         if re.search(r"(^|\.)\d+(\.|$)", target):
             continue
         if not any(n == target or n.endswith("." + target) for n in names):
             leaves = sorted({n.rpartition(".")[2] for n in names})
             raise InvalidInputError(
-                f"finetune.targets: {target!r} names no module of this model"
+                f"finetune.targets: {target!r} names no module of this model{shallow}"
                 f"{suggest(target.rpartition('.')[2], leaves)}"
             )
 
@@ -199,6 +203,21 @@ def _fp32_patterns(module: nn.Module, dtype: torch.dtype) -> list[str]:
     return []
 
 
+def _adapters_in_base_dtype(module: nn.Module) -> None:
+    """peft makes a layer's adapters in its base layer's dtype (``autocast_adapter_dtype=
+    False``: params_dtype, fp32 for a layer the model keeps in fp32); on the meta device they
+    stay fp32: set them so. The base layers keep the dtypes ``cast_as_loaded`` gave them,
+    decided once on the model's own names (peft's renamed ones would match other patterns)."""
+    for layer in module.modules():
+        base = getattr(layer, "base_layer", None)
+        weight = getattr(base, "weight", None)
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            continue
+        for name, param in layer.named_parameters():
+            if not name.startswith("base_layer.") and param.dtype != weight.dtype:
+                param.data = param.data.to(weight.dtype)
+
+
 def cast_as_loaded(module: nn.Module, dtype: torch.dtype) -> int:
     """``module.to(dtype)`` (on the meta device: dtypes only, tied parameters stay tied), then
     the parameters and buffers whose names an fp32 pattern of the model finds (as
@@ -209,16 +228,13 @@ def cast_as_loaded(module: nn.Module, dtype: torch.dtype) -> int:
     if not patterns:
         return 0
     found = re.compile("|".join(f"(?:{p.replace('*', '.*')})" for p in patterns))
-    kept, seen = 0, set()
-    # every name of a tied tensor: the loader's key may be either
-    tensors = chain(module.named_parameters(remove_duplicate=False),
-                    module.named_buffers(remove_duplicate=False))  # fmt: skip
-    for name, tensor in tensors:
-        if id(tensor) in seen or not (found.search(name) and tensor.is_floating_point()):
-            continue
-        seen.add(id(tensor))
-        tensor.data = tensor.data.to(torch.float32)
-        kept += tensor.numel() if isinstance(tensor, nn.Parameter) else 0
+    kept = 0
+    # a tied tensor by its first name, the checkpoint's key (embed_tokens, not the tied
+    # lm_head the loader ties to it afterwards)
+    for name, tensor in chain(module.named_parameters(), module.named_buffers()):
+        if found.search(name) and tensor.is_floating_point():
+            tensor.data = tensor.data.to(torch.float32)
+            kept += tensor.numel() if isinstance(tensor, nn.Parameter) else 0
     return kept
 
 
