@@ -155,7 +155,7 @@ def test_file_example_inputs_as_a_tuple(tmp_path: Path) -> None:
     assert list(batch) == ["ids", "mask"] and batch["mask"].shape == (2, 4)  # forward's order
     fake_step(built, StepSpec(batch_size=2))
     three = build_model(ModelSpec(f"file:{path}:make", {"returns": "three"}))
-    with pytest.raises(InvalidInputError, match="takes 2 named argument.*not the 3 inputs"):
+    with pytest.raises(InvalidInputError, match=r"takes 2 named argument.*not the 3 input\(s\)"):
         three.make_inputs(StepSpec(batch_size=2), CPU)
     # a list is one input (a detection model's list of images), not spread over arguments
     other = build_model(ModelSpec(f"file:{path}:make", {"returns": "list"}))

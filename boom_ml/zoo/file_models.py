@@ -102,8 +102,8 @@ def _forward_args(module: nn.Module, count: int) -> list[str]:
     name = type(module).__name__
     if len(params) < count:
         raise InvalidInputError(
-            f"{name}.forward takes {len(params)} named argument(s), not the {count} inputs "
-            "given; define example_inputs() returning a dict {forward_arg: tensor}"
+            f"{name}.forward takes {len(params)} named argument(s), not the {count} input(s) "
+            "given: let example_inputs() return a dict {forward_arg: tensor}"
         )
     if any(p.kind is p.POSITIONAL_ONLY for p in params[:count]):
         raise InvalidInputError(

@@ -6,8 +6,8 @@
   T5's ``wo``, MoE routers); gradients and the optimizer's state follow the parameters' dtype.
 * ``finetune_method=lora``: the real peft (``LoraConfig`` + ``get_peft_model``) injects its
   LoRA layers into the model in place and freezes everything else; adapters are kept in
-  ``params_dtype`` (``autocast_adapter_dtype=False``: peft would otherwise upcast bf16/fp16
-  adapters to fp32).
+  their base layer's dtype, ``params_dtype`` but beside a layer kept in fp32
+  (``autocast_adapter_dtype=False``: peft would otherwise upcast bf16/fp16 adapters to fp32).
 * ``finetune_method=qlora``: LoRA as above, and every frozen ``nn.Linear`` except the output
   head becomes an :class:`~boom_ml.zoo.nf4.NF4Linear` (what transformers'
   ``BitsAndBytesConfig(load_in_4bit=True)`` quantises: all linear layers but the head),
