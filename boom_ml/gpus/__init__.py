@@ -397,7 +397,7 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
             values[field] = round(max(rate, floor), 1)
             given.append(field)  # the reference of the rates still to fill
         filled.append(field)
-    return filled
+    return sorted(filled, key=TENSOR_RATES.index)
 
 
 def _yaml_problem(err: Exception) -> str:
