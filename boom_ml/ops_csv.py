@@ -33,14 +33,6 @@ OTHER_COLUMNS = ("op", "dtype", "direction", "grad_wrt", "latency_ms")
 DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32", "fp16": "float16",
           "float16": "float16", "half": "float16", "bf16": "bfloat16", "bfloat16": "bfloat16",
           "tf32": "tf32"}  # fmt: skip
-OUTPUT_COLUMNS = ("pred_ms", "p10_ms", "p90_ms", "method")
-TIME_COLUMNS = ("pred_ms", "p10_ms", "p90_ms")
-# A zero in any of these leaves the op's output without elements: no kernel is launched
-# (PyTorch returns before cuBLAS for an empty GEMM). GEMMs: (B,M,N) x (B,N,K) -> (B,M,K).
-EMPTY_IF_ZERO = {"gemm": ("b", "m", "k"), "conv": ("batch", "out_channels"),
-                 "attention": ("batch", "heads", "seq_q", "head_dim"), "norm": ("numel",),
-                 "softmax": ("numel",), "embedding": ("numel",), "elementwise": ("numel",)}  # fmt: skip
-EMPTY = "empty"
 
 
 def _family(op: str) -> str | None:

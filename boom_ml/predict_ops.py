@@ -51,7 +51,16 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.errors import BoomError, InvalidInputError
-from boom_ml.ops_csv import EMPTY, EMPTY_IF_ZERO, OUTPUT_COLUMNS, TIME_COLUMNS, canonical_rows
+from boom_ml.ops_csv import canonical_rows
+
+OUTPUT_COLUMNS = ("pred_ms", "p10_ms", "p90_ms", "method")
+TIME_COLUMNS = ("pred_ms", "p10_ms", "p90_ms")
+# A zero in any of these leaves the op's output without elements: no kernel is launched
+# (PyTorch returns before cuBLAS for an empty GEMM). GEMMs: (B,M,N) x (B,N,K) -> (B,M,K).
+EMPTY_IF_ZERO = {"gemm": ("b", "m", "k"), "conv": ("batch", "out_channels"),
+                 "attention": ("batch", "heads", "seq_q", "head_dim"), "norm": ("numel",),
+                 "softmax": ("numel",), "embedding": ("numel",), "elementwise": ("numel",)}  # fmt: skip
+EMPTY = "empty"
 
 
 def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) -> pd.DataFrame:

@@ -349,6 +349,10 @@ def _usable_memory(values: dict[str, Any]) -> tuple[int, str]:
 
 
 TENSOR_RATES = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops")
+# fp16 first: with no rate given it is filled from the per-SM median and the others by its
+# ratios (each from its own median, bf16 came out 1.5x fp16 on an Ampere spec: the A10G,
+# without a bf16 figure, left the bf16 median alone)
+FILL_ORDER = ("fp16_tflops", "tf32_tflops", "bf16_tflops", "fp8_tflops")
 
 
 def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
@@ -375,10 +379,7 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     tensor_cores = float(values["compute_capability"]) >= 7.0  # Volta on
     given = [f for f in TENSOR_RATES if (values[f] or 0) > 0]
     filled = []
-    # fp16 first: with no rate given it is filled from the per-SM median and the others by
-    # its ratios (each from its own median, bf16 came out 1.5x fp16 on an Ampere spec: the
-    # A10G, without a bf16 figure, left the bf16 median alone)
-    for field in sorted(TENSOR_RATES, key=lambda f: f != "fp16_tflops"):
+    for field in FILL_ORDER:
         if field in given:
             continue
         for ref in given:  # a given rate, by the ratio the same SMs show
