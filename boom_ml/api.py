@@ -12,6 +12,7 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import Prediction
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.hf_notices import quiet_transformers
 from boom_ml.parallel.layout import (
     Cluster,
     Layout,
@@ -44,6 +45,7 @@ from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_mi
 __all__ = ["Session", "finetune_fields", "predict"]
 
 
+@quiet_transformers
 def predict(
     model: str,
     gpu: str | Sequence[str] = "a100-80gb-sxm",
@@ -316,7 +318,9 @@ def _predict_parallel(
 
     from boom_ml.parallel.predict import predict_parallel
     from boom_ml.parallel.shard import scratch_cache
+    from boom_ml.zoo import resolve_name
 
+    model = resolve_name(model)  # a bare name, as one GPU's trace reads it (hf:gpt2 for gpt2)
     with nullcontext() if cache else scratch_cache():
         out = predict_parallel(model, gpus, step, layout, nodes, stack=stack, options=options)
         for spec, entry in zip(gpus, out, strict=True):

@@ -126,6 +126,11 @@ class GpuPrediction:
 
 @dataclass
 class Prediction:
+    """What ``boom_ml.predict`` returns: one :class:`GpuPrediction` per GPU in ``gpus`` for a
+    one-GPU step; for a multi-GPU layout (``parallel=``) ``gpus`` and ``graph`` are empty and
+    each GPU's layout, worst-rank memory and step time are a dict in ``parallel``, as JSON
+    has them."""
+
     model: str
     batch_size: int
     step: dict[str, Any]
@@ -141,7 +146,13 @@ class Prediction:
 
     def best_gpu(self) -> GpuPrediction:
         """The GPU that ``explain=true`` and ``plot=`` describe: the fastest that fits (else
-        the fastest), the table's first row."""
+        the fastest), the table's first row. A multi-GPU layout's prediction has no per-GPU
+        rows: its results are in :attr:`parallel`, one dict per GPU."""
+        if not self.gpus:
+            raise ValueError(
+                "a multi-GPU layout's prediction has no single-GPU rows; read .parallel (one "
+                "dict per GPU: its layout, worst-rank memory and step time)"
+            )
         return min(self.gpus, key=lambda g: (not g.fits, g.time.step_ms))
 
     def to_dict(self) -> dict[str, Any]:

@@ -175,6 +175,7 @@ def _fake_parallel(record: dict):
         from boom_ml.parallel.shard import cache_dir
 
         record["cache"] = cache_dir()
+        record["model"] = model
         return [{"gpu": g.id, "fits": False} for g in gpus]
 
     return fake
@@ -204,6 +205,29 @@ def test_a_layout_that_does_not_fit_is_advised_layouts_that_do(monkeypatch) -> N
     searched.clear()
     boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, advice=False)
     assert searched == []
+
+
+def test_a_bare_hf_name_runs_a_layout_and_its_search(monkeypatch) -> None:
+    """``model=gpt2`` (a bare name --help documents) traced on one GPU but was refused under a
+    layout ("parallel layouts support hf: models for now, got 'gpt2'"), and the advisor skipped
+    its layout search for it: the name is resolved as one GPU's trace resolves it, and a
+    layout's prediction says where its results are when asked for a best GPU."""
+    import boom_ml
+    import boom_ml.parallel.predict as parallel_predict
+    from boom_ml.parallel.shard import load_raw
+
+    assert load_raw("gpt2") == load_raw("hf:gpt2")
+    with pytest.raises(
+        InvalidInputError, match="support hf: models for now, got 'torchvision:squeezenet1_1'"
+    ):
+        load_raw("squeezenet1_1")
+    seen: dict = {}
+    monkeypatch.setattr(parallel_predict, "predict_parallel", _fake_parallel(seen))
+    out = boom_ml.predict("gpt2", gpu="l4", parallel={"dp": 2}, advice=False)
+    assert seen["model"] == out.model == "hf:gpt2"
+    assert out.gpus == [] and out.parallel == [{"gpu": "l4", "fits": False, "stack_missing": None}]
+    with pytest.raises(ValueError, match=r"no single-GPU rows; read \.parallel"):
+        out.best_gpu()
 
 
 def test_cache_off_under_a_layout_keeps_nothing(monkeypatch, tmp_path) -> None:

@@ -188,9 +188,12 @@ def config_file(raw: dict[str, Any]) -> Path:
 
 
 def load_raw(model: str) -> dict[str, Any]:
-    """The HF config dict behind ``hf:<id or path>`` (shipped, local, or hub cache)."""
+    """The HF config dict behind ``hf:<id or path>`` (shipped, local, or hub cache), or
+    behind a bare name the zoo finds among the hf configs alone (as one GPU's trace does)."""
+    from boom_ml.zoo import resolve_name
     from boom_ml.zoo.hf_config import config_path  # the zoo's own resolution
 
+    model = resolve_name(model)
     if not model.startswith("hf:"):
         raise InvalidInputError(f"parallel layouts support hf: models for now, got {model!r}")
     path = config_path(model[3:])
