@@ -57,6 +57,13 @@ class ModelSpec:
 
     text: str
     options: dict[str, Any] = field(default_factory=dict)
+    # what progress lines call it where ``text`` is a file boom-ml wrote (a layout search's
+    # rank config); never part of a key
+    label: str = field(default="", compare=False)
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.text
 
     @property
     def scheme(self) -> str | None:

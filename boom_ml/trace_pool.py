@@ -101,7 +101,7 @@ def take_or_trace(
     pool = shared_pool(model)
     if pool is not None:
         if pool.pending(model, step):
-            with progress.task(f"tracing {model.text}: {step.label()} (in a worker)"):
+            with progress.task(f"tracing {model.shown}: {step.label()} (in a worker)"):
                 graph = pool.take(model, step)
             if graph is not None:
                 return graph

@@ -28,6 +28,25 @@ def test_a_trace_names_itself_on_the_terminal(terminal: io.StringIO) -> None:
     assert progress._status is None  # the line is gone once the trace is
 
 
+def test_a_rank_model_is_named_by_its_model_not_its_cache_file(
+    terminal: io.StringIO, monkeypatch, tmp_path
+) -> None:
+    """A layout's per-rank traces showed the config file boom-ml writes for them
+    ("tracing hf:/home/u/.cache/boom_ml/parallel/config-3f32....json: batch 4")."""
+    import json
+
+    from boom_ml.parallel.shard import load_raw, rank_model
+    from boom_ml.zoo import build_model
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path))
+    raw = {**load_raw("hf:gpt2"), "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 128}
+    model = rank_model(json.dumps(raw, sort_keys=True))
+    assert model.text.endswith(".json") and model.shown == "gpt2's 2-layer per-rank model"
+    trace_step(build_model(model), StepSpec(batch_size=2, seq_len=8, optimizer="sgd"))
+    assert "tracing gpt2's 2-layer per-rank model: batch 2, seq 8" in terminal.getvalue()
+    assert "config-" not in terminal.getvalue()
+
+
 def test_nested_tasks_show_the_inner_one_then_the_outer_again(terminal: io.StringIO) -> None:
     with progress.task("outer work"):
         with progress.task("inner work"):

@@ -172,7 +172,9 @@ def rank_model(config_json: str) -> Any:
 
     config = json.loads(config_json)
     options = config.pop(BUILD_OPTIONS, None) or {}
-    return ModelSpec(f"hf:{config_file(config)}", options)
+    layers = config.get("num_hidden_layers", config.get("n_layer", "?"))
+    label = f"{config.get('model_type', 'hf')}'s {layers}-layer per-rank model"
+    return ModelSpec(f"hf:{config_file(config)}", options, label=label)
 
 
 def config_file(raw: dict[str, Any]) -> Path:

@@ -287,7 +287,7 @@ def trace_step_with_blocks(
         step = replace(step, optimizer_impl=impl if impl != "none" else "auto")
     started = time.perf_counter()
     with (
-        progress.task(f"tracing {built.spec.text}: {step.label()}"),
+        progress.task(f"tracing {built.spec.shown}: {step.label()}"),
         _materialised(built, step) as runner,
     ):
         runner.warm_up()
