@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import os
@@ -256,7 +257,7 @@ def run(cfg: Any) -> str:
     from boom_ml.api import predict
     from boom_ml.report.table import render_table
 
-    known = set(predict.__code__.co_varnames[: predict.__code__.co_argcount])
+    known = set(inspect.signature(predict).parameters)  # its own, through the decorator
     unknown = sorted(set(options) - known)
     if unknown:
         raise InvalidInputError(f"unknown option(s): {', '.join(unknown)}")
