@@ -396,6 +396,42 @@ def test_a_gpu_without_an_l2_figure_reads_its_architectures_median() -> None:
     assert blind.beyond_range(contexts + 5) == [[], []]
 
 
+def test_a_gpus_memory_size_does_not_change_the_gnn_time() -> None:
+    """The memory size was a spec column: an A100-80GB cut to 8 GB predicted resnet18's step
+    1.5 ms faster (a step that fits takes the same time whatever the capacity; the column let
+    the GNN tell training GPUs apart by it). The GPU's context and the GNN's time are now the
+    same for both sizes, and a manifest of a model that read it is refused."""
+    graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
+    a100 = get_gpu("a100-80gb-sxm")
+    small = dataclasses.replace(
+        a100, memory_gb=8.0, memory_bytes=8 * 2**30, total_memory_bytes=None
+    )
+    per_op = np.full(len(graph.nodes), 0.05)
+    assert np.array_equal(gnn_features.gpu_context(graph, a100, None, per_op),
+                          gnn_features.gpu_context(graph, small, None, per_op))  # fmt: skip
+    assert "memory size" not in gnn_features.SPEC_NAMES
+    model = _perturbed_model()
+    big_t, small_t = gnn_model.predict_graph_many(model, graph, [a100, small], None, "roofline")
+    assert big_t.step_ms == small_t.step_ms
+
+
+def test_a_gnn_packaged_for_other_features_is_refused(tmp_path) -> None:
+    """A model saved before the memory size left its spec columns reads one column more; its
+    manifest's feature version says so, and loading it names the command that retrains it."""
+    from boom_ml.errors import ArtifactError
+
+    gnn_artifact.save_model(_perturbed_model(), {"per_op": "roofline"}, tmp_path)
+    assert gnn_artifact.load_weights(tmp_path) is not None  # stamped with this version
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(manifest.read_text().replace(
+        f'"feature_version": {gnn_features.FEATURE_VERSION}', '"feature_version": 1'))  # fmt: skip
+    gnn_artifact.load_weights.cache_clear()
+    with pytest.raises(
+        ArtifactError, match="feature version 1 != 2; retrain it with python -m training.train_gnn"
+    ):
+        gnn_artifact.load_weights(tmp_path)
+
+
 def test_the_time_figure_has_a_bar_for_the_gnn_overhead() -> None:
     """plot= drew the families only: 3.9 ms of a 9.1 ms GNN step (its overhead) was nowhere."""
     from boom_ml.estimates import TimeEstimate

@@ -405,3 +405,40 @@ def test_max_batch_finds_a_fit_above_the_first_failure() -> None:
     assert found.batch_size >= 430 and search.fits(found.batch_size, gpu)
     bound = search._allocated_bound(gpu)
     assert bound is not None and found.batch_size <= bound
+
+
+def _history(peaks: list[int]) -> tuple:
+    """A replay of len(peaks) steps, two events each, whose reserved bytes reach each peak."""
+    steps = np.repeat(np.arange(1, len(peaks) + 1), 2)
+    replay = dataclasses.make_dataclass("R", ["step"])(steps)
+    result = dataclasses.make_dataclass("A", ["timeline_reserved"])(np.repeat(peaks, 2))
+    return replay, result
+
+
+@pytest.mark.parametrize(
+    ("peaks", "growing"),
+    [
+        ([36, 52, 52], True),  # one comparison so far: a fourth step
+        ([36, 52, 52, 56], True),  # the H100's Llama-3.2-1B grad_accum=2 history
+        ([36, 52, 52, 56, 56], True),
+        ([36, 52, 52, 56, 56, 56], False),  # held for two steps
+        ([36, 52, 56, 56], True),  # the A100's, which then holds
+        ([36, 52, 56, 56, 56], False),
+        ([36, 52], False),  # fewer steps asked for: nothing to compare
+    ],
+)
+def test_a_replay_under_accumulation_runs_until_its_peak_holds_two_steps(peaks, growing):
+    assert memory_estimate.still_growing(*_history(peaks)) is growing
+
+
+def test_accumulation_replays_as_many_steps_as_its_peak_needs():
+    """The replay under accumulation ends where its reserved peak has held for two steps: its
+    peak is that of a replay of MAX_STEPS steps; without accumulation three steps, as before."""
+    from boom_ml.memory.replay import MAX_STEPS
+
+    graph, gpu = transformer(4), get_gpu("a100-80gb-sxm")
+    grown = simulate_step(graph, gpu, capacity=False, accumulate=True)
+    longest = simulate_step(graph, gpu, capacity=False, accumulate=True, steps=MAX_STEPS)
+    assert 4 <= grown.replay.step.max() < MAX_STEPS
+    assert grown.result.peak_reserved == longest.result.peak_reserved
+    assert simulate_step(graph, gpu, capacity=False).replay.step.max() == 3

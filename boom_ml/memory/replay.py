@@ -32,6 +32,9 @@ PRE_EXISTING = ("parameter", "gradient", "optimizer_state")
 # Optimizers whose state is created in the constructor rather than at the first step.
 EAGER_STATE_OPTIMIZERS = ("adagrad",)
 DEFAULT_STEPS = 3
+# Steps a replay may grow to while its reserved peak still rises from one step to the next
+# (memory/estimate.py: still_growing); a bound on the work, not a fitted number.
+MAX_STEPS = 8
 
 
 @dataclass

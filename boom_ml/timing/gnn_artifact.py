@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from boom_ml.errors import ArtifactError
+from boom_ml.timing.gnn_features import FEATURE_VERSION
 from boom_ml.timing.gnn_inference import GnnWeights
 
 if TYPE_CHECKING:
@@ -29,12 +31,14 @@ def save_model(
     model: StepGNN | GnnEnsemble, manifest: dict[str, Any], directory: Path = ARTIFACT_DIR
 ) -> None:
     """The torch model (``model.pt``, for training and its tests), the same weights as numpy
-    arrays (``model.npz``, what predictions run: ``gnn_inference``) and the manifest."""
+    arrays (``model.npz``, what predictions run: ``gnn_inference``) and the manifest, stamped
+    with the feature version the model reads."""
     import torch
 
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({"config": model.config, "state": model.state_dict()}, directory / "model.pt")
     weights_of(model).save(directory / "model.npz")
+    manifest = {**manifest, "feature_version": FEATURE_VERSION}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     load_model.cache_clear()
     load_weights.cache_clear()
@@ -51,10 +55,11 @@ def load_model(
 
     from boom_ml.timing.gnn_model import build_model
 
+    manifest = _manifest(directory)
     blob = torch.load(directory / "model.pt", weights_only=True)
     model = build_model(blob["config"])
     model.load_state_dict(blob["state"])
-    return model.eval(), json.loads((directory / "manifest.json").read_text())
+    return model.eval(), manifest
 
 
 @functools.cache
@@ -63,9 +68,20 @@ def load_weights(directory: Path = ARTIFACT_DIR) -> tuple[GnnWeights, dict[str, 
     (what predictions run: no torch import)."""
     if not (directory / "model.npz").exists():
         return None
-    return GnnWeights.load(directory / "model.npz"), json.loads(
-        (directory / "manifest.json").read_text()
-    )
+    manifest = _manifest(directory)
+    return GnnWeights.load(directory / "model.npz"), manifest
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    """The manifest, refused when its model reads other features than this code computes
+    (a column more or less would be read as its neighbour)."""
+    manifest = json.loads((directory / "manifest.json").read_text())
+    if manifest.get("feature_version") != FEATURE_VERSION:
+        raise ArtifactError(
+            f"{directory}: GNN feature version {manifest.get('feature_version')} != "
+            f"{FEATURE_VERSION}; retrain it with python -m training.train_gnn"
+        )
+    return manifest
 
 
 def weights_of(model: StepGNN | GnnEnsemble) -> GnnWeights:

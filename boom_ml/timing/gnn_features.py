@@ -37,16 +37,18 @@ if TYPE_CHECKING:
     import torch
     from torch_geometric.data import Batch, Data
 
-FEATURE_VERSION = 1
+# 2: the GPU's memory size left the spec columns (a step that fits takes the same time
+# whatever the card's capacity; as a column it let the GNN tell training GPUs apart by it)
+FEATURE_VERSION = 2
 PHASES = ("zero_grad", "input", "forward", "loss", "backward", "recompute", "optimizer")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 N_STATIC = len(FAMILIES) + len(PHASES) + len(DTYPES) + 1 + 7
 N_DYNAMIC = 5
-N_CONTEXT = 17
+N_CONTEXT = 16
 # The first N_SPEC context columns are the GPU's spec sheet (gpu_context); the rest describe the step.
-N_SPEC = 9
+N_SPEC = 8
 SPEC_NAMES = ("FP32 TFLOPS", "matrix peak", "memory bandwidth", "peak / bandwidth", "SMs",
-              "L2 cache", "no L2 figure", "boost clock", "memory size")  # fmt: skip
+              "L2 cache", "no L2 figure", "boost clock")  # fmt: skip
 # Edge types: data dependency (producer -> consumer), its reverse, and program order.
 EDGE_TYPES = 3
 # Floor of a node time in log space: host nodes (no GPU work) never reach it, they are masked.
@@ -226,8 +228,7 @@ def gpu_context(
     return np.array(
         [np.log10(gpu.fp32_tflops * 1e12) - 13, np.log10(peak) - 13, np.log10(bw) - 12,
          np.log10(peak / bw) - 1.5, gpu.sm_count / 100, l2 / 40, float(l2_missing),
-         gpu.boost_clock_mhz / 2000, gpu.memory_bytes / 2**30 / 80,
-         half, float(step.get("amp", "none") != "none"), float("backward" in phases),
+         gpu.boost_clock_mhz / 2000, half, float(step.get("amp", "none") != "none"), float("backward" in phases),
          float("optimizer" in phases), float(channels_last), np.log2(batch) / 9,
          np.log10(len(nodes) + 1) / 4, np.log10(max(float(per_op_ms.sum()), MIN_MS)) / 4],
         dtype=np.float32,
