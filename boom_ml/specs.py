@@ -57,8 +57,8 @@ class ModelSpec:
 
     text: str
     options: dict[str, Any] = field(default_factory=dict)
-    # what progress lines call it where ``text`` is a file boom-ml wrote (a layout search's
-    # rank config); never part of a key
+    # what progress lines call it where ``text`` is a file boom-ml wrote (a layout's per-rank
+    # config); never part of a key
     label: str = field(default="", compare=False)
 
     @property
