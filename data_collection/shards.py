@@ -123,9 +123,15 @@ def merge_by_source(root: str | Path, out_dir: str | Path) -> dict[str, int]:
     """Every kind's shards under ``root`` as ``out_dir/<kind>/<source>.parquet``; rows per file.
 
     A sweep plan writes several sources into one shard folder (the H200 plan: NeuSight steps,
-    AMP steps, two kernel sweeps); this is how its archive becomes committed datasets.
+    AMP steps, two kernel sweeps); this is how its archive becomes committed datasets. The
+    run's ``environment.json`` (GPU, driver, library versions, date: what the folder's
+    SOURCE.md states) is copied beside them.
     """
     written: dict[str, int] = {}
+    environment = Path(root) / "environment.json"
+    if environment.is_file():
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "environment.json").write_text(environment.read_text())
     for kind in schema.KINDS:
         df = _deduplicated(root, kind)
         for source, rows in df.groupby("source", sort=True):

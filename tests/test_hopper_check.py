@@ -66,8 +66,10 @@ def _steps(tmp_path: Path) -> Path:
     for i, row in steps.iterrows():
         writer.add(f"key{i}", [row.to_dict()])
     writer.flush()
+    (root / "environment.json").write_text('{"gpu": "stub"}')  # the runner writes it
     written = merge_by_source(root, out)
     assert written == {"steps/boom-h200-neusight-steps": 1, "steps/boom-h200-steps": 2}
+    assert (out / "environment.json").read_text() == '{"gpu": "stub"}'  # for the SOURCE.md
     return out
 
 
@@ -85,11 +87,11 @@ def test_step_errors_and_summary_on_synthetic_predictions(tmp_path: Path) -> Non
     assert said[0].startswith("[1/2] torchvision:resnet18 batch 4 none: measured 1")
     assert sorted(errors["time_err"].round(6)) == [-20.0, 10.0]
     summary = hopper_check.step_summary(errors)
-    assert summary.loc["boom-h200-steps"].to_dict() == {
+    assert summary.loc[("boom-h200-steps", "h200")].to_dict() == {
         "runs": 1, "time_mape": 20.0, "worst": 20.0, "off_by_15": 1, "coverage": 0.0,
         "memory_mape": 50.0,
     }  # fmt: skip
-    assert summary.loc["boom-h200-neusight-steps", "coverage"] == 1.0
+    assert summary.loc[("boom-h200-neusight-steps", "h200"), "coverage"] == 1.0
 
 
 def test_sweep_models_resolve_to_the_shared_configs() -> None:

@@ -114,10 +114,11 @@ def step_errors(
 
 
 def step_summary(errors: pd.DataFrame) -> pd.DataFrame:
-    """Per source: runs, time MAPE, worst |error|, runs off by > 15 %, coverage, memory MAPE."""
+    """Per source and GPU (an H100 and an H200 run of one plan share its source names): runs,
+    time MAPE, worst |error|, runs off by > 15 %, coverage, memory MAPE."""
     abs_t, abs_m = errors["time_err"].abs(), errors["mem_err"].abs()
     frame = errors.assign(abs_t=abs_t, off=abs_t > OFF_BY, abs_m=abs_m)
-    return frame.groupby("source").agg(
+    return frame.groupby(["source", "gpu"]).agg(
         runs=("abs_t", "size"), time_mape=("abs_t", "mean"), worst=("abs_t", "max"),
         off_by_15=("off", "sum"), coverage=("inside", "mean"), memory_mape=("abs_m", "mean"),
     ).round(3)  # fmt: skip
