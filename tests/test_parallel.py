@@ -202,8 +202,10 @@ def test_a_stage_without_the_head_holds_none_of_its_tensors(tiny_memory):
     assert head_modules(graph) == {"LlamaForCausalLM", "LlamaForCausalLM.lm_head",
                                    "LlamaForCausalLM.model.norm"}  # fmt: skip
     first, last = rank_memory(tiny_memory, Layout(pp=2), [1, 1])["per_stage"]
-    # the head's share at the loss's peak: at least the logits (2 x 32 tokens x 256, fp32)
-    assert tiny_memory.windows["loss"]["head"][1]["activation"] >= 2 * 32 * VOCAB * 4
+    # the head's share at some part's peak (the forward's: HF models compute the loss inside
+    # it): at least the logits (2 x 32 tokens x 256, fp32)
+    heads = [view["head"][1].get("activation", 0) for view in tiny_memory.windows.values()]
+    assert max(heads) >= 2 * 32 * VOCAB * 4
     assert "no_head_tensors" not in last["parallel_terms"]
     removed = -first["parallel_terms"]["no_head_tensors"]
     # the 2-layer trace's head share at the part of the step that is the stage's peak

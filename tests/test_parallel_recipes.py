@@ -184,6 +184,31 @@ def test_zero1_over_master_weights_steps_the_ranks_fp32_shard_alone():
     assert "zero_gradients" not in other["parallel_terms"]
 
 
+def test_the_last_steps_gradients_are_the_zero_grads_not_the_backwards():
+    """The replay frees the last batch and the last step's gradients at the loop head; those
+    frees had kept the phase of the traced rows they came from, so the backward's part of the
+    step peaked there, before its zero_grad, holding the last step's fp32 master gradients
+    unsharded (Llama-3-8B, bf16 with master weights, ZeRO-1 over 8 ranks: 32 GB of gradients
+    on the worst rank where a rank holds 2.25 bytes a parameter, 18 GB). They are the
+    zero_grad's now, which like the optimizer step holds the rank's fp32 shard alone."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.memory import DRAINED, stage_memory
+    from boom_ml.parallel.memory_profile import memory_profile
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, params_dtype="bf16", master_weights=True)
+    prof = memory_profile(SYNTHETIC_TINY_LLAMA, 1, step, get_gpu("h100-sxm"))
+    held = HELD
+    # the backward holds its own bf16 gradients at most, never the fp32 ones
+    for bd in prof.windows["backward"]["breakdowns"]:
+        assert bd["gradient"] < 3 * bd["parameter"] // 2
+    assert "zero_grad" in DRAINED and "optimizer" in DRAINED
+    dp = 4
+    rank = stage_memory(prof, Layout(dp=dp, sharding="zero1"), 0, LAYERS, 1)
+    # its fp32 shard and the other shards' bf16 gradients, wherever the rank peaks
+    assert rank["breakdown"]["gradient"] <= 4 * held / dp + 2 * held * (dp - 1) / dp + 512 * 40
+
+
 def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
     """QLoRA holds its 4-bit weights as buffers: a layout's ``memory.parameters`` counts them as
     the weights they stand for, as one GPU's prediction does (it counted the rest alone)."""

@@ -335,10 +335,10 @@ def _window_peaks(
     res, replay = sm.result, sm.replay
     timeline = np.asarray(res.timeline_allocated)
     phases = graph.mem_events["phase"].to_numpy().astype(str)
-    src = replay.src[: len(timeline)]
-    # a synthetic event (a workspace) belongs to the phase of the traced event before it
-    last = np.maximum.accumulate(np.where(src >= 0, np.arange(len(src)), -1))
-    at_phase = np.where(last >= 0, phases[src[np.maximum(last, 0)]], "")
+    # each event in the phase of its place in the loop (Replay.at): the last step's
+    # gradients and batch, freed at the loop head, are not the backward's
+    where = replay.where[: len(timeline)]
+    at_phase = np.where(where >= 0, phases[np.maximum(where, 0)], "")
     named = [p for spans in windows.values() for p in spans]
     gap = res.peak_reserved - res.peak_allocated  # reserved above allocated at the peak
 

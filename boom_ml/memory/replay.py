@@ -43,6 +43,10 @@ class Replay:
 
     ``src`` is the row of ``graph.mem_events`` each event comes from (-1 for a synthetic
     event such as a workspace, whose category is in ``synthetic``); ``step`` is 1-based.
+    ``at`` is the row in whose place of the loop the event happens, which names its phase:
+    the row itself, except for what the loop frees elsewhere than the trace did (the last
+    batch at the loop head, the last outputs when the next forward returns, the last step's
+    gradients at its ``zero_grad``), whose own row was a free in another phase.
     """
 
     is_alloc: np.ndarray
@@ -52,6 +56,11 @@ class Replay:
     step: np.ndarray
     synthetic: dict[int, str] = field(default_factory=dict)  # block → category
     optional: frozenset[int] = frozenset()  # synthetic blocks skipped when they do not fit
+    at: np.ndarray | None = None  # None: ``src``
+
+    @property
+    def where(self) -> np.ndarray:
+        return self.src if self.at is None else self.at
 
     def tuples(self) -> list[tuple[str, int, int]]:
         actions = np.where(self.is_alloc, "alloc", "free")
@@ -62,17 +71,18 @@ class _Builder:
     """Accumulates replay events; one instance per replay."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[bool, int, int, int, int]] = []
+        self.rows: list[tuple[bool, int, int, int, int, int]] = []
         self.synthetic: dict[int, str] = {}
         self.optional: set[int] = set()
+        self.at = -1  # the row being replayed (Replay.at)
 
     def add(self, alloc: bool, block: int, nbytes: int, src: int, step: int) -> None:
-        self.rows.append((alloc, block, nbytes, src, step))
+        self.rows.append((alloc, block, nbytes, src, step, self.at))
 
     def build(self) -> Replay:
         if not self.rows:
             empty = np.zeros(0, dtype=np.int64)
-            return Replay(empty.astype(bool), empty, empty, empty, empty, {}, frozenset())
+            return Replay(empty.astype(bool), empty, empty, empty, empty, {}, frozenset(), empty)
         cols = list(zip(*self.rows, strict=True))
         return Replay(
             np.asarray(cols[0], dtype=bool),
@@ -82,6 +92,7 @@ class _Builder:
             np.asarray(cols[4], dtype=np.int64),
             self.synthetic,
             frozenset(self.optional),
+            np.asarray(cols[5], dtype=np.int64),
         )
 
 
@@ -165,18 +176,22 @@ def build_replay(
     state_rows = persistent_rows[phase[persistent_rows] == "optimizer_state"]
     param_rows = persistent_rows[phase[persistent_rows] != "optimizer_state"]
     for r in param_rows:
+        out.at = int(r)
         out.add(True, int(blocks[r]), int(nbytes[r]), int(r), 1)
     if eager_state:
         for r in state_rows:
+            out.at = int(r)
             out.add(True, int(blocks[r]), int(nbytes[r]), int(r), 1)
     matched = set(grad_match.values())
     pending: dict[str, list[tuple[int, int, int]]] = {"start": [], "forward": []}
     for k in range(1, steps + 1):
         off = k * stride
         held: dict[str, list[tuple[int, int, int]]] = {"start": [], "forward": []}
+        out.at = int(body[0]) if len(body) else -1  # the loop head: before the first row
         for blk, size, src in pending["start"]:  # the loop head rebinds the batch names
             out.add(False, blk, size, src, k)
         for r in body.tolist():
+            out.at = r
             b = int(blocks[r])
             for i in before.get(r, ()):
                 if k == 1 or not extras[i].persistent:
@@ -242,7 +257,7 @@ def resized(replay: Replay, sizes: np.ndarray) -> Replay:
     nbytes = np.where(traced, np.asarray(sizes, dtype=np.int64)[np.maximum(replay.src, 0)],
                       replay.nbytes)  # fmt: skip
     return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
-                  replay.synthetic, replay.optional)  # fmt: skip
+                  replay.synthetic, replay.optional, replay.at)  # fmt: skip
 
 
 def _last(rows: np.ndarray, phase: np.ndarray, name: str) -> int:
@@ -309,4 +324,4 @@ def with_extra_sizes(replay: Replay, extras: list[Extra]) -> Replay:
         sizes = np.asarray([x.nbytes for x in extras], dtype=np.int64)
         nbytes[rows] = sizes[(-replay.block[rows] - 1) % len(extras)]
     return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
-                  replay.synthetic, replay.optional)  # fmt: skip
+                  replay.synthetic, replay.optional, replay.at)  # fmt: skip

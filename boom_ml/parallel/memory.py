@@ -111,6 +111,13 @@ def _held_per_microbatch(prof: MemoryProfile, bd: dict[str, int], layers: int, l
     return (two - one) * layers + ((2 * one - two) if last else 0)
 
 
+# The parts of the step with no micro-batch in flight: the pipeline has drained by the
+# optimizer step, and the next step's zero_grad comes before its first forward. What the step
+# left (fp32 master gradients of the rank's ZeRO-1 shard alone) is alive in both; no FSDP unit
+# is gathered in either.
+DRAINED = ("optimizer", "zero_grad")
+
+
 def stage_memory(
     prof: MemoryProfile, layout: Layout, stage: int, layers: int, microbatches: int
 ) -> dict[str, Any]:
@@ -124,8 +131,7 @@ def stage_memory(
     parameter it steps) shrink by dp too.
     """
     views = prof.windows or {"rest": _peak_view(prof)}
-    # the pipeline has drained by the optimizer step: no micro-batch is in flight at its peak
-    stages = [_stage_at(prof, view, layout, stage, layers, microbatches, name == "optimizer")
+    stages = [_stage_at(prof, view, layout, stage, layers, microbatches, name in DRAINED)
               for name, view in views.items()]  # fmt: skip
     return max(stages, key=lambda st: st["total_bytes"])
 

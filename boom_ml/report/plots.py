@@ -70,9 +70,11 @@ def memory_timeline(
     res, replay = sm.result, sm.replay
     ev_phase = graph.mem_events["phase"].to_numpy().astype(str)
     src = replay.src[: len(res.timeline_allocated)]
-    # Synthetic events (workspaces) take the phase of the traced event before them.
-    filled = np.maximum.accumulate(np.where(src >= 0, np.arange(len(src)), 0))
-    phases = ev_phase[np.maximum(src[filled], 0)] if len(src) else np.array([], dtype=str)
+    # each event in the phase of its place in the loop (Replay.at; workspaces, the loop
+    # head's frees); before any row (none here), the first row's
+    where = replay.where[: len(src)]
+    filled = np.maximum.accumulate(np.where(where >= 0, np.arange(len(where)), 0))
+    phases = ev_phase[np.maximum(where[filled], 0)] if len(src) else np.array([], dtype=str)
     # Optimizer state created lazily inside step 1's optimizer.step() belongs to that band
     # (state created with the optimizer, before any step, does not).
     pre = np.isin(phases, ("parameter", "gradient", "optimizer_state"))
