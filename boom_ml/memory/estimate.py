@@ -33,6 +33,7 @@ from boom_ml.memory.replay import (
     MAX_STEPS,
     Replay,
     build_replay,
+    event_phases,
     resized,
     with_extra_sizes,
 )
@@ -334,11 +335,8 @@ def _window_peaks(
 ) -> dict[str, WindowPeak]:
     res, replay = sm.result, sm.replay
     timeline = np.asarray(res.timeline_allocated)
-    phases = graph.mem_events["phase"].to_numpy().astype(str)
-    # each event in the phase of its place in the loop (Replay.at): the last step's
-    # gradients and batch, freed at the loop head, are not the backward's
-    where = replay.where[: len(timeline)]
-    at_phase = np.where(where >= 0, phases[np.maximum(where, 0)], "")
+    # the last step's gradients and batch, freed at the loop head, are not the backward's
+    at_phase = event_phases(replay, graph, len(timeline))
     named = [p for spans in windows.values() for p in spans]
     gap = res.peak_reserved - res.peak_allocated  # reserved above allocated at the peak
 

@@ -20,7 +20,7 @@ go as without accumulation.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -54,13 +54,9 @@ class Replay:
     nbytes: np.ndarray
     src: np.ndarray
     step: np.ndarray
+    at: np.ndarray
     synthetic: dict[int, str] = field(default_factory=dict)  # block → category
     optional: frozenset[int] = frozenset()  # synthetic blocks skipped when they do not fit
-    at: np.ndarray | None = None  # None: ``src``
-
-    @property
-    def where(self) -> np.ndarray:
-        return self.src if self.at is None else self.at
 
     def tuples(self) -> list[tuple[str, int, int]]:
         actions = np.where(self.is_alloc, "alloc", "free")
@@ -82,7 +78,7 @@ class _Builder:
     def build(self) -> Replay:
         if not self.rows:
             empty = np.zeros(0, dtype=np.int64)
-            return Replay(empty.astype(bool), empty, empty, empty, empty, {}, frozenset(), empty)
+            return Replay(empty.astype(bool), empty, empty, empty, empty, empty)
         cols = list(zip(*self.rows, strict=True))
         return Replay(
             np.asarray(cols[0], dtype=bool),
@@ -90,9 +86,9 @@ class _Builder:
             np.asarray(cols[2], dtype=np.int64),
             np.asarray(cols[3], dtype=np.int64),
             np.asarray(cols[4], dtype=np.int64),
+            np.asarray(cols[5], dtype=np.int64),
             self.synthetic,
             frozenset(self.optional),
-            np.asarray(cols[5], dtype=np.int64),
         )
 
 
@@ -234,6 +230,15 @@ def build_replay(
     return out.build()
 
 
+def event_phases(replay: Replay, graph: OpGraph, count: int | None = None) -> np.ndarray:
+    """The phase of each of the first ``count`` events' place in the loop (:attr:`Replay.at`;
+    "" for an event before any row): a workspace is its op's, the loop head's frees are the
+    ``zero_grad``'s, state made lazily is its first optimizer step's."""
+    at = replay.at[:count]
+    phases = graph.mem_events["phase"].to_numpy().astype(str)
+    return np.where(at >= 0, phases[np.maximum(at, 0)], "")
+
+
 def sizes_only_change(graph: OpGraph, slope: np.ndarray) -> bool:
     """Whether :func:`build_replay` on ``graph`` with its event sizes moved by ``slope`` (per
     event, times any batch) gives the same events with other sizes, so that :func:`resized`
@@ -256,8 +261,7 @@ def resized(replay: Replay, sizes: np.ndarray) -> Replay:
     traced = replay.src >= 0
     nbytes = np.where(traced, np.asarray(sizes, dtype=np.int64)[np.maximum(replay.src, 0)],
                       replay.nbytes)  # fmt: skip
-    return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
-                  replay.synthetic, replay.optional, replay.at)  # fmt: skip
+    return replace(replay, nbytes=nbytes)
 
 
 def _last(rows: np.ndarray, phase: np.ndarray, name: str) -> int:
@@ -323,5 +327,4 @@ def with_extra_sizes(replay: Replay, extras: list[Extra]) -> Replay:
     if len(rows):
         sizes = np.asarray([x.nbytes for x in extras], dtype=np.int64)
         nbytes[rows] = sizes[(-replay.block[rows] - 1) % len(extras)]
-    return Replay(replay.is_alloc, replay.block, nbytes, replay.src, replay.step,
-                  replay.synthetic, replay.optional, replay.at)  # fmt: skip
+    return replace(replay, nbytes=nbytes)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.memory.replay import event_phases
 from boom_ml.trace.graph import OpGraph
 
 GIB = float(1 << 30)
@@ -68,20 +69,9 @@ def memory_timeline(
 
     sm = timeline_replay(graph, gpu, stack, grad_accum, steps)
     res, replay = sm.result, sm.replay
-    ev_phase = graph.mem_events["phase"].to_numpy().astype(str)
-    src = replay.src[: len(res.timeline_allocated)]
-    # each event in the phase of its place in the loop (Replay.at; workspaces, the loop
-    # head's frees); before any row (none here), the first row's
-    where = replay.where[: len(src)]
-    filled = np.maximum.accumulate(np.where(where >= 0, np.arange(len(where)), 0))
-    phases = ev_phase[np.maximum(where[filled], 0)] if len(src) else np.array([], dtype=str)
-    # Optimizer state created lazily inside step 1's optimizer.step() belongs to that band
-    # (state created with the optimizer, before any step, does not).
-    pre = np.isin(phases, ("parameter", "gradient", "optimizer_state"))
-    started = np.cumsum(~pre) > 0
-    phases = np.where((phases == "optimizer_state") & started, "optimizer", phases)
-    step_of = replay.step[: len(src)]
-    x = np.arange(len(src))
+    phases = event_phases(replay, graph, len(res.timeline_allocated))
+    step_of = replay.step[: len(phases)]
+    x = np.arange(len(phases))
 
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
     labelled: set[str] = set()
