@@ -17,7 +17,7 @@ import pandas as pd
 
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.live import round_block
-from boom_ml.memory.replay import PRE_EXISTING, Replay
+from boom_ml.memory.replay import Replay
 from boom_ml.trace.graph import MEMORY_CATEGORIES, OpGraph
 from boom_ml.trace.module_paths import group_by_block
 
@@ -118,21 +118,20 @@ _MODULES: IdentityCache[tuple[str, ...]] = IdentityCache(64)
 
 
 def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
-    """Op, phase and module running at replay event ``index`` (nearest traced event)."""
-    src = replay.src[: index + 1]
-    traced = np.flatnonzero(src >= 0)
-    if not len(traced):
+    """Op, phase and module running at replay event ``index``: the row in whose place of the
+    loop it happens (:attr:`Replay.at`), so a workspace is its op's and a loop-head free the
+    ``zero_grad``'s."""
+    at = int(replay.at[index])
+    if at < 0:
         return "", "", ""
-    row = int(src[traced[-1]])
-    event = graph.mem_events.iloc[row]
-    node_id = int(event["node_id"])
-    if str(event["phase"]) == "optimizer_state":
-        # state made inside the step, where a first optimizer.step() would (replay.py), not
-        # before it (Adagrad's, made with the optimizer)
-        phases = graph.mem_events["phase"].to_numpy().astype(str)[src[traced]]
-        if not np.isin(phases, PRE_EXISTING).all():
-            return LAZY_STATE_OP, "optimizer", ""
+    src = int(replay.src[index])
+    phases = graph.mem_events["phase"].to_numpy()
+    if src >= 0 and src != at and str(phases[src]) == "optimizer_state":
+        # state made inside the step, where a first optimizer.step() would (replay.py), in
+        # the place of that step's first row: the state's own op, not the row's
+        return LAZY_STATE_OP, "optimizer", ""
+    node_id = int(graph.mem_events["node_id"].iat[at])
     if node_id < 0 or node_id >= len(graph.nodes):
-        return "", str(event["phase"]), ""
+        return "", str(phases[at]), ""
     node = graph.nodes.iloc[node_id]
     return str(node["op"]), str(node["phase"]), str(node["module"])
