@@ -236,6 +236,20 @@ def test_all_linear_on_fused_experts_needs_no_dropout(tmp_path: Path) -> None:
     assert facts["lora_target_parameters"] == sorted(placed.target_parameters) != []
 
 
+def test_a_moe_model_without_lora_targets_is_told_the_whole_fix() -> None:
+    """DeepSeek-V2-Lite has no target set of peft's table (no v_proj); the hint names
+    all-linear, which on its fused experts needs no dropout: said at once, not on the retry."""
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.zoo.finetune import apply_recipe
+
+    spec = ModelSpec("hf:deepseek-ai/DeepSeek-V2-Lite", {"num_hidden_layers": 2})
+    with pytest.raises(InvalidInputError, match="all-linear also adapts .* finetune.dropout=0$"):
+        apply_recipe(build_model(spec).module, StepSpec(finetune_method="lora"))
+    dense = StepSpec(finetune_method="lora", lora_dropout=0.0)  # nothing to add then
+    with pytest.raises(InvalidInputError, match=r"kv_a_proj_with_mqa.*\)$"):
+        apply_recipe(build_model(spec).module, dense)
+
+
 def test_api_finetune_mapping() -> None:
     from boom_ml.api import finetune_fields
     from boom_ml.errors import InvalidInputError

@@ -65,14 +65,15 @@ class AdamW8bit(torch.optim.Optimizer):
         name = "paged-adamw8bit" if paged else "adamw8bit"
         paging = ""
         if paged:
-            params = [p for g in self.param_groups for p in g["params"]]
+            # a frozen parameter (LoRA's base weights) gets no gradient, so no state to page
+            params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
             big = sum(p.numel() >= PAGED_MIN_NUMEL for p in params)
             paging = (
-                f", paged state on the host ({big} of {len(params)} parameters: those of"
-                f" {PAGED_MIN_NUMEL:,} elements or more)"
+                f", paged state on the host ({big} of {len(params)} trainable parameters:"
+                f" those of {PAGED_MIN_NUMEL:,} elements or more)"
                 if big
                 else f", nothing paged (bitsandbytes pages the state of parameters of"
-                f" {PAGED_MIN_NUMEL:,} elements or more; none here)"
+                f" {PAGED_MIN_NUMEL:,} elements or more; no trainable one here)"
             )
         self.method_notes = [f"{name}: bitsandbytes 8-bit state and kernel analytic" + paging]
 

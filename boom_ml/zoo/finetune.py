@@ -124,6 +124,11 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         else:
             hint = ("name them with finetune.targets=[...] (module names such as q_proj, or "
                     f"all-linear; this model's linear layers: {', '.join(linear[:16]) or 'none'})")  # fmt: skip
+            if step.lora_dropout and any(is_expert_block(m) for m in module.modules()):
+                # so that following the hint does not meet the ParamWrapper error above
+                hint += (
+                    "; all-linear also adapts its fused MoE expert weights: add finetune.dropout=0"
+                )
         if targets is None:  # none given, none found: peft's words assume some were passed
             first = "no target set of peft's table has all its modules in this model"
         raise InvalidInputError(
