@@ -1,5 +1,5 @@
 """The largest batch size that fits: a search over batch sizes, run by the orchestration
-layer (``api.py``), which owns tracing and passes a tracer in.
+layer (``session.py``: ``Session.evaluate``), which owns tracing and passes a tracer in.
 
 The search is on the safe side: a batch fits when its p90 step does (``estimate.py``).
 
