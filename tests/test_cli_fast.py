@@ -23,9 +23,6 @@ from boom_ml.predict import (
 from boom_ml.specs import search_max_batch
 
 REPO = Path(__file__).resolve().parent.parent
-NEEDS_STACK_KEYS = pytest.mark.skipif(
-    not {"stack.torch", "optimizer_impl"} <= config_keys(), reason="predict.yaml without stack keys"
-)
 HEAVY = ("torch", "transformers", "lightgbm", "torch_geometric", "mlflow", "timm", "torchvision")
 
 
@@ -66,16 +63,8 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ("max_batch=maybe", "error: max_batch must be auto, on or off, got 'maybe'"),
         ("plot=/dev/null/plots", "error: cannot create plot directory '/dev/null/plots'"),
         ("plot=", "error: plot= needs a directory (plot=figures, plot=. for this one)"),
-        pytest.param(
-            "stack.torch=1.2",
-            "error: unknown stack.torch '1.2'; known releases: 1.12,",
-            marks=NEEDS_STACK_KEYS,
-        ),
-        pytest.param(
-            "optimizer.impl=fusd",
-            "error: unknown optimizer.impl 'fusd'; choose one of: auto,",
-            marks=NEEDS_STACK_KEYS,
-        ),
+        ("stack.torch=1.2", "error: unknown stack.torch '1.2'; known releases: 1.12,"),
+        ("optimizer.impl=fusd", "error: unknown optimizer.impl 'fusd'; choose one of: auto,"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_before_torch(arg, words):

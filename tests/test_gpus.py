@@ -193,9 +193,10 @@ def test_every_listed_alias_and_name_resolves_to_its_row():
 
 
 def test_neusight_device_folders_resolve_when_data_present():
-    folder = Path("/work/shared/data/neusight/device_configs")
-    if not folder.is_dir():
-        pytest.skip("shared data not mounted")
+    from data_collection.paths import shared_data_dir
+
+    folder = shared_data_dir() / "neusight" / "device_configs"
+    assert folder.is_dir(), folder
     for f in folder.glob("*.json"):
         if f.stem.startswith("AMD") or f.stem.endswith("_TP"):
             continue  # AMD parts are not in the table; _TP is a 2-GPU pseudo-device

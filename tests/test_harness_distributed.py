@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import math
 import re
-import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -53,9 +52,7 @@ def torchrun_cfg(out: Path, **parallel: Any) -> dict[str, Any]:
 
 def test_gloo_dry_run_writes_one_row_per_rank_and_resumes(tmp_path: Path) -> None:
     cfg = torchrun_cfg(tmp_path, sharding="none", microbatches=2)
-    started = time.monotonic()
     steps.run_step_sweep(cfg)
-    took = time.monotonic() - started
     rows = read_shards(tmp_path, "steps", keep_extra=True)
     df = schema.validate(rows[schema.columns("steps")], "steps", "test")
     assert len(df) == 2 and rows[KEY].is_unique  # one shard key per rank
@@ -66,7 +63,6 @@ def test_gloo_dry_run_writes_one_row_per_rank_and_resumes(tmp_path: Path) -> Non
     assert (df["batch_size"] == 2).all() and (df["global_batch_size"] == 2 * 2 * 2).all()
     assert (df["step_time_ms"] > 0).all() and not df["oom"].any()
     assert set(df["device_kind"]) == {"cpu"} and df["peak_allocated_bytes"].isna().all()
-    assert took < 60, f"the 2-rank gloo dry run took {took:.0f} s"
     assert df["stage"].tolist() == [0, 0] and df["schedule"].tolist() == ["1f1b"] * 2
     # the pipeline keys stay out of a layout without a pipeline: shards of older sweeps resume
     [(_, config)] = step_runner.expand(cfg, "cpu", on_cuda=False)

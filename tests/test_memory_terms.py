@@ -24,7 +24,7 @@ from boom_ml.memory.estimate import estimate_memory, simulate_step
 from boom_ml.memory.overheads import load_overheads
 from boom_ml.memory.replay import build_replay
 from boom_ml.specs import StepSpec
-from boom_ml.stack import installed_torch, resolve_optimizer_impl, resolve_stack
+from boom_ml.stack import cuda_tag, installed_torch, resolve_optimizer_impl, resolve_stack
 from boom_ml.trace.graph import OpGraph
 from boom_ml.trace.step import trace_step
 
@@ -164,8 +164,10 @@ def test_stack_defaults_and_errors():
     release, cuda = installed_torch()
     stack = resolve_stack()
     assert stack.torch == ".".join(release.split(".")[:2])
-    if cuda is not None:
-        assert stack.cuda == cuda
+    # a wheel from PyPI has no +cuXXX in its metadata (download.pytorch.org's have one): then
+    # the release's PyPI default, CUDA 13.0 for torch 2.14 (its wheel's torch.version.cuda)
+    assert stack.cuda == (cuda or "13.0")
+    assert (cuda_tag("cu130"), cuda_tag("cu124"), cuda_tag("cpu")) == ("13.0", "12.4", None)
     assert stack.module_loading == "lazy" and not stack.cudnn_benchmark
     old = resolve_stack({"torch": "1.12"})
     assert old.module_loading == "eager"  # PyTorch sets lazy loading from 1.13 on

@@ -330,5 +330,6 @@ def test_no_memory_category_of_a_stage_goes_below_zero():
     layout = Layout(pp=2, microbatches=8, schedule="gpipe")
     raw = load_raw("hf:meta-llama/Meta-Llama-3-8B")
     (entry,) = predict_raw(raw, [get_gpu("h100-sxm")], step, layout, Cluster())
+    assert len(entry["memory"]["per_stage"]) == 2
     for stage in entry["memory"]["per_stage"]:
         assert min(stage["breakdown"].values()) >= 0, stage["breakdown"]

@@ -145,10 +145,13 @@ def test_ddp_buckets_follow_the_size_rule_and_the_last_holds_the_embedding():
     calls = trace_collectives(Wide, lambda m: m(torch.randint(0, 8192, (2, 4))), Layout(dp=2))
     traced = [c.bytes for c in calls if c.op == "all_reduce"]
     ready = [4 * p.numel() for p in reversed(list(Wide().parameters()))]  # backward order
-    assert traced == ddp_buckets(ready) and len(traced) == 3  # 1 MiB first, then 25 MiB caps
-    emb = 4 * 8192 * 1024
-    # the last bucket (exposed after the backward) holds the embedding, above one cap
-    assert emb <= traced[-1] <= emb + DDP_BUCKET_BYTES and traced[-1] > DDP_BUCKET_BYTES
+    assert traced == ddp_buckets(ready)
+    # a linear is 4 MiB + 4 KiB (4,198,400 B): the first closes the 1 MiB bucket; the next
+    # seven reach the 25 MiB cap (six are 25,190,400 B, under it); the last two linears and
+    # the 32 MiB embedding make the last bucket, exposed after the backward
+    layer, emb = 4 * (1024 * 1024 + 1024), 4 * 8192 * 1024
+    assert traced == [layer, 7 * layer, 2 * layer + emb] == [4_198_400, 29_388_800, 41_951_232]
+    assert 6 * layer < DDP_BUCKET_BYTES <= 7 * layer
 
 
 # --- FSDP2 --------------------------------------------------------------------------------
