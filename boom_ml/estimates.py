@@ -35,7 +35,7 @@ class MemoryEstimate:
     peak_module: str = ""  # module of the op running at the peak
     p10_bytes: int = 0  # total_bytes with the lower bound of every underivable term
     p90_bytes: int = 0  # ... and with the upper bound; ``fits``: every level fits
-    fit: str = ""  # yes (p90 fits) | tight (p10 fits, p90 does not) | no
+    fit: str = ""  # yes (every level fits) | tight (some do) | no
     headroom_bytes: int = 0  # capacity_bytes - total_bytes (negative: short by that much)
     stack: dict[str, Any] = field(default_factory=dict)  # the software stack assumed
     terms: list[dict[str, Any]] = field(default_factory=list)  # each overhead, with source

@@ -29,7 +29,6 @@ def write_plots(
             graph,
             spec,
             out / f"{stem}_memory_{best.gpu}.png",
-            title=prediction.model,
             stack=stack,
             grad_accum=grad_accum,
         ),  # fmt: skip

@@ -36,11 +36,17 @@ def timeline_replay(
     graph: OpGraph, gpu: GpuSpec, stack: Any = None, grad_accum: int = 1, steps: int | None = None
 ) -> Any:
     """The replay a memory timeline draws: the prediction's (the stack's allocator options,
-    gradients kept across micro-batches under accumulation), without the GPU's limit."""
+    gradients kept across micro-batches under accumulation, the GPU's limit, at which the
+    allocator frees its cached blocks and retries); where the step does not fit, the replay
+    without the limit, so the curve runs to the step's end above the usable line."""
     from boom_ml.memory.estimate import DEFAULT_STEPS, simulate_step
 
-    return simulate_step(graph, gpu, stack=stack, steps=steps or DEFAULT_STEPS, capacity=False,
-                         accumulate=grad_accum > 1)  # fmt: skip
+    def replay(capacity: bool) -> Any:
+        return simulate_step(graph, gpu, stack=stack, steps=steps or DEFAULT_STEPS,
+                             capacity=capacity, accumulate=grad_accum > 1)  # fmt: skip
+
+    limited = replay(True)
+    return replay(False) if limited.result.oom else limited
 
 
 def memory_timeline(
@@ -98,7 +104,14 @@ def memory_timeline(
         ax.plot([], [], color="black", lw=0.8, ls="--", label=label + ", above the axis")
     ax.set_xlim(0, max(len(x) - 1, 1))
     ax.set_ylim(0, max(usable if peak >= usable / 2 else 0, peak) / GIB * 1.08)
-    ax.set_xlabel(f"allocator event ({int(step_of.max()) if len(step_of) else 0} training steps)")
+    replayed = int(step_of.max()) if len(step_of) else 0
+    ax.set_xlabel(
+        f"allocator event ({replayed} training steps)"
+        if grad_accum <= 1
+        # the replay runs the optimizer's phase after every micro-batch (memory/replay.py)
+        else f"allocator event ({replayed} micro-batches, each replayed with the optimizer's "
+        f"phase; grad_accum={grad_accum} runs it once every {grad_accum})"
+    )
     ax.set_ylabel("GiB")
     model = graph.meta.get("model", "")
     batch = graph.meta.get("step", {}).get("batch_size", "")
