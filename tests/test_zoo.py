@@ -163,6 +163,38 @@ def test_file_example_inputs_as_a_tuple(tmp_path: Path) -> None:
         other.make_inputs(StepSpec(batch_size=2), CPU)
 
 
+FUNCTIONS_FILE = """
+import torch
+from torch import nn
+
+
+def example_inputs(batch_size, device, seq_len=None):
+    return {"input": torch.randn(batch_size, seq_len or 8, device=device), "_y": torch.zeros(
+        batch_size, device=device)}
+
+
+def loss(outputs, inputs):
+    return (outputs.sum(-1) - inputs["_y"]).square().mean()
+
+
+def make():
+    return nn.Linear(8, 8)
+"""
+
+
+def test_file_example_inputs_and_loss_as_functions_of_the_file(tmp_path: Path) -> None:
+    """README and --help say "the module may define example_inputs": a hunt read module as
+    the file and was told to define what it had defined; both readings work now."""
+    path = tmp_path / "functions.py"
+    path.write_text(FUNCTIONS_FILE)
+    built = build_model(f"file:{path}:make")
+    batch = built.make_inputs(StepSpec(batch_size=3, seq_len=8), CPU)
+    assert batch["input"].shape == (3, 8) and built.reads == frozenset({"seq_len"})
+    outputs = built.module.to_empty(device=CPU)(batch["input"])
+    assert built.compute_loss(outputs, batch).shape == ()
+    fake_step(built, StepSpec(batch_size=3, seq_len=8))
+
+
 def test_file_errors(user_file: Path) -> None:
     with pytest.raises(InvalidInputError, match=r"file:.*:broken raised ValueError: bad width"):
         build_model(f"file:{user_file}:broken")

@@ -4,13 +4,15 @@ Protocol (all optional except the factory):
 
 * ``factory(**options) -> nn.Module`` — called inside ``torch.device("meta")`` with the
   model spec's options as keyword arguments. Anything else it returns is an error.
-* ``module.example_inputs(batch_size, device, **kw) -> dict | tuple | Tensor`` — the batch.
+* ``module.example_inputs(batch_size, device, **kw) -> dict | tuple | Tensor`` — the batch
+  (a method of the returned module, else a function of that name in the file).
   A dict maps forward keyword names to tensors; keys starting with ``_`` are loss-only
   (labels). A tuple fills forward's first arguments in order; a bare tensor the first. If the method accepts them (or
   ``**kwargs``), ``seq_len=`` and ``image_size=`` from the step are passed too.
   Without this method, ``image_size`` must be given: the batch is one image tensor
   ``(batch, 3, image_size, image_size)`` for the first forward argument.
-* ``module.loss(outputs, inputs) -> Tensor`` — the training loss; by default the sum of the
+* ``module.loss(outputs, inputs) -> Tensor`` — the training loss (a method, else a function
+  of the file); by default the sum of the
   means of every floating-point output tensor (every output receives a gradient).
 * Checkpointing wraps the blocks found by :func:`boom_ml.zoo.checkpointing.find_blocks`.
 """
@@ -113,8 +115,7 @@ def _forward_args(module: nn.Module, count: int) -> list[str]:
     return [p.name for p in params[:count]]
 
 
-def _call_example_inputs(module: nn.Module, step: StepSpec, dev: torch.device) -> Any:
-    fn = module.example_inputs  # type: ignore[attr-defined]
+def _call_example_inputs(fn: Any, step: StepSpec, dev: torch.device) -> Any:
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     extra = {
@@ -125,12 +126,21 @@ def _call_example_inputs(module: nn.Module, step: StepSpec, dev: torch.device) -
     return fn(step.batch_size, dev, **extra)
 
 
-def _sizes_read(module: nn.Module) -> frozenset[str] | None:
+def _sizes_read(fn: Any) -> frozenset[str] | None:
     """The step sizes ``example_inputs`` takes (None: it takes ``**kwargs``, so any)."""
-    params = inspect.signature(module.example_inputs).parameters  # type: ignore[attr-defined]
+    params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return None
     return frozenset(k for k in ("seq_len", "image_size") if k in params)
+
+
+def _hook(module: nn.Module, user: ModuleType, name: str) -> Any:
+    """``module.<name>`` if callable, else the file's function ``<name>``, else None."""
+    for owner in (module, user):
+        fn = getattr(owner, name, None)
+        if callable(fn):
+            return fn
+    return None
 
 
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
@@ -156,14 +166,17 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     if torch.device(device).type == "meta":
         module = ensure_meta(module)
 
-    has_example = callable(getattr(module, "example_inputs", None))
-    user_loss = getattr(module, "loss", None)
+    # the module's own methods first, else functions of the file (README: "the module may
+    # define" read both ways)
+    example = _hook(module, user, "example_inputs")
+    user_loss = _hook(module, user, "loss")
+    has_example = example is not None
     input_name = None if has_example else _first_forward_arg(module)
 
     def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
         if has_example:
             # Called on the live module the tracer is using, so it may read its attributes.
-            batch = _call_example_inputs(module, step, dev)
+            batch = _call_example_inputs(example, step, dev)
             if isinstance(batch, torch.Tensor):
                 batch = {_first_forward_arg(module): batch}
             elif isinstance(batch, tuple) and batch:  # forward's positional inputs (a list
@@ -179,13 +192,14 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         if step.image_size is None:
             raise InvalidInputError(
                 f"{what}: cannot synthesise inputs; pass image_size for a (batch, 3, S, S) "
-                "image input, or define example_inputs(batch_size, device) on the module"
+                "image input, or define example_inputs(batch_size, device) on the module or "
+                "in the file"
             )
         s = step.image_size
         return {input_name: torch.randn(step.batch_size, 3, s, s, device=dev)}
 
     def compute_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        if callable(user_loss):
+        if user_loss is not None:
             return user_loss(outputs, inputs)
         return generic_loss(outputs, inputs)
 
@@ -196,7 +210,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         make_inputs=make_inputs,
         compute_loss=compute_loss,
         enable_checkpointing=checkpoint_generic(what),
-        reads=_sizes_read(module) if has_example else frozenset({"image_size"}),
+        reads=_sizes_read(example) if has_example else frozenset({"image_size"}),
         source="file",
         info={
             "name": name,
