@@ -64,13 +64,17 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         )
     if "op" not in df.columns:
         raise InvalidInputError(f"{where}: missing column: op")
+    blank = (df["op"].isna() | (df["op"].astype(str).str.strip() == "")).to_numpy()
+    if blank.any():
+        raise InvalidInputError(f"{where}: row {int(np.flatnonzero(blank)[0]) + 1} has no op")
     df["op"] = df["op"].astype(str).str.strip().str.lower().replace(SCALAR_OPS)
     fam = df["op"].map(_family)
     if fam.isna().any():
-        bad = df.loc[fam.isna(), "op"].iloc[0]
+        k = int(np.flatnonzero(fam.isna().to_numpy())[0])
+        bad = df["op"].iat[k]
         near = suggest(bad, known_ops())
         raise InvalidInputError(
-            f"{where}: unknown op {bad!r} (row {int(fam.isna().idxmax()) + 1})"
+            f"{where}: unknown op {bad!r} (row {k + 1})"
             + (near if near else f"; known: {', '.join(known_ops())}")
         )
     for col in SHAPE_COLUMNS:

@@ -44,6 +44,7 @@ rows Vidur's (profiled kernel time alone), so a 4,096-element fp16 ``add`` comes
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +201,14 @@ def run(cfg: Any) -> str | None:
     if not path.is_file():
         raise InvalidInputError(f"input {path}: not a file (a CSV with an op column)")
     try:
-        # nullable dtypes: an integer column with empty cells stays integer in the output
-        table = pd.read_csv(path, dtype_backend="numpy_nullable")
+        # nullable dtypes: an integer column with empty cells stays integer in the output;
+        # index_col=False: a row with more fields than the header is not read as an index
+        # (pandas then warns that it drops the extra fields: refused instead)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            table = pd.read_csv(path, dtype_backend="numpy_nullable", index_col=False)
+    except pd.errors.ParserWarning as exc:
+        raise InvalidInputError(f"{path}: a row has more fields than the header") from exc
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
         raise InvalidInputError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from exc
     target = Path(str(o["output"])).expanduser() if o.get("output") else None

@@ -96,7 +96,10 @@ def test_rows_pytorch_could_not_run_are_refused(tmp_path):
 @pytest.mark.parametrize(
     "csv, message",
     [("op,B,M,N\nbmm,1,64,64\n", "missing column(s) for gemm ops (bmm, row 1): k"),
-     ("op,B,M,N,K,colour\nbmm,1,64,64,64,red\n", "unknown column(s): colour")],
+     ("op,B,M,N,K,colour\nbmm,1,64,64,64,red\n", "unknown column(s): colour"),
+     # a hunt's: pandas read the extra field's row with its op as the index (a traceback)
+     ("op,B,M,N,K\nbmm,8,512,64,512,99\n", "a row has more fields than the header"),
+     ("op,B,M,N,K\nbmm,8,512,64,512\n,8,512,64,512\n", "row 2 has no op")],
 )  # fmt: skip
 def test_cli_prints_one_line_and_exits_2(tmp_path, csv, message):
     path = tmp_path / "ops.csv"
