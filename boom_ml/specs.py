@@ -184,6 +184,11 @@ class StepSpec:
                 f"params_dtype=bf16|fp16 and amp=none (got params_dtype={self.params_dtype}, "
                 f"amp={self.amp})"
             )
+        if self.master_weights and self.optimizer == "none":
+            raise InvalidInputError(
+                "master_weights=true: the fp32 copies are the optimizer's (it steps them), so "
+                "it needs an optimizer; with optimizer=none use master_weights=false"
+            )
         targets = self.lora_targets
         if targets is not None:
             if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):

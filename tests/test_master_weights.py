@@ -71,7 +71,13 @@ def test_bf16_has_no_loss_scale(tiny_llama: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{"params_dtype": "fp32"}, {"params_dtype": "bf16", "amp": "bf16"}]
+    "fields",
+    [
+        {"params_dtype": "fp32"},
+        {"params_dtype": "bf16", "amp": "bf16"},
+        # a hunt's: no optimizer to own the copies ('NoneType' has no attribute 'scale_loss')
+        {"params_dtype": "fp16", "optimizer": "none"},
+    ],
 )
 def test_master_weights_need_16_bit_parameters_without_autocast(fields) -> None:
     with pytest.raises(InvalidInputError) as err:
