@@ -223,6 +223,11 @@ def predict(
                 {"checkpointing.every": step.checkpointing_every}
                 if step.checkpointing_every > 1 and step.checkpointing == "none"
                 else {}
+            )
+            | (
+                {"optimizer.impl": optimizer_impl}
+                if optimizer == "none" and optimizer_impl != "auto"
+                else {}
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,
             # what the zoo says of the model it built (hub code it did not run)

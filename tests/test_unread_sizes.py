@@ -87,3 +87,16 @@ def test_checkpointing_every_without_checkpointing_says_it_was_not_used() -> Non
     # a small step's work in GFLOP, not "0.00 TFLOP"
     assert " GFLOP per step" in text and "0.00 TFLOP" not in text
     assert boom_ml.predict(**kw, checkpointing="full").graph["unread"] == {}
+
+
+def test_an_optimizer_implementation_without_an_optimizer_says_it_was_not_used() -> None:
+    """optimizer=none with optimizer.impl=fused ran silently (a hunt's finding)."""
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    kw = dict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+              optimizer="none", advice=False, max_batch="off")  # fmt: skip
+    pred = boom_ml.predict(**kw, optimizer_impl="fused")
+    assert pred.graph["unread"] == {"optimizer.impl": "fused"}
+    assert "Not used: optimizer.impl=fused (optimizer=none runs no optimizer)" in render_table(pred)
+    assert boom_ml.predict(**kw).graph["unread"] == {}

@@ -393,6 +393,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             f"Not used: checkpointing.every={every} (checkpointing=none checkpoints no block)",
             highlight=False,
         )
+    impl = unread.pop("optimizer.impl", None)
+    if impl:
+        console.print(
+            f"Not used: optimizer.impl={impl} (optimizer=none runs no optimizer)", highlight=False
+        )
     if unread:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
