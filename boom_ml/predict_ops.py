@@ -172,6 +172,7 @@ def bf16_note(table: pd.DataFrame, gpu: str) -> str | None:
         return None
     rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
     matrix = rows["family"].isin(["gemm", "conv", "attention"]) & (rows["dtype"] == "bfloat16")
+    matrix &= ~empty_rows(rows)  # an output without elements runs nothing (method "empty")
     if not matrix.any():
         return None
     return (

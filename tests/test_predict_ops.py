@@ -228,8 +228,11 @@ def test_cli_keeps_integer_columns_with_empty_cells_integer(tmp_path):
 
 def test_bf16_matrix_rows_before_ampere_are_noted(tmp_path, capsys):
     src = tmp_path / "ops.csv"
-    src.write_text("op,B,M,N,K,rows,cols,dtype\nmm,1,64,64,64,,,bf16\nbmm,2,64,64,64,,,bf16\n"
-                   "mm,1,64,64,64,,,fp16\nsoftmax,,,,,8,64,bf16\n")  # fmt: skip
+    src.write_text(
+        "op,B,M,N,K,rows,cols,dtype\nmm,1,64,64,64,,,bf16\nbmm,2,64,64,64,,,bf16\n"
+        "mm,1,64,64,64,,,fp16\nsoftmax,,,,,8,64,bf16\n"
+        "mm,1,0,64,64,,,bf16\n"  # no output elements: runs nothing, timed at no rate
+    )
     run({"input": str(src), "gpu": "t4"})
     assert capsys.readouterr().err.strip() == (
         "note: t4 has no bf16 tensor cores (before Ampere): 2 bf16 matrix row(s) are timed at "
