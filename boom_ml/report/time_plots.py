@@ -74,6 +74,9 @@ def plot_gpu_comparison(prediction: Prediction, path: Path) -> Path:
         right.text(c or 0, y, f" ${usd_text(c)}" if c else " no price", va="center", fontsize=8)
     right.set_xlabel("USD per 1,000 steps (on-demand price)")
     right.margins(x=0.2)
+    if not any(cost):  # no GPU priced (user YAML specs): an axis from 0, not around it
+        right.set_xlim(0, 1)
+        right.set_xticks([])
     fig.suptitle(f"{prediction.model}, batch {prediction.batch_size}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
