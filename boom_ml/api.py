@@ -23,6 +23,7 @@ from boom_ml.parallel.layout import (
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
+from boom_ml.plain_arguments import plain_arguments
 from boom_ml.report.advisor import advise, advise_layouts, layouts_that_fit
 from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
 from boom_ml.session import Session
@@ -46,6 +47,7 @@ __all__ = ["Session", "finetune_fields", "predict"]
 
 
 @quiet_transformers
+@plain_arguments
 def predict(
     model: str,
     gpu: str | Sequence[str] = "a100-80gb-sxm",

@@ -253,9 +253,11 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
                 specs = [get_gpu(part.strip() if isinstance(part, str) else part)]
             for spec in specs:
                 seen = out.setdefault(spec.id, spec)
+                if seen is spec:
+                    continue
                 a, b = seen.to_dict(), spec.to_dict()
                 differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
-                          if a[k] != b[k] and not k.endswith("source")]  # fmt: skip
+                          if not _same(a[k], b[k]) and not k.endswith("source")]  # fmt: skip
                 if differ:  # a YAML file naming itself as another GPU: which one?
                     raise InvalidInputError(
                         f"two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
@@ -264,6 +266,11 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
     if not out:
         raise InvalidInputError(f"no GPU given in {value!r}")
     return list(out.values())
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (an unknown field of a GpuSpec built in Python)."""
+    return a == b or (a != a and b != b)
 
 
 def _shown(value: Any) -> Any:

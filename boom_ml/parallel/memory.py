@@ -271,7 +271,7 @@ def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]
         method=prof.method,
         schedule=SCHEDULE_NAMES[layout.schedule] if layout.pp > 1 else "no pipeline",
     )
-    out["terms"] = prof.terms + [
+    out["terms"] = [dict(t) for t in prof.terms] + [  # the profile is cached: copies
         {"term": "nccl_buffers", "library": "nccl", "bytes": worst["parallel_terms"]["nccl_buffers"],
          "where": "outside allocator",  # NCCL allocates its buffers itself (cudaMalloc)
          "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from boom_ml.errors import InvalidInputError, UnknownModelError
+from boom_ml.errors import InvalidInputError, UnknownModelError, last_line
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpointing import checkpoint_generic
@@ -85,7 +85,7 @@ def _import(path: Path, what: str) -> ModuleType:
     except Exception as err:
         sys.modules.pop(mod_name, None)
         raise InvalidInputError(
-            f"{what}: importing {path} raised {type(err).__name__}: {err}"
+            f"{what}: importing {path} raised {type(err).__name__}: {last_line(err)}"
         ) from err
     return module
 
@@ -157,7 +157,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     try:
         module = build_on_device(lambda: factory(**spec.options), device)
     except Exception as err:
-        raise InvalidInputError(f"{what} raised {type(err).__name__}: {err}") from err
+        raise InvalidInputError(f"{what} raised {type(err).__name__}: {last_line(err)}") from err
     if not isinstance(module, nn.Module):
         raise InvalidInputError(
             f"{what} returned {type(module).__name__}, expected a torch.nn.Module"

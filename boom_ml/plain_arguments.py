@@ -1,0 +1,38 @@
+"""NumPy scalars passed to the API as the Python numbers they hold.
+
+A sweep driven from pandas or NumPy hands ``boom_ml.predict`` ``np.int64(8)`` for a batch
+size and ``np.bool_(True)`` for a switch; the checks of ``specs.py`` take Python ``int`` and
+``bool`` (a JSON document and the trace cache's keys hold those), and refused them with a
+message that called 8 no integer. Each argument, and each value of a mapping or list
+argument, is unwrapped with ``.item()`` before the checks; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every NumPy scalar in it (at any depth of dicts, lists and tuples) as
+    the Python scalar it holds; numpy is not imported."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()  # a scalar (np.int64, np.bool_, np.float32) or a 0-d array
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def plain_arguments(func: F) -> F:
+    """``func`` called with :func:`plain` of each of its arguments."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,69 @@
+"""The Python API's arguments and results as a script meets them (an API hunt's findings)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+
+import boom_ml
+from boom_ml.errors import InvalidInputError
+from boom_ml.gpus import get_gpu
+from boom_ml.plain_arguments import plain
+
+
+def test_numpy_numbers_are_read_as_the_numbers_they_hold() -> None:
+    """A sweep over a pandas column passes np.int64(8): it was refused as 'must be an integer
+    >= 1, got np.int64(8)', np.bool_ as no boolean."""
+    assert plain({"dp": np.int64(2), "x": [np.float32(0.5), (np.bool_(True),)]}) == {
+        "dp": 2, "x": [0.5, (True,)]}  # fmt: skip
+    assert type(plain(np.int64(8))) is int and type(plain(np.bool_(False))) is bool
+    kw = dict(model="torchvision:resnet18", gpu="l4", image_size=32, max_batch="off")
+    numpy = boom_ml.predict(**kw, batch_size=np.int64(2), advice=np.bool_(False),
+                            finetune={"r": np.int64(8)})  # fmt: skip
+    python = boom_ml.predict(**kw, batch_size=2, advice=False)
+    one, other = numpy.to_dict(), python.to_dict()
+    assert (one["step"], one["gpus"]) == (other["step"], other["gpus"])
+    assert type(one["step"]["batch_size"]) is int and type(one["step"]["lora_r"]) is int
+
+
+def test_a_layout_result_owns_its_numbers() -> None:
+    """The per-rank memory terms came from the cached profile: a caller converting them to
+    GiB changed what every later call in the process returned."""
+    kw = dict(model="hf:gpt2", gpu=["l4"], batch_size=8, seq_len=128, max_batch="off",
+              parallel={"dp": 2, "pp": 2}, advice=False)  # fmt: skip
+    first = boom_ml.predict(**kw)
+    kept = copy.deepcopy(first.to_dict())
+
+    def scramble(node: object) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)  # type: ignore[union-attr]
+        for key, value in list(items):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                node[key] = -1  # type: ignore[index]
+            elif isinstance(value, (dict, list)):
+                scramble(value)
+
+    for entry in first.parallel:
+        scramble(entry)
+    assert boom_ml.predict(**kw).to_dict() == kept
+
+
+def test_a_gpu_spec_with_an_unknown_field_is_not_two_gpus() -> None:
+    """NaN != NaN: a GpuSpec without a price was 'two different GPUs named' itself."""
+    spec = dataclasses.replace(get_gpu("l4"), id="nan-l4", price_usd_per_hour=float("nan"))
+    result = boom_ml.predict("torchvision:resnet18", gpu=[spec, spec], batch_size=2,
+                             image_size=32, advice=False, max_batch="off")  # fmt: skip
+    assert [g.gpu for g in result.gpus] == ["nan-l4"]
+    other = dataclasses.replace(spec, memory_bytes=spec.memory_bytes // 2)
+    with pytest.raises(InvalidInputError, match="two different GPUs are named 'nan-l4'"):
+        boom_ml.predict("torchvision:resnet18", gpu=[spec, other], batch_size=2, image_size=32)
+
+
+def test_a_factory_error_of_several_lines_is_one_line(tmp_path) -> None:
+    path = tmp_path / "fac.py"
+    path.write_text("def boom():\n    raise RuntimeError('factory exploded\\nsecond line')\n")
+    with pytest.raises(InvalidInputError) as err:
+        boom_ml.predict(f"file:{path}:boom", gpu="l4", image_size=32)
+    assert "\n" not in str(err.value) and str(err.value).endswith("RuntimeError: second line")
