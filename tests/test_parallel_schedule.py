@@ -25,6 +25,7 @@ from boom_ml.errors import InvalidInputError
 from boom_ml.parallel.collectives import GroupLink
 from boom_ml.parallel.layout import Cluster, Layout, validate
 from boom_ml.parallel.schedule import (
+    head_in_flight,
     interleaved_warmup,
     peak_in_flight,
     rank_ops,
@@ -241,6 +242,21 @@ def test_memory_holds_what_the_schedule_keeps_in_flight(tiny_memory):
     first, last = inter["per_stage"]
     assert (first["in_flight_chunks"], first["in_flight_microbatches"]) == (5, 2.5)
     assert (last["in_flight_chunks"], last["in_flight_microbatches"]) == (3, 1.5)
+    # of those 3, the last rank's warm-up runs its first chunk: one head in flight, the traced
+    # step's own (a hunt: each half micro-batch had carried the head's logits)
+    layer = tiny_memory.held[1] - tiny_memory.held[0]
+    assert last["parallel_terms"]["pipeline_activations"] == 0.5 * 2 * layer
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "m", "v", "heads"),
+    [("1f1b", 4, 8, 1, 1), ("gpipe", 4, 8, 1, 8), ("gpipe", 2, 4, 2, 4),
+     ("interleaved", 2, 4, 2, 1), ("interleaved", 4, 8, 2, 1), ("interleaved", 2, 2, 2, 1)],
+)  # fmt: skip
+def test_heads_in_flight_on_the_last_rank(schedule, pp, m, v, heads):
+    """Micro-batches of the model's last chunk (the head's) in flight at the last rank's
+    peak: every one under GPipe, the one being backpropagated under 1F1B and interleaving."""
+    assert head_in_flight(schedule, pp, m, v) == heads
 
 
 # --- validation --------------------------------------------------------------------------

@@ -31,7 +31,9 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   / v (a float; ``in_flight_chunks`` keeps the count). The stage holds (that - 1) micro-batches'
   activations more than the traced step, each what a micro-batch's forward leaves for its
   backward (activations and autocast copies alive when the backward starts: each layer's share,
-  and on the last stage the head's logits and loss; the peak's own activations are taken
+  and on the last stage the head's logits and loss, once for each micro-batch of the model's
+  last chunk in flight, one under interleaving: ``schedule.head_in_flight``; the peak's own
+  activations are taken
   mid-backward, where 1- and 2-layer models peak at different moments), none at the
   optimizer step's peak (the pipeline has drained); with one stage (pp = 1) micro-batches run
   one after another whatever the schedule;
@@ -47,7 +49,7 @@ from typing import Any
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
 from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.memory_profile import MemoryProfile
-from boom_ml.parallel.schedule import peak_in_flight
+from boom_ml.parallel.schedule import head_in_flight, peak_in_flight
 
 NCCL_BUFFSIZE = 4 * MIB  # NCCL DEFAULT_BUFFSIZE (src/init.cc), per channel and peer
 NCCL_CHANNELS = 8  # assumption (NCCL chooses by topology)
@@ -100,15 +102,17 @@ def _held(p: dict[str, int], layers: int, first: bool, last: bool, pp: int) -> t
     return held, layers * p["layers"] + p["first"] + p["last"]
 
 
-def _held_per_microbatch(prof: MemoryProfile, bd: dict[str, int], layers: int, last: bool) -> float:
-    """What one micro-batch's forward leaves on a stage for its backward: each layer's share
-    (the 2-layer trace's less the 1-layer one's), and on the last stage what the rest of the
-    traced model leaves, nearly all of it the head's logits and loss (the embedding keeps
-    only its token ids)."""
+def _held_per_microbatch(
+    prof: MemoryProfile, bd: dict[str, int], layers: int, last: bool
+) -> tuple[float, float]:
+    """What one micro-batch's forward leaves on a stage for its backward: (its layers' share,
+    each layer's the 2-layer trace's less the 1-layer one's; on the last stage what the rest of
+    the traced model leaves, nearly all of it the head's logits and loss, the embedding
+    keeping only its token ids)."""
     if not prof.held:  # a profile made without them (a synthetic one): the peak's activations
-        return bd.get("activation", 0)
+        return bd.get("activation", 0), 0.0
     one, two = prof.held
-    return (two - one) * layers + ((2 * one - two) if last else 0)
+    return (two - one) * layers, ((2 * one - two) if last else 0)
 
 
 # The parts of the step with no micro-batch in flight: the pipeline has drained by the
@@ -209,9 +213,11 @@ def _stage_at(
         terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else held_t * prof.param_bytes
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
-        terms["pipeline_activations"] = (in_flight - 1) * _held_per_microbatch(
-            prof, bd, layers, last
-        )
+        body, head = _held_per_microbatch(prof, bd, layers, last)
+        # the head's logits once per micro-batch of the last chunk in flight, which under
+        # interleaving is not every chunk-micro-batch's (schedule.head_in_flight)
+        heads = head_in_flight(layout.schedule, pp, microbatches, layout.virtual_stages)
+        terms["pipeline_activations"] = (in_flight - 1) * body + (heads - 1) * head
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
     head = _head_share(view) if pp > 1 and not last else {}
     if head:

@@ -130,6 +130,24 @@ def _peaks(schedule: str, pp: int, microbatches: int, v: int) -> tuple[int, ...]
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=256)
+def head_in_flight(schedule: str, pp: int, microbatches: int, v: int = 1) -> int:
+    """Of the last rank's chunk-micro-batches in flight at its peak, those of the model's last
+    chunk, the one with the head (under interleaving the last rank's warm-up runs its first
+    chunk, so one head's logits are in flight where 1 / v of every micro-batch's layers are
+    more than once); the most at any moment the peak count is reached."""
+    head, live, peak, heads, most = v * pp - 1, 0, 0, 0, 0
+    for kind, chunk, _ in rank_ops(schedule, pp, microbatches, v, pp - 1):
+        step = 1 if kind == "F" else -1
+        live += step
+        heads += step if chunk == head else 0
+        if live > peak:
+            peak, most = live, heads
+        elif live == peak:
+            most = max(most, heads)
+    return most
+
+
 @dataclass
 class PipelineRun:
     """One simulated pipeline step (times in ms)."""
