@@ -23,7 +23,7 @@ def plain(value: Any) -> Any:
         return value.item()  # a scalar (np.int64, np.bool_, np.float32) or a 0-d array
     if isinstance(value, Mapping):
         return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # not a named tuple, whose fields are arguments
         return type(value)(plain(v) for v in value)
     return value
 
