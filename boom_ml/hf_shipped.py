@@ -25,3 +25,11 @@ def lookup(name: str) -> str | None:
     wanted = name.replace("--", "/").lower()
     hits = [mid for mid in table if mid.lower() == wanted]
     return hits[0] if len(hits) == 1 else None
+
+
+def shipped_at_revision(name: str) -> str | None:
+    """``id@revision`` of a shipped id given at a revision in any spelling ``lookup`` reads
+    (``GPT2@main``, ``meta-llama--Llama-3.2-1B@v1``), as the hub names it; None for others."""
+    base, _, revision = name.partition("@")
+    found = lookup(base) if revision else None
+    return f"{found}@{revision}" if found is not None else None

@@ -93,7 +93,7 @@ def model_source_digest(model: ModelSpec) -> str:
     config, or the config.json a hub id resolves to in the local Hugging Face cache (a repo
     updated by ``hf download`` points its ref at a new snapshot); '' for names looked up in
     libraries and for shipped configs (in ``code_digest``)."""
-    from boom_ml.hf_shipped import lookup
+    from boom_ml.hf_shipped import lookup, shipped_at_revision
 
     if model.scheme == "file":
         path = Path(model.name.rpartition(":")[0]).expanduser()
@@ -104,12 +104,14 @@ def model_source_digest(model: ModelSpec) -> str:
             path = path / "config.json"
         if path.is_file():
             return _file_digest(path)
-        if lookup(model.name) is None and "/" in model.name:
+        # a hub id, or a shipped id at a revision (gpt2@main: read from the hub cache too)
+        at_revision = shipped_at_revision(model.name)
+        if at_revision is not None or (lookup(model.name) is None and "/" in model.name):
             from boom_ml.zoo import hf_hub  # a hub id: the zoo (and torch) load to trace it
 
-            if not hf_hub.looks_like_repo_id(model.name):
+            if at_revision is None and not hf_hub.looks_like_repo_id(model.name):
                 return ""
-            cached = hf_hub.cached_config(model.name)  # local only; fetched when traced
+            cached = hf_hub.cached_config(at_revision or model.name)  # local only
             return _file_digest(cached) if cached is not None else ""
     return ""
 

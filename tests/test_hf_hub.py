@@ -55,17 +55,25 @@ def test_hub_id_resolves_from_local_cache_offline(offline_cache: Path) -> None:
     assert built.info["config_path"] == str(cached)
 
 
-def test_an_updated_hub_config_is_traced_afresh(offline_cache: Path) -> None:
+@pytest.mark.parametrize(
+    ("repo_id", "name"),
+    # a shipped id at a revision is read from the hub cache too, in any spelling the shipped
+    # lookup reads (a hunt: gpt2@main kept the old trace; the org--name one was a traceback)
+    [("someorg/tiny-llama", "someorg/tiny-llama"), ("gpt2", "gpt2@main"),
+     ("gpt2", "GPT2@main"), ("meta-llama/Llama-3.2-1B", "meta-llama--Llama-3.2-1B@main")],
+)  # fmt: skip
+def test_an_updated_hub_config_is_traced_afresh(offline_cache: Path, repo_id, name) -> None:
     """The trace cache keys a hub id on the config.json its ref points at: ``hf download``
     of a changed repo adds a snapshot and moves ``refs/main``, and the old graph must not
     be served for it."""
     from boom_ml.specs import ModelSpec, StepSpec
     from boom_ml.trace_cache import cache_key
 
-    _populate_cache(offline_cache, "someorg/tiny-llama", TINY_LLAMA)
-    model, step = ModelSpec("hf:someorg/tiny-llama"), StepSpec()
+    _populate_cache(offline_cache, repo_id, TINY_LLAMA)
+    assert build_model(f"hf:{name}").module.config.num_hidden_layers == 2
+    model, step = ModelSpec(f"hf:{name}"), StepSpec()
     before = cache_key(model, step)
-    repo = offline_cache / "models--someorg--tiny-llama"
+    repo = offline_cache / ("models--" + repo_id.replace("/", "--"))
     newer = repo / "snapshots" / ("f" * 40)
     newer.mkdir()
     (newer / "config.json").write_text(json.dumps({**TINY_LLAMA, "num_hidden_layers": 4}))
@@ -110,7 +118,7 @@ def test_offline_and_uncached_is_one_line_saying_what_to_do(offline_cache: Path)
     assert "\n" not in text
     assert text == (
         "hf:someorg/not-cached is not shipped and its config.json is not in the local Hugging "
-        f"Face cache ({offline_cache}), and HF_HUB_OFFLINE is set; with network access unset it "
+        f"Face cache ({offline_cache}), and HF_HUB_OFFLINE is set; with network access, unset it "
         "(HF_HUB_OFFLINE=0), or run `hf download someorg/not-cached config.json`, or pass a "
         "local config.json path as hf:<path>"
     )
@@ -287,3 +295,15 @@ def test_a_shipped_id_at_a_revision_is_read_from_the_cache(offline_cache: Path) 
     assert text.startswith("hf:meta-llama/Meta-Llama-3-8B@v1: the config.json of that revision")
     assert text.endswith("(hf:meta-llama/Meta-Llama-3-8B alone is the shipped config)")
     assert "not shipped" not in text and "\n" not in text
+
+
+def test_a_short_hash_and_a_bare_architectures_string(offline_cache: Path, tmp_path: Path) -> None:
+    """The hub cache keys a commit by its full hash: a short one is told so. A config whose
+    architectures is one bare string (not a list) is that class, not its first letter."""
+    _populate_cache(offline_cache, "someorg/tiny-llama", TINY_LLAMA)
+    with pytest.raises(UnknownModelError, match="full 40-character hash"):
+        build_model("hf:someorg/tiny-llama@abc1234")
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**TINY_LLAMA, "architectures": "LlamaForCausalLM"}))
+    built = build_model(f"hf:{bare}")
+    assert type(built.module).__name__ == "LlamaForCausalLM" and not built.info["notes"]

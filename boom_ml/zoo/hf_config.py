@@ -16,7 +16,7 @@ from typing import Any
 import boom_ml.zoo.hf_hub as hf_hub
 from boom_ml.errors import InvalidInputError, UnknownModelError, last_line, suggest
 from boom_ml.hf_shipped import lookup as _lookup
-from boom_ml.hf_shipped import shipped
+from boom_ml.hf_shipped import shipped, shipped_at_revision
 from boom_ml.zoo.common import closest
 
 
@@ -34,11 +34,12 @@ def config_path(name: str) -> Path:
         return path / "config.json"
     if path.is_file():
         return path
-    base, _, revision = name.partition("@")
-    if revision and _lookup(base) is not None:  # a shipped id at a revision: from the hub
-        try:  # (an id without an org, gpt2, is a hub id too)
-            return hf_hub.fetch_config(name)
+    at_revision = shipped_at_revision(name)
+    if at_revision is not None:  # a shipped id at a revision: from the hub (an id without an
+        try:  # org, gpt2, is a hub id too), spelt as the hub spells it
+            return hf_hub.fetch_config(at_revision)
         except UnknownModelError as err:
+            base = name.partition("@")[0]
             raise UnknownModelError(f"{err} (hf:{base} alone is the shipped config)") from err
     if hf_hub.looks_like_repo_id(name):
         try:
@@ -82,6 +83,8 @@ def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
     # Generation-only settings (Gemma's "hybrid" KV cache) say nothing about a training step,
     # and transformers 5 warns about them on every build.
     raw.pop("cache_implementation", None)
+    if isinstance(raw.get("architectures"), str):  # one class written bare: a list of one
+        raw["architectures"] = [raw["architectures"]]
     if (
         encoder_decoder(raw)
         and raw.get("decoder_start_token_id") is None

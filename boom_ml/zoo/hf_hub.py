@@ -80,13 +80,17 @@ def _not_found(repo_id: str) -> str:
     """The start of the message: a pinned revision is asked of the cache whether or not
     the model is shipped (the shipped config is one revision)."""
     if "@" in repo_id:
+        revision = repo_id.partition("@")[2]
+        if re.fullmatch(r"[0-9a-f]{7,39}", revision):  # the hub cache keys full hashes
+            return (f"hf:{repo_id}: a commit is named by its full 40-character hash in the "
+                    "local Hugging Face cache; the config.json of that revision is not in the ")  # fmt: skip
         return f"hf:{repo_id}: the config.json of that revision is not in the local Hugging Face "
     return f"hf:{repo_id} is not shipped and its config.json is not in the local Hugging Face "
 
 
 def _offline_message(repo_id: str) -> str:
     return _not_found(repo_id) + (
-        f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access unset it "
+        f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access, unset it "
         f"(HF_HUB_OFFLINE=0), or run {_download_hint(repo_id)}, or "
         "pass a local config.json path as hf:<path>"
     )
