@@ -242,7 +242,7 @@ def test_no_name_resolution_fails_at_once_without_retries(
     assert hf_hub.hub_resolves() and looked_up == ["huggingface.co"]
 
 
-def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path) -> None:
+def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path, monkeypatch) -> None:
     assert hf_hub.looks_like_repo_id("Qwen/Qwen2.5-7B")
     assert not hf_hub.looks_like_repo_id("gpt2")
     assert not hf_hub.looks_like_repo_id("../shared/config.json")
@@ -252,6 +252,11 @@ def test_paths_and_bare_names_are_not_hub_ids(tmp_path: Path) -> None:
     (folder / "name" / "config.json").write_text(json.dumps(TINY_LLAMA))
     # an existing local folder spelled like a hub id is a path
     assert not hf_hub.looks_like_repo_id(str(folder / "name"))
+    # ... when it holds a config: an empty one in the working directory hid a cached id
+    monkeypatch.chdir(tmp_path)
+    assert not hf_hub.looks_like_repo_id("org/name")
+    (tmp_path / "other" / "name").mkdir(parents=True)
+    assert hf_hub.looks_like_repo_id("other/name")
 
 
 def test_offline_error_names_close_shipped_configs(offline_cache: Path) -> None:

@@ -30,12 +30,16 @@ _TRUE = {"1", "on", "yes", "true"}
 
 
 def looks_like_repo_id(name: str) -> bool:
-    """``org/name[@revision]`` that is not an existing local path (a local path always wins)."""
+    """``org/name[@revision]`` that is no local config (a file, or a folder holding
+    config.json, always wins; an empty folder of the id's name in the working directory
+    does not hide the hub id)."""
+    path = Path(name).expanduser()
     return (
         bool(_REPO_ID.match(name))
         and ".." not in name
         and not name.endswith(".json")  # a config path that does not exist, not a revision
-        and not Path(name).expanduser().exists()
+        and not path.is_file()
+        and not (path / CONFIG_NAME).is_file()
     )
 
 
