@@ -28,6 +28,7 @@ from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
     RECIPE_LEVELS,
+    autocast_splits,
     changes_checkpointing,
     halves_frozen_weights,
     recipe_changes,
@@ -142,6 +143,11 @@ def advise(
 
     singles = {spec.id: single_changes(step, spec) for spec in pending}
     try_level(_by_step((spec, c) for spec in pending for c in singles[spec.id]))
+    # where a split fits and autocast alone does not: autocast on the split (levers.py)
+    fitted = {spec.id: max(_split_micros(found[spec.id]), default=0) for spec in pending}
+    try_level(_by_step((spec, c) for spec in pending
+                       if fitted[spec.id] and not any("amp" in a.settings for a in found[spec.id])
+                       for c in autocast_splits(step, spec, fitted[spec.id])))  # fmt: skip
     pending = [spec for spec in pending if not found[spec.id]]
     tried = {spec.id: {changed for _, changed, _ in singles[spec.id]} for spec in pending}
     # Two walks, each to its first fit: every lever stacked in order, and the same without
@@ -234,6 +240,13 @@ def lower_bound(result: GpuPrediction, step: StepSpec, gradient_bytes: int) -> A
     label = "parameters and gradients alone" + (" (in 16 bits)" if share < 1 else "")
     return Advice(label, {}, 1, False, floor,
                   m.capacity_bytes, nan, nan, lower_bound=True)  # fmt: skip
+
+
+def _split_micros(found: list[Advice]) -> list[int]:
+    """The micro-batch sizes of the fitting advice that splits the batch and changes nothing
+    else."""
+    return [a.settings["batch_size"] for a in found
+            if a.accumulation_steps > 1 and set(a.settings) <= {"batch_size", "grad_accum"}]  # fmt: skip
 
 
 def _advice(

@@ -72,6 +72,26 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     return out
 
 
+def autocast_splits(step: StepSpec, gpu: GpuSpec, fitted: int) -> list[tuple[str, StepSpec, int]]:
+    """Autocast on top of the largest micro-batch split that fitted alone (``fitted`` samples)
+    and of the next larger one: where autocast alone does not fit, the pair can still be
+    much faster than the split (resnet152 at 256 on a T4: 128 x 2 in fp16 at half the time
+    of 64 x 4 in fp32), and the stacked walk, which runs only where no lever fits alone,
+    never asks it."""
+    if step.amp != "none" or step.params_dtype != "fp32":
+        return []
+    amp = _amp_for(gpu)
+    out = []
+    for micro in halving_micros(step.batch_size):
+        if micro in (fitted, 2 * fitted):
+            accumulation = step.batch_size // micro
+            steps = step.grad_accum * accumulation
+            out.append((f"amp={amp} + {_split(micro, steps)}",
+                        replace(step, amp=amp, batch_size=micro, grad_accum=steps),
+                        accumulation))  # fmt: skip
+    return out
+
+
 def _split(micro: int, steps: int) -> str:
     """A micro-batch split as the keys that run it: ``batch_size=micro grad_accum=steps``."""
     return f"batch_size={micro} x {steps} accumulation steps"
