@@ -26,8 +26,8 @@ from boom_ml.parallel.search import (
     search_layouts_many,
 )
 from boom_ml.parallel.shard import load_raw, model_facts
+from boom_ml.report.advice_text import advice_lines, layout_lines
 from boom_ml.report.advisor import Advice, advise, advise_layouts, lower_bound
-from boom_ml.report.table import advice_lines, layout_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, StepSpec
 from tests.tiny_models import tiny_llama_config
 

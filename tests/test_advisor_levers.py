@@ -156,8 +156,8 @@ def test_a_model_that_cannot_be_checkpointed_is_walked_without_it() -> None:
 
 
 def test_an_advice_line_names_its_p90_where_it_prints_otherwise() -> None:
+    from boom_ml.report.advice_text import _advice_line
     from boom_ml.report.advisor import Advice
-    from boom_ml.report.table import _advice_line
 
     gib = 2**30
     tight = Advice("optimizer=adafactor", {}, 1, True, int(21.9 * gib), 22 * gib, 1349.5, 191.9,
@@ -172,8 +172,8 @@ def test_an_advice_line_names_its_p90_where_it_prints_otherwise() -> None:
 
 def test_the_closest_advice_names_its_p90_too() -> None:
     from boom_ml.estimates import Prediction
+    from boom_ml.report.advice_text import advice_lines
     from boom_ml.report.advisor import Advice
-    from boom_ml.report.table import advice_lines
 
     gib = 2**30
     closest = Advice("batch_size=8", {}, 1, False, int(21.8 * gib), 22 * gib, float("nan"),

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
-from boom_ml.report.advisor import Advice, nothing_fits
+from boom_ml.report.advice_text import advice_lines, layout_lines, layout_name
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
@@ -80,110 +79,6 @@ def gpu_table(prediction: Prediction) -> Table:
             _max_batch(m),
         )
     return table
-
-
-def advice_lines(prediction: Prediction) -> list[str]:
-    lines: list[str] = []
-    for gpu, all_items in prediction.advice.items():
-        items = [a for a in all_items if not a.recipe]
-        recipes = [a for a in all_items if a.recipe]
-        if not items:
-            lines.append(f"{gpu}: no change tried makes it fit")
-        elif not items[0].fits:
-            a = items[0]
-            found = prediction.layout_advice.get(gpu, {})
-            searched = found.get("layouts") or found.get("closest")  # the layouts say more
-            hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
-            need = f"{_with_p90(a)} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
-            lines.append(
-                f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
-                if a.lower_bound
-                else f"{gpu}: nothing tried fits on one GPU; closest: {a.change} needs {need}"
-            )
-            lines += layout_lines(found)
-        else:
-            lines.append(f"{gpu}: to fit, change")
-            lines += [_advice_line(a) for a in items]
-        if recipes and prediction.step.get("finetune_method", "full") == "full":
-            lines.append("    or fine-tune adapters instead of training every weight:")
-            lines += ["  " + _advice_line(a) for a in recipes]
-        elif recipes:  # LoRA that does not fit: its base weights in 4 bits
-            lines.append("    or quantise the frozen base weights to 4 bits:")
-            lines += ["  " + _advice_line(a) for a in recipes]
-    stuck = [g for g, items in prediction.advice.items() if nothing_fits(items)]
-    if (
-        stuck
-        and len(prediction.gpus) > MAX_BATCH_AUTO_GPUS
-        and prediction.step.get("finetune_method", "full") == "full"
-    ):
-        lines.append(
-            f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(prediction.gpus)} GPUs; "
-            f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
-        )
-    return lines
-
-
-def _with_p90(a: Advice) -> str:
-    """The advice's GiB, and its p90 where that prints otherwise: the p90 decides the fit (a
-    tight row of 21.8 of 22.0 GiB was told to change to 21.9 / 22.0, whose p90 fits)."""
-    memory = f"{a.total_bytes / GIB:.1f}"
-    if a.p90_bytes is not None and f"{a.p90_bytes / GIB:.1f}" != memory:
-        memory += f" (p90 {a.p90_bytes / GIB:.1f})"
-    return memory
-
-
-def _advice_line(a: Advice) -> str:
-    return (
-        f"    {a.change}: {_with_p90(a)} / {a.capacity_bytes / GIB:.1f} GiB, "
-        f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
-    )
-
-
-def layout_lines(found: dict[str, Any]) -> list[str]:
-    """The layout search's proposals (``Prediction.layout_advice`` of one GPU), cheapest first."""
-    layouts = found.get("layouts") or []
-    settings = "".join(f" with {k}={v}" for k, v in (found.get("settings") or {}).items())
-    if not layouts:
-        reason, near = found.get("reason"), found.get("closest")
-        if reason:
-            return [f"    no multi-GPU layout searched: {reason}"]
-        if near is None:
-            return []
-        either = f",{settings} or without" if settings else ""
-        return [
-            f"    no layout of up to {found['max_gpus']} GPUs fits{either} "
-            f"({found['searched']} searched); the closest{settings and ','}{settings}:",
-            f"      {_layout_name(near['layout'])}: {near['gpus']} GPUs, "
-            f"{near['p90_bytes'] / GIB:.1f} GiB per GPU (p90) of "
-            f"{near['capacity_bytes'] / GIB:.1f} GiB usable",
-        ]
-    lines = [
-        f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
-        f"{found['seconds']:.1f} s; $ per step of the requested batch"
-        + (
-            f"; within {found['near_tie']:.0%} of the cheapest, fewest GPUs first"
-            if found.get("near_tie")
-            else ""
-        )  # fmt: skip
-        + "):"
-    ]
-    for p in layouts:
-        usd = p["usd_per_step"]
-        cost = f"${usd:.3g} per step" if usd is not None else "no price"
-        lines.append(
-            f"      {_layout_name(p['layout'])}: {p['gpus']} GPUs ({p['nodes']} node{'s' if p['nodes'] > 1 else ''}), "
-            f"{p['total_bytes'] / GIB:.1f} / {p['capacity_bytes'] / GIB:.1f} GiB per GPU, "
-            f"{p['step_ms']:.0f} ms per step of {p['global_batch']} samples, {cost}"
-        )
-    return lines
-
-
-def _layout_name(lay: dict[str, Any]) -> str:
-    return " ".join(
-        [f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1]
-        + ([lay["sharding"]] if lay["sharding"] != "none" else [])
-        + ([f"microbatches={lay['microbatches']}"] if lay["microbatches"] > 1 else [])
-    )
 
 
 def methods_line(memory: str, time: str) -> str:
@@ -341,7 +236,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         lines += stack_missing_lines(
             [(g["gpu"], g.get("stack_missing")) for g in prediction.parallel]
         )
-        asked = _layout_name(prediction.parallel[0]["parallel"])
+        asked = layout_name(prediction.parallel[0]["parallel"])
         for gpu, found in prediction.layout_advice.items():
             lines += [f"{gpu}: {asked} does not fit", *layout_lines(found)]
         for line in filter(None, lines):
