@@ -181,3 +181,21 @@ def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
         want = [square * causal_pairs(sq, skv) / (sq * skv)] * 2
         got = kernel_features(flag, get_gpu("a100-80gb-sxm"))["flops"].to_numpy() / [1, 2.5]
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+# A backward norm also takes the forward's saved mean and rstd, which come before its weight.
+NORM_BACKWARD = [
+    ("native_layer_norm_backward", [[4, 128, 768], [4, 128, 768], [4, 128, 1], [4, 128, 1],
+                                    [768], [768]], "layer_norm", 512, 768),
+    ("_fused_rms_norm_backward", [[4, 128, 768], [4, 128, 768], [4, 128, 1], [768]],
+     "rms_norm", 512, 768),
+    ("native_group_norm_backward", [[8, 64, 28, 28], [8, 64, 28, 28], [8, 32], [8, 32], [64]],
+     "group_norm", 8 * 28 * 28, 64),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("op,ins,name,rows,cols", NORM_BACKWARD, ids=[n[0] for n in NORM_BACKWARD])
+def test_a_backward_norm_row_is_as_long_as_its_weight_not_its_statistics(op, ins, name, rows, cols):
+    node = synthetic_node(op, "norm", ins, [ins[1]], phase="backward")
+    row = node_rows(pd.DataFrame([node])).iloc[0]
+    assert (row["op"], row["direction"], row["rows"], row["cols"]) == (name, "backward", rows, cols)

@@ -208,8 +208,7 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
         if name == "batch_norm":  # per-channel statistics over N*H*W
             c = x[1] if len(x) > 1 else 1
             return [{"op": name, **_rowwise(_numel(x), _numel(x) // max(c, 1))}]
-        params = [s for s in shapes if len(s) >= 1 and s != x and _numel(s) > 1]
-        cols = _numel(params[0]) if params else (x[-1] if x else 1)
+        cols = _row_length(x, shapes)
         return [{"op": name, **_rowwise(_numel(x), cols)}]
     if family == "softmax":
         x = max(shapes, key=_numel) if shapes else [1]
@@ -227,6 +226,17 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
     if family in CURVE_FAMILIES:  # optimizer, copy, fill: streams (bandwidth.py)
         return [stream_row(op, family, shapes, outs, node)]
     return generic  # reduction, loss, pooling, other
+
+
+def _row_length(x: list[int], shapes: list[list[int]]) -> int:
+    """Elements a norm normalises together: its weight's (the trailing dims of ``x`` it
+    matches; a 1-D weight otherwise, as a group norm's channels), else ``x``'s last dim.
+    A backward node also takes the saved mean and rstd ((B, S, 1) for a layer norm over
+    (B, S, H)): statistics, not a row length, whatever comes first."""
+    params = [s for s in shapes if len(s) >= 1 and s != x and _numel(s) > 1]
+    suffix = [s for s in params if len(s) <= len(x) and x[len(x) - len(s) :] == s]
+    weights = suffix or [s for s in params if len(s) == 1]
+    return _numel(weights[0]) if weights else (x[-1] if x else 1)
 
 
 def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
