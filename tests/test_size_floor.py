@@ -1,0 +1,105 @@
+"""The size floor: an op is never timed faster than the same op on a smaller tensor.
+
+The rows in the first tests are synthetic (made-up sizes) and the predictor is a stub whose
+time falls with size, so that every expected floor is exact; the last tests use the packaged
+per-op model. Nothing here is a measurement.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from boom_ml.gpus import get_gpu
+from boom_ml.specs import StepSpec
+from boom_ml.timing.heads import load_model
+from boom_ml.timing.per_op import predict_nodes_many
+from boom_ml.timing.size_floor import Ladder, smaller_rows
+
+ROWS = pd.DataFrame(
+    [
+        {"op": "add", "family": "elementwise", "dtype": "float32", "direction": "forward",
+         "numel": 12, "rows": 1, "cols": 12},
+        {"op": "rms_norm", "family": "norm", "dtype": "float32", "direction": "backward",
+         "numel": 10240, "rows": 5, "cols": 2048},
+        {"op": "linear", "family": "gemm", "dtype": "float32", "direction": "forward",
+         "b": 1, "m": 64, "n": 64, "k": 64},
+        {"op": "relu", "family": "elementwise", "dtype": "float32", "direction": "forward",
+         "numel": 1, "rows": 1, "cols": 1},
+        {"op": "_foreach_add_", "family": "optimizer", "dtype": "float32", "direction": "forward",
+         "numel": 5, "arity": 2, "flops": 10.0, "bytes": 60.0},
+    ]
+)  # fmt: skip
+
+
+def test_streams_are_cut_by_elements_and_row_wise_ops_by_rows():
+    small, source = smaller_rows(ROWS)
+    assert source.tolist() == [0, 0, 0, 0, 1, 1, 1, 4, 4, 4]  # gemm and one-element rows: none
+    assert small["numel"].tolist() == [1, 2, 4, 8, 2048, 4096, 8192, 1, 2, 4]
+    assert small["cols"].iloc[:7].tolist() == [1, 2, 4, 8, 2048, 2048, 2048]  # row length kept
+    assert small["rows"].iloc[:7].tolist() == [1, 1, 1, 1, 1, 2, 4]
+    # a node's own counts follow its elements: 12 bytes and 2 FLOPs per element
+    assert small["bytes"].iloc[7:].tolist() == pytest.approx([12, 24, 48])
+    assert small["flops"].iloc[7:].tolist() == pytest.approx([2, 4, 8])
+    assert (small["op"].iloc[:4] == "add").all() and (
+        small["direction"].iloc[4:7] == "backward"
+    ).all()
+
+
+class FallingWithSize:
+    """Stub predictor (synthetic): 10 ms minus log2 of the elements, a time that falls as
+    the tensor grows, as the packaged fp32 elementwise head did on GPUs faster than any
+    measured one."""
+
+    def predict_features(self, feats: pd.DataFrame, median_only: bool = False) -> pd.DataFrame:
+        ms = 10.0 - feats["log_numel"].to_numpy()
+        return pd.DataFrame({"pred_ms": ms, "p10_ms": ms, "p90_ms": ms})
+
+
+def test_a_row_is_raised_to_the_most_any_smaller_copy_takes():
+    rows = ROWS.iloc[[0, 2, 3]].reset_index(drop=True)
+    pred = pd.DataFrame({"pred_ms": [2.0, 0.5, 4.0], "p10_ms": [1.0, 0.4, 3.0],
+                         "p90_ms": [4.0, 0.6, 5.0]})  # fmt: skip
+    out = Ladder.of(rows, get_gpu("h100-sxm")).lift(pred, FallingWithSize())
+    # the add's one-element copy takes 10 ms: five times its own 2 ms, interval with it
+    assert out.loc[0].tolist() == pytest.approx([10.0, 5.0, 20.0])
+    assert out.loc[1].tolist() == [0.5, 0.4, 0.6]  # a GEMM: not floored
+    assert out.loc[2].tolist() == [4.0, 3.0, 5.0]  # nothing smaller than one element
+
+
+SIZES = [4**k for k in range(14)]
+
+
+@pytest.mark.parametrize("gpu", ["h100-sxm", "b200", "a100-40gb-pcie", "t4"])
+def test_the_packaged_model_never_times_a_larger_op_faster(gpu):
+    # An fp32 add on an H100 SXM took 26.5 µs at 2^18 elements and 18.2 at 2^20 before the floor.
+    frames = []
+    for dtype in ("float32", "bfloat16"):
+        for op in ("add", "gelu", "mul_scalar"):
+            frames.append(pd.DataFrame({"op": op, "family": "elementwise", "dtype": dtype,
+                                        "direction": "forward", "numel": SIZES}))  # fmt: skip
+        for op, family in (("rms_norm", "norm"), ("layer_norm", "norm"), ("softmax", "softmax")):
+            for direction in ("forward", "backward"):
+                frames.append(pd.DataFrame({"op": op, "family": family, "dtype": dtype,
+                                            "direction": direction, "rows": SIZES[:9], "cols": 2048,
+                                            "numel": [s * 2048 for s in SIZES[:9]]}))  # fmt: skip
+    model = load_model()
+    for frame in frames:
+        ms = model.predict_rows(frame, get_gpu(gpu))["pred_ms"].to_numpy()
+        assert (np.diff(ms) >= 0).all(), (frame["op"].iloc[0], frame["dtype"].iloc[0], ms)
+
+
+def test_a_traced_step_times_each_sized_node_no_faster_at_a_larger_batch():
+    from boom_ml.trace.step import trace_step
+    from tests.tiny_models import tiny_transformer
+
+    graphs = [trace_step(tiny_transformer(), StepSpec(batch_size=b, seq_len=64)) for b in (1, 64)]
+    assert graphs[0].nodes["op"].tolist() == graphs[1].nodes["op"].tolist()
+    gpus = [get_gpu("h100-sxm"), get_gpu("b200")]
+    small, large = (predict_nodes_many(g.nodes, gpus, median_only=True)["ms"] for g in graphs)
+    families = graphs[0].nodes["family"].to_numpy()
+    sized = np.isin(families, ["elementwise", "norm", "softmax", "optimizer", "copy"])
+    grown = graphs[1].nodes["bytes_read"].to_numpy() > graphs[0].nodes["bytes_read"].to_numpy()
+    assert (sized & grown).sum() > 20
+    assert (large[:, sized & grown] >= small[:, sized & grown] - 1e-12).all()
