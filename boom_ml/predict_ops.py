@@ -38,7 +38,10 @@ Intervals are the heads' own quantiles, clipped to the prediction, so a side can
 width (``p90_ms`` = ``pred_ms``). Tiny elementwise kernels: the fp32 rows the head learned
 from are NeuSight's (CUDA events around the op: the launch gap is in them), the fp16/bf16
 rows Vidur's (profiled kernel time alone), so a 4,096-element fp16 ``add`` comes out about
-9x faster than the fp32 one (`../shared/data/*/SOURCE.md`).
+9x faster than the fp32 one (`../shared/data/*/SOURCE.md`). An elementwise, norm or softmax
+row is never timed faster than the same op on one element (one row) on the same GPU
+(``boom_ml/timing/size_floor.py``): on a GPU faster than any measured one, the heads alone
+timed an fp32 ``add`` of 2^20 elements below one of a single element.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The size floor: an op is never timed faster than the same op on a smaller tensor.
+"""The size floor: an op is never timed faster than the same op on one element.
 
 The rows in the first tests are synthetic (made-up sizes) and the predictor is a stub whose
 time falls with size, so that every expected floor is exact; the last tests use the packaged
@@ -13,9 +13,10 @@ import pytest
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
+from boom_ml.timing.features import kernel_features
 from boom_ml.timing.heads import load_model
 from boom_ml.timing.per_op import predict_nodes_many
-from boom_ml.timing.size_floor import Ladder, smaller_rows
+from boom_ml.timing.size_floor import SizeFloor, smallest_rows
 
 ROWS = pd.DataFrame(
     [
@@ -33,18 +34,15 @@ ROWS = pd.DataFrame(
 )  # fmt: skip
 
 
-def test_streams_are_cut_by_elements_and_row_wise_ops_by_rows():
-    small, source = smaller_rows(ROWS)
-    assert source.tolist() == [0, 0, 0, 0, 1, 1, 1, 4, 4, 4]  # gemm and one-element rows: none
-    assert small["numel"].tolist() == [1, 2, 4, 8, 2048, 4096, 8192, 1, 2, 4]
-    assert small["cols"].iloc[:7].tolist() == [1, 2, 4, 8, 2048, 2048, 2048]  # row length kept
-    assert small["rows"].iloc[:7].tolist() == [1, 1, 1, 1, 1, 2, 4]
+def test_streams_are_cut_to_one_element_and_row_wise_ops_to_one_row():
+    small, source = smallest_rows(ROWS)
+    assert source.tolist() == [0, 1, 4]  # the GEMM and the one-element row: no copy
+    assert small["numel"].tolist() == [1, 2048, 1]
+    assert small["rows"].tolist()[:2] == [1, 1] and small["cols"].tolist()[:2] == [1, 2048]
     # a node's own counts follow its elements: 12 bytes and 2 FLOPs per element
-    assert small["bytes"].iloc[7:].tolist() == pytest.approx([12, 24, 48])
-    assert small["flops"].iloc[7:].tolist() == pytest.approx([2, 4, 8])
-    assert (small["op"].iloc[:4] == "add").all() and (
-        small["direction"].iloc[4:7] == "backward"
-    ).all()
+    assert (small["bytes"].iloc[2], small["flops"].iloc[2]) == pytest.approx((12, 2))
+    assert small["op"].tolist() == ["add", "rms_norm", "_foreach_add_"]
+    assert small["direction"].tolist() == ["forward", "backward", "forward"]
 
 
 class FallingWithSize:
@@ -61,7 +59,7 @@ def test_a_row_is_raised_to_the_most_any_smaller_copy_takes():
     rows = ROWS.iloc[[0, 2, 3]].reset_index(drop=True)
     pred = pd.DataFrame({"pred_ms": [2.0, 0.5, 4.0], "p10_ms": [1.0, 0.4, 3.0],
                          "p90_ms": [4.0, 0.6, 5.0]})  # fmt: skip
-    out = Ladder.of(rows, get_gpu("h100-sxm")).lift(pred, FallingWithSize())
+    out = SizeFloor.of(rows, get_gpu("h100-sxm")).lift(pred, FallingWithSize())
     # the add's one-element copy takes 10 ms: five times its own 2 ms, interval with it
     assert out.loc[0].tolist() == pytest.approx([10.0, 5.0, 20.0])
     assert out.loc[1].tolist() == [0.5, 0.4, 0.6]  # a GEMM: not floored
@@ -72,8 +70,8 @@ SIZES = [4**k for k in range(14)]
 
 
 @pytest.mark.parametrize("gpu", ["h100-sxm", "b200", "a100-40gb-pcie", "t4"])
-def test_the_packaged_model_never_times_a_larger_op_faster(gpu):
-    # An fp32 add on an H100 SXM took 26.5 µs at 2^18 elements and 18.2 at 2^20 before the floor.
+def test_the_packaged_model_times_no_op_below_its_one_element_time(gpu):
+    # An fp32 add on an H100 SXM took 26.5 us on one element and 18.2 on 2^20 before the floor.
     frames = []
     for dtype in ("float32", "bfloat16"):
         for op in ("add", "gelu", "mul_scalar"):
@@ -87,19 +85,26 @@ def test_the_packaged_model_never_times_a_larger_op_faster(gpu):
     model = load_model()
     for frame in frames:
         ms = model.predict_rows(frame, get_gpu(gpu))["pred_ms"].to_numpy()
-        assert (np.diff(ms) >= 0).all(), (frame["op"].iloc[0], frame["dtype"].iloc[0], ms)
+        assert (ms >= ms[0]).all(), (frame["op"].iloc[0], frame["dtype"].iloc[0], ms)
+    add = frames[0]  # fp32 add, sizes 4^0 ... 4^13
+    plain = model.predict_features(kernel_features(add, get_gpu(gpu)))["pred_ms"].to_numpy()
+    floored = model.predict_rows(add, get_gpu(gpu))["pred_ms"].to_numpy()
+    assert (floored == np.maximum(plain, plain[0])).all()
 
 
-def test_a_traced_step_times_each_sized_node_no_faster_at_a_larger_batch():
+def test_a_traced_step_times_each_sized_node_at_least_at_its_one_element_time():
+    from boom_ml.timing.per_op import node_rows
     from boom_ml.trace.step import trace_step
     from tests.tiny_models import tiny_transformer
 
-    graphs = [trace_step(tiny_transformer(), StepSpec(batch_size=b, seq_len=64)) for b in (1, 64)]
-    assert graphs[0].nodes["op"].tolist() == graphs[1].nodes["op"].tolist()
+    graph = trace_step(tiny_transformer(), StepSpec(batch_size=64, seq_len=512))
     gpus = [get_gpu("h100-sxm"), get_gpu("b200")]
-    small, large = (predict_nodes_many(g.nodes, gpus, median_only=True)["ms"] for g in graphs)
-    families = graphs[0].nodes["family"].to_numpy()
-    sized = np.isin(families, ["elementwise", "norm", "softmax", "optimizer", "copy"])
-    grown = graphs[1].nodes["bytes_read"].to_numpy() > graphs[0].nodes["bytes_read"].to_numpy()
-    assert (sized & grown).sum() > 20
-    assert (large[:, sized & grown] >= small[:, sized & grown] - 1e-12).all()
+    ms = predict_nodes_many(graph.nodes, gpus, median_only=True)["ms"]
+    rows = node_rows(graph.nodes)
+    small, source = smallest_rows(rows.drop(columns=["node_pos"]))
+    pos = rows["node_pos"].to_numpy()[source]
+    assert len(np.unique(pos)) > 20  # the step's elementwise, norm, softmax and optimizer nodes
+    model = load_model()
+    for k, gpu in enumerate(gpus):
+        one = model.predict_features(kernel_features(small, gpu))["pred_ms"].to_numpy()
+        assert (ms[k, pos] >= one - 1e-12).all()

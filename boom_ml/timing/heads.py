@@ -39,7 +39,7 @@ from boom_ml.timing.features import (
     matrix_for,
     target,
 )
-from boom_ml.timing.size_floor import Ladder
+from boom_ml.timing.size_floor import SizeFloor
 
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "per_op"
 MODEL_ENV = "BOOM_PER_OP_MODEL"
@@ -106,9 +106,9 @@ class PerOpModel:
         self, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec
     ) -> pd.DataFrame:
         """``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` for canonical kernel rows, each
-        at least what the model gives the same op on a smaller tensor (:mod:`size_floor`)."""
+        at least what the model gives the same op on one element (:mod:`size_floor`)."""
         pred = self.predict_features(kernel_features(rows, gpus))
-        return Ladder.of(rows, gpus).lift(pred, self)
+        return SizeFloor.of(rows, gpus).lift(pred, self)
 
     def predict_features(self, feats: pd.DataFrame, median_only: bool = False) -> pd.DataFrame:
         """Predictions for featurised rows; ``median_only``: p10/p90 repeat the median."""

@@ -28,7 +28,7 @@ from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
 from boom_ml.timing.library_calls import REPEAT, is_rnn, rnn_method, rnn_rows
-from boom_ml.timing.size_floor import Ladder
+from boom_ml.timing.size_floor import SizeFloor
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.graph import OpGraph
@@ -254,7 +254,8 @@ def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
 # node_rows depends on the graph only, not the GPU: one prediction over many GPUs parses
 # the node shapes once.
 _ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # a dataset holds ~240 graphs
-_FEATS_CACHE: IdentityCache[tuple[pd.DataFrame, Ladder]] = IdentityCache(400)  # per (graph, GPUs)
+# one per (graph, GPUs): the features and the size floor's one-element copies
+_FEATS_CACHE: IdentityCache[tuple[pd.DataFrame, SizeFloor]] = IdentityCache(400)
 
 
 _UNIQUE_CACHE: IdentityCache[tuple[pd.DataFrame, np.ndarray]] = IdentityCache(400)
@@ -335,14 +336,14 @@ def predict_nodes_many(
     base, same = _UNIQUE_CACHE.get(rows, (), lambda: _distinct_rows(rows))
     keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
 
-    def features() -> tuple[pd.DataFrame, Ladder]:
+    def features() -> tuple[pd.DataFrame, SizeFloor]:
         frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
         specs = dict(zip(keys, gpus, strict=True))
-        return kernel_features(frame, specs), Ladder.of(frame, specs)
+        return kernel_features(frame, specs), SizeFloor.of(frame, specs)
 
     # Features do not depend on the heads: CV folds that swap heads reuse them.
-    feats, ladder = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), channels_last, *gpus), features)
-    pred = ladder.lift(model.predict_features(feats, median_only), model)  # size floor
+    feats, floor = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), channels_last, *gpus), features)
+    pred = floor.lift(model.predict_features(feats, median_only), model)  # size floor
     pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
     pos = rows["node_pos"].to_numpy()
     keep = _layout_gate(rows, gpus)

@@ -1,17 +1,22 @@
-"""A kernel is never faster than the same kernel on a smaller tensor: the size floor.
+"""A kernel is never faster than the same kernel on one element: the size floor.
 
 The heads learn time over a roofline (bytes / bandwidth + ``LAUNCH_MS``). NeuSight's fp32
 elementwise rows are flat at the host's per-op time (about 26 µs) up to 2^20-2^21 elements on
 every GPU it measured, so the head learns a ratio that falls as the roofline grows. On a GPU
 with more bandwidth than any measured one that ratio meets a shorter roofline, and the flat
 part shrinks with it: an fp32 ``add`` on an H100 SXM came out at 26.5 µs for 2^18 elements and
-18.2 µs for 2^20, so a step with more tokens took less time, and LoRA's small adapter ops made
-a step slower than full fine-tuning.
+18.2 µs for 2^20, so a step with more tokens took less time.
 
-The floor of a row is the most the same model predicts, on the same GPU, for the same op on
-each smaller power-of-two size: elements for a stream, rows (row length kept) for a row-wise
-op. It is a monotone envelope in size, read off the model itself; nothing is fitted to make it.
-Matrix heads (GEMM, convolution, attention) are left alone: their shape has more than one size.
+The floor of a row is what the same model predicts, on the same GPU, for the same op on one
+element (a row-wise op: on one row of its length): the op's fixed cost, which does not shrink
+with a bandwidth. Nothing is fitted to make it. Matrix heads (GEMM, convolution, attention) are
+left alone: their shape has more than one size.
+
+Why one element and not every smaller size: a floor at the most the model gives any smaller
+power of two makes a step monotone in size, but it is the maximum of some twenty noisy
+predictions, biased upward: on the packaged heads' own training rows it raised 66 % of the
+A100-40GB's elementwise rows and took their error from 3.4 to 6.1 %, where the one-element floor
+raises 0.3 % and leaves 3.4 % (README, "Per-op time").
 """
 
 from __future__ import annotations
@@ -29,9 +34,6 @@ from boom_ml.timing.features import FAMILY_HEAD, kernel_features
 # Heads whose rows are sized by one count (elements, or rows of a row-wise op).
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
 ROW_WISE_HEADS = frozenset({"norm", "softmax"})
-# The smaller sizes tried: 1, 2, 4, ... below the row's own; model dimensions are mostly powers
-# of two, so a larger op's floor takes in the same op at those dimensions.
-STEP = 2
 COUNTED = ("flops", "bytes")  # a node's own counts, scaled with its elements
 PRED_COLUMNS = ("pred_ms", "p10_ms", "p90_ms")
 
@@ -48,33 +50,24 @@ def _num(rows: pd.DataFrame, col: str) -> np.ndarray:
     return pd.to_numeric(rows[col], errors="coerce").astype("float64").to_numpy()
 
 
-def smaller_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """Copies of ``rows`` (those of :data:`SIZED_HEADS`) at each smaller power-of-two size,
-    and, per copy, the position in ``rows`` of the row it was cut from."""
+def smallest_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Each row of ``rows`` of :data:`SIZED_HEADS` cut to one element (a row-wise op to one
+    row, its length kept), and, per copy, the position in ``rows`` of the row it was cut from.
+    Rows already that small have no copy."""
     if rows.empty or "numel" not in rows.columns:
         return rows.iloc[:0], np.zeros(0, dtype=np.int64)
     heads = rows["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise").to_numpy()
     numel, n_rows, cols = _num(rows, "numel"), _num(rows, "rows"), _num(rows, "cols")
-    # a row-wise op is cut by rows, its row length kept; a stream by elements
     n_rows = np.where(np.isnan(n_rows), numel / np.maximum(cols, 1), n_rows)  # as features.py
     row_wise = np.isin(heads, list(ROW_WISE_HEADS)) & (n_rows >= 1) & np.isfinite(cols)
     count = np.where(row_wise, n_rows, numel)
-    unit = np.where(row_wise, cols, 1.0)
-    sized = np.isin(heads, list(SIZED_HEADS)) & np.isfinite(count) & (numel > 0)
-    # sizes STEP^k strictly below count: ceil(log_STEP(count)) of them (log2 is exact at powers)
-    logs = np.log2(np.maximum(np.nan_to_num(count, nan=1.0), 1.0)) / np.log2(STEP)
-    steps = np.where(sized & (count > 1), np.ceil(logs), 0)
-    steps = steps.astype(np.int64)
-    source = np.repeat(np.arange(len(rows)), steps)
-    if not len(source):
-        return rows.iloc[:0], source
-    exponent = np.concatenate([np.arange(k) for k in steps[steps > 0]])
-    size = np.power(float(STEP), exponent)
+    source = np.flatnonzero(np.isin(heads, list(SIZED_HEADS)) & (count > 1) & (numel > 0))
     small = rows.iloc[source].reset_index(drop=True).copy()
-    new_numel = size * unit[source]
-    # a stream's copy is one row of numel columns; a row-wise op's keeps its row length
-    small["rows"] = np.where(row_wise[source], size, np.where(np.isnan(cols[source]), np.nan, 1))
-    small["cols"] = np.where(row_wise[source] | np.isnan(cols[source]), cols[source], size)
+    wise, length = row_wise[source], cols[source]
+    new_numel = np.where(wise, length, 1.0)
+    # a stream's copy is one row of one column; a row-wise op's one row of its length
+    small["rows"] = np.where(wise | ~np.isnan(length), 1.0, np.nan)
+    small["cols"] = np.where(wise | np.isnan(length), length, 1.0)
     for col in COUNTED:
         if col in small.columns:
             small[col] = _num(small, col) * new_numel / numel[source]
@@ -83,8 +76,8 @@ def smaller_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 @dataclass(frozen=True)
-class Ladder:
-    """The smaller copies of a frame of kernel rows, featurised once (distinct copies only)."""
+class SizeFloor:
+    """The one-element copies of a frame of kernel rows, featurised once (distinct ones only)."""
 
     feats: pd.DataFrame  # features of the distinct copies
     codes: np.ndarray  # per copy: its distinct copy's position in ``feats``
@@ -92,9 +85,9 @@ class Ladder:
     n_rows: int
 
     @classmethod
-    def of(cls, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec) -> Ladder:
+    def of(cls, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec) -> SizeFloor:
         """``rows`` as :func:`kernel_features` takes them (with ``gpu_id`` for a mapping)."""
-        small, source = smaller_rows(rows)
+        small, source = smallest_rows(rows)
         if small.empty:
             return cls(pd.DataFrame(), np.zeros(0, np.int64), source, len(rows))
         codes = small.groupby(list(small.columns), sort=False, dropna=False).ngroup().to_numpy()
@@ -103,13 +96,13 @@ class Ladder:
         return cls(kernel_features(distinct, gpus), codes, source, len(rows))
 
     def lift(self, pred: pd.DataFrame, model: Predictor) -> pd.DataFrame:
-        """``pred`` (one row per frame row) with each row raised to its size floor; the
-        interval moves with the median, keeping its width in ratio."""
+        """``pred`` (one row per frame row) with each row raised to its floor; the interval
+        moves with the median, keeping its width in ratio."""
         if not len(self.source):
             return pred
         small_ms = model.predict_features(self.feats, median_only=True)["pred_ms"].to_numpy()
         floor = np.zeros(self.n_rows)
-        np.maximum.at(floor, self.source, small_ms[self.codes])
+        floor[self.source] = small_ms[self.codes]
         median = pred["pred_ms"].to_numpy(dtype=float)
         lifted = np.maximum(median, floor)
         raise_by = np.where(median > 0, lifted / np.where(median > 0, median, 1), 1)
