@@ -183,19 +183,32 @@ def test_a_causal_attention_row_is_timed_on_its_kept_pairs() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-# A backward norm also takes the forward's saved mean and rstd, which come before its weight.
-NORM_BACKWARD = [
+# The statistics (mean, rstd) a norm keeps say how its elements fall into rows: outputs of a
+# forward node, inputs of a backward one, where they come before the weight.
+NORMS = [
     ("native_layer_norm_backward", [[4, 128, 768], [4, 128, 768], [4, 128, 1], [4, 128, 1],
-                                    [768], [768]], "layer_norm", 512, 768),
+                                    [768], [768]], [[4, 128, 768], [768], [768]],
+     "layer_norm", 512, 768),
     ("_fused_rms_norm_backward", [[4, 128, 768], [4, 128, 768], [4, 128, 1], [768]],
-     "rms_norm", 512, 768),
+     [[4, 128, 768], [768]], "rms_norm", 512, 768),
+    # LayerNorm((64, 32), elementwise_affine=False): no weight, two normalised dims
+    ("native_layer_norm", [[4, 64, 32]], [[4, 64, 32], [4, 1, 1], [4, 1, 1]],
+     "layer_norm", 4, 2048),
+    ("native_layer_norm_backward", [[4, 64, 32], [4, 64, 32], [4, 1, 1], [4, 1, 1]],
+     [[4, 64, 32]], "layer_norm", 4, 2048),
+    # GroupNorm(32, 64): N * G rows of C / G * H * W, whatever the (C,) weight
+    ("native_group_norm", [[8, 64, 28, 28], [64], [64]], [[8, 64, 28, 28], [8, 32], [8, 32]],
+     "group_norm", 8 * 32, 2 * 28 * 28),
     ("native_group_norm_backward", [[8, 64, 28, 28], [8, 64, 28, 28], [8, 32], [8, 32], [64]],
-     "group_norm", 8 * 28 * 28, 64),
+     [[8, 64, 28, 28], [64], [64]], "group_norm", 8 * 32, 2 * 28 * 28),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("op,ins,name,rows,cols", NORM_BACKWARD, ids=[n[0] for n in NORM_BACKWARD])
-def test_a_backward_norm_row_is_as_long_as_its_weight_not_its_statistics(op, ins, name, rows, cols):
-    node = synthetic_node(op, "norm", ins, [ins[1]], phase="backward")
+@pytest.mark.parametrize(
+    "op,ins,outs,name,rows,cols", NORMS, ids=[f"{n[0]}-{k}" for k, n in enumerate(NORMS)]
+)
+def test_a_norm_row_follows_its_statistics_not_its_weight(op, ins, outs, name, rows, cols):
+    phase = "backward" if op.endswith("_backward") else "forward"
+    node = synthetic_node(op, "norm", ins, outs, phase=phase)
     row = node_rows(pd.DataFrame([node])).iloc[0]
-    assert (row["op"], row["direction"], row["rows"], row["cols"]) == (name, "backward", rows, cols)
+    assert (row["op"], row["direction"], row["rows"], row["cols"]) == (name, phase, rows, cols)

@@ -209,7 +209,7 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
         if name == "batch_norm":  # per-channel statistics over N*H*W
             c = x[1] if len(x) > 1 else 1
             return [{"op": name, **_rowwise(_numel(x), _numel(x) // max(c, 1))}]
-        cols = _row_length(x, shapes)
+        cols = _row_length(name, x, shapes + outs)
         return [{"op": name, **_rowwise(_numel(x), cols)}]
     if family == "softmax":
         x = max(shapes, key=_numel) if shapes else [1]
@@ -229,15 +229,31 @@ def _shape_rows(family: str, op: str, shapes, outs, node) -> list[dict[str, Any]
     return generic  # reduction, loss, pooling, other
 
 
-def _row_length(x: list[int], shapes: list[list[int]]) -> int:
-    """Elements a norm normalises together: its weight's (the trailing dims of ``x`` it
-    matches; a 1-D weight otherwise, as a group norm's channels), else ``x``'s last dim.
-    A backward node also takes the saved mean and rstd ((B, S, 1) for a layer norm over
-    (B, S, H)): statistics, not a row length, whatever comes first."""
+def _row_length(name: str, x: list[int], shapes: list[list[int]]) -> int:
+    """Elements a norm normalises together: ``x``'s elements over its statistics' count.
+
+    The statistics (mean and rstd) are outputs of a forward node and inputs of a backward one:
+    (B, S, 1) for a layer or RMS norm over (B, S, H), (N, G) for a group norm over (N, C, H, W),
+    whatever the module's affine weight is (a group norm's weight is (C,), not a row). Where a
+    node shows none, the weight's elements (the trailing dims of ``x`` it matches), else
+    ``x``'s last dim."""
+    if name == "group_norm":
+        stats = [s for s in shapes if len(s) == 2 and s != x and x and s[0] == x[0]]
+    else:  # x's leading dims, then ones
+        stats = [s for s in shapes if len(s) == len(x) and s != x and _leading_then_ones(s, x)]
+    if stats:
+        return max(_numel(x) // max(_numel(stats[0]), 1), 1)
     params = [s for s in shapes if len(s) >= 1 and s != x and _numel(s) > 1]
     suffix = [s for s in params if len(s) <= len(x) and x[len(x) - len(s) :] == s]
-    weights = suffix or [s for s in params if len(s) == 1]
-    return _numel(weights[0]) if weights else (x[-1] if x else 1)
+    return _numel(suffix[0]) if suffix else (x[-1] if x else 1)
+
+
+def _leading_then_ones(s: list[int], x: list[int]) -> bool:
+    """Whether ``s`` is ``x`` with one or more trailing dims set to 1."""
+    k = len(s)
+    while k > 0 and s[k - 1] == 1:
+        k -= 1
+    return k < len(x) and s[:k] == x[:k]
 
 
 def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
