@@ -108,3 +108,11 @@ def test_a_traced_step_times_each_sized_node_at_least_at_its_one_element_time():
     for k, gpu in enumerate(gpus):
         one = model.predict_features(kernel_features(small, gpu))["pred_ms"].to_numpy()
         assert (ms[k, pos] >= one - 1e-12).all()
+
+
+def test_a_raised_interval_keeps_each_side_on_its_side():
+    # where a side equalled the median, its scaled copy rounded across the raised median
+    rows = pd.DataFrame({"op": ["add", "where"], "family": "elementwise", "dtype": ["float32", "bfloat16"],
+                         "direction": "forward", "numel": [23170, 16384]})  # fmt: skip
+    pred = load_model().predict_rows(rows, get_gpu("p4"))
+    assert (pred["p10_ms"] <= pred["pred_ms"]).all() and (pred["pred_ms"] <= pred["p90_ms"]).all()

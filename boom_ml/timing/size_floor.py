@@ -35,7 +35,6 @@ from boom_ml.timing.features import FAMILY_HEAD, kernel_features
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
 ROW_WISE_HEADS = frozenset({"norm", "softmax"})
 COUNTED = ("flops", "bytes")  # a node's own counts, scaled with its elements
-PRED_COLUMNS = ("pred_ms", "p10_ms", "p90_ms")
 
 
 class Predictor(Protocol):
@@ -107,7 +106,9 @@ class SizeFloor:
         lifted = np.maximum(median, floor)
         raise_by = np.where(median > 0, lifted / np.where(median > 0, median, 1), 1)
         out = pred.copy()
-        for col in PRED_COLUMNS:
-            out[col] = pred[col].to_numpy(dtype=float) * raise_by
-        out["pred_ms"] = lifted  # the floor itself, not a product that rounds below it
+        # the floor itself as the median, not a product that rounds below it, and each side
+        # of the interval kept on its side where the product rounds across
+        out["pred_ms"] = lifted
+        out["p10_ms"] = np.minimum(pred["p10_ms"].to_numpy(dtype=float) * raise_by, lifted)
+        out["p90_ms"] = np.maximum(pred["p90_ms"].to_numpy(dtype=float) * raise_by, lifted)
         return out
