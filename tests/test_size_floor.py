@@ -1,8 +1,8 @@
 """The size floor: an op is never timed faster than the same op on one element.
 
 The rows in the first tests are synthetic (made-up sizes) and the predictor is a stub whose
-time falls with size, so that every expected floor is exact; the last tests use the packaged
-per-op model. Nothing here is a measurement.
+time falls with size, so that every expected floor is exact; the later tests use the packaged
+per-op model, and the last a small model fit on a real NeuSight subset (its measurements).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from test_train_ops import data_dir, small_kernels, small_model  # noqa: F401
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
@@ -116,3 +117,16 @@ def test_a_raised_interval_keeps_each_side_on_its_side():
                          "direction": "forward", "numel": [23170, 16384]})  # fmt: skip
     pred = load_model().predict_rows(rows, get_gpu("p4"))
     assert (pred["p10_ms"] <= pred["pred_ms"]).all() and (pred["pred_ms"] <= pred["p90_ms"]).all()
+
+
+def test_the_check_scores_both_floors_on_real_rows(small_kernels, small_model):  # noqa: F811
+    """training/size_floor_check on a small real NeuSight subset (tests/test_train_ops.py's
+    fixtures; the model is fit on every GPU, so this is in-sample): the first version's floor
+    takes in the one-element copy, so it raises every row the shipped floor raises."""
+    from training.size_floor_check import check
+
+    table = check(small_kernels, lambda _gpu: small_model, ["t4", "v100-pcie-32gb"])
+    assert set(table["gpu"]) == {"t4", "v100-pcie-32gb"}
+    assert set(table["head"]) == {"elementwise", "norm", "softmax"}
+    assert (table["raised_every_size_pct"] >= table["raised_one_element_pct"]).all()
+    assert table[["mape_heads", "mape_one_element", "mape_every_size"]].gt(0).all().all()
