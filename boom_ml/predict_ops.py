@@ -41,7 +41,8 @@ rows Vidur's (profiled kernel time alone), so a 4,096-element fp16 ``add`` comes
 9x faster than the fp32 one (`../shared/data/*/SOURCE.md`). An elementwise, norm or softmax
 row is never timed faster than the same op on one element (one row) on the same GPU
 (``boom_ml/timing/size_floor.py``): on a GPU faster than any measured one, the heads alone
-timed an fp32 ``add`` of 2^20 elements below one of a single element.
+timed an fp32 ``add`` of 2^20 elements below one of a single element. A row so raised says
+so in ``method`` (``per-op (one-element floor)``).
 """
 
 from __future__ import annotations

@@ -200,6 +200,7 @@ def test_packaged_heads_time_every_traced_stream_above_its_bandwidth_bound(impl)
         pred = predict_nodes(graph.nodes, gpu, model=model)
         pos = streams["node_pos"].to_numpy()
         bound = streams["bytes"].to_numpy() / gpu.bandwidth_bytes_per_s * 1e3
-        assert (pred["method"].to_numpy()[pos] == METHOD).all()
+        # the curve's method, "(one-element floor)" after it where the size floor raised a row
+        assert all(m.startswith(METHOD) for m in pred["method"].to_numpy()[pos])
         for q in ("ms", "p10", "p90"):
             assert (pred[q].to_numpy()[pos] >= bound).all()

@@ -56,15 +56,17 @@ class FallingWithSize:
         return pd.DataFrame({"pred_ms": ms, "p10_ms": ms, "p90_ms": ms})
 
 
-def test_a_row_is_raised_to_the_most_any_smaller_copy_takes():
+def test_a_row_is_raised_to_its_one_element_copy_and_says_so():
     rows = ROWS.iloc[[0, 2, 3]].reset_index(drop=True)
     pred = pd.DataFrame({"pred_ms": [2.0, 0.5, 4.0], "p10_ms": [1.0, 0.4, 3.0],
-                         "p90_ms": [4.0, 0.6, 5.0]})  # fmt: skip
+                         "p90_ms": [4.0, 0.6, 5.0], "method": "per-op"})  # fmt: skip
     out = SizeFloor.of(rows, get_gpu("h100-sxm")).lift(pred, FallingWithSize())
+    times = out[["pred_ms", "p10_ms", "p90_ms"]]
     # the add's one-element copy takes 10 ms: five times its own 2 ms, interval with it
-    assert out.loc[0].tolist() == pytest.approx([10.0, 5.0, 20.0])
-    assert out.loc[1].tolist() == [0.5, 0.4, 0.6]  # a GEMM: not floored
-    assert out.loc[2].tolist() == [4.0, 3.0, 5.0]  # nothing smaller than one element
+    assert times.loc[0].tolist() == pytest.approx([10.0, 5.0, 20.0])
+    assert times.loc[1].tolist() == [0.5, 0.4, 0.6]  # a GEMM: not floored
+    assert times.loc[2].tolist() == [4.0, 3.0, 5.0]  # nothing smaller than one element
+    assert out["method"].tolist() == ["per-op (one-element floor)", "per-op", "per-op"]
 
 
 SIZES = [4**k for k in range(14)]

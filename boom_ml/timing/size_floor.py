@@ -35,6 +35,8 @@ from boom_ml.timing.features import FAMILY_HEAD, kernel_features
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
 ROW_WISE_HEADS = frozenset({"norm", "softmax"})
 COUNTED = ("flops", "bytes")  # a node's own counts, scaled with its elements
+# Appended to the ``method`` of a row the floor raised: its time is its one-element copy's.
+FLOOR_NOTE = " (one-element floor)"
 
 
 class Predictor(Protocol):
@@ -96,7 +98,7 @@ class SizeFloor:
 
     def lift(self, pred: pd.DataFrame, model: Predictor) -> pd.DataFrame:
         """``pred`` (one row per frame row) with each row raised to its floor; the interval
-        moves with the median, keeping its width in ratio."""
+        moves with the median, keeping its width in ratio, and ``method`` says the floor."""
         if not len(self.source):
             return pred
         small_ms = model.predict_features(self.feats, median_only=True)["pred_ms"].to_numpy()
@@ -109,6 +111,9 @@ class SizeFloor:
         # the floor itself as the median, not a product that rounds below it, and each side
         # of the interval kept on its side where the product rounds across
         out["pred_ms"] = lifted
+        if "method" in out.columns:
+            raised = lifted > median
+            out.loc[raised, "method"] = out.loc[raised, "method"].astype(str) + FLOOR_NOTE
         out["p10_ms"] = np.minimum(pred["p10_ms"].to_numpy(dtype=float) * raise_by, lifted)
         out["p90_ms"] = np.maximum(pred["p90_ms"].to_numpy(dtype=float) * raise_by, lifted)
         return out
