@@ -153,8 +153,12 @@ def predict_ops(
         for col in OUTPUT_COLUMNS:
             pred.loc[~empty, col] = timed[col].to_numpy()
         from boom_ml.timing.bandwidth import METHOD as STREAM
+        from boom_ml.timing.size_floor import FLOOR_NOTE
 
-        pred.loc[(rows["op"] == "fill").to_numpy() & ~empty, "method"] = STREAM  # as in a step
+        fills = (rows["op"] == "fill").to_numpy() & ~empty
+        floored = pred["method"].astype(str).str.endswith(FLOOR_NOTE).to_numpy()
+        pred.loc[fills, "method"] = STREAM  # as in a step, with the floor's note where it has one
+        pred.loc[fills & floored, "method"] = STREAM + FLOOR_NOTE
         pred.loc[fill, "method"] += " (fill: N is 0)"
     out = table.copy()
     for col in OUTPUT_COLUMNS:

@@ -326,6 +326,11 @@ def test_a_fill_is_timed_as_the_step_times_it() -> None:
     out = predict_ops(pd.DataFrame({"op": ["fill", "copy"], "numel": [n, n]}), "l4")
     assert out["pred_ms"].iloc[0] == pytest.approx(float(in_step["ms"][0]), abs=1e-6)
     assert out["method"].iloc[0] == METHOD == in_step["method"][0]
+    # on a B200 the size floor raises this fill, and both say so
+    b200_step = predict_nodes(nodes, get_gpu("b200"))
+    b200 = predict_ops(pd.DataFrame({"op": ["fill"], "numel": [n]}), "b200")
+    assert b200["pred_ms"].iloc[0] == pytest.approx(float(b200_step["ms"][0]), abs=1e-6)
+    assert b200["method"].iloc[0] == f"{METHOD} (one-element floor)" == b200_step["method"][0]
     assert out["pred_ms"].iloc[0] < out["pred_ms"].iloc[1]  # half the bytes of the copy
 
 
