@@ -115,8 +115,9 @@ def as_fill(rows: pd.DataFrame, empty: np.ndarray) -> tuple[pd.DataFrame, np.nda
 
 
 def fills_as_streams(rows: pd.DataFrame) -> pd.DataFrame:
-    """``fill`` rows as the step path times a fill (timing/bandwidth.py): a stream that writes
-    its elements and reads nothing, as the elementwise row moving the same bytes. The
+    """``fill`` rows as the step path times a fill (timing/bandwidth.py): a stream of the
+    ``fill`` family that writes its elements and reads nothing, as the elementwise row moving
+    the same bytes, so the per-op model times (and names) it as it does a traced fill. The
     table's arity (one tensor read) had timed a fill as a copy of the same size."""
     sel = (rows["op"] == "fill").to_numpy()
     if not sel.any():
@@ -132,6 +133,7 @@ def fills_as_streams(rows: pd.DataFrame) -> pd.DataFrame:
         for col in ("numel", "cols", "bytes"):
             rows.iloc[i, rows.columns.get_loc(col)] = float(row[col])
         rows.iloc[i, rows.columns.get_loc("rows")] = 1.0
+    rows.loc[sel, "family"] = "fill"
     return rows
 
 
@@ -152,13 +154,6 @@ def predict_ops(
         timed = predict_canonical(rows[~empty], gpu, model)
         for col in OUTPUT_COLUMNS:
             pred.loc[~empty, col] = timed[col].to_numpy()
-        from boom_ml.timing.bandwidth import METHOD as STREAM
-        from boom_ml.timing.size_floor import FLOOR_NOTE
-
-        fills = (rows["op"] == "fill").to_numpy() & ~empty
-        floored = pred["method"].astype(str).str.endswith(FLOOR_NOTE).to_numpy()
-        pred.loc[fills, "method"] = STREAM  # as in a step, with the floor's note where it has one
-        pred.loc[fills & floored, "method"] = STREAM + FLOOR_NOTE
         pred.loc[fill, "method"] += " (fill: N is 0)"
     out = table.copy()
     for col in OUTPUT_COLUMNS:
