@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus import get_gpu
-from boom_ml.timing.features import FAMILY_HEAD, kernel_features
+from boom_ml.timing.features import heads_of, kernel_features
 from boom_ml.timing.size_floor import SIZED_HEADS, Predictor, smallest_rows
 
 # The columns a kernel row is featurised from: the rest (latency, versions, kernel names)
@@ -59,8 +59,9 @@ def every_smaller_size(rows: pd.DataFrame, model: Predictor, spec) -> np.ndarray
 def check(kernels: pd.DataFrame, heads_for, gpus: list[str] | None = None) -> pd.DataFrame:
     """One row per (GPU, head): rows, MAPE with no floor, the shipped one and every-size's,
     and the % of rows each floor raised. ``heads_for(gpu)``: the model that scores ``gpu``."""
-    head = kernels["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise")
-    sized = kernels[head.isin(list(SIZED_HEADS)).to_numpy()].assign(head=head)
+    head = heads_of(kernels)
+    keep = np.isin(head, list(SIZED_HEADS))
+    sized = kernels[keep].assign(head=head[keep])
     out = []
     for gpu in gpus or sorted(sized["gpu_id"].astype(str).unique()):
         rows = sized[sized["gpu_id"].astype(str) == gpu]

@@ -125,11 +125,22 @@ def feature_columns(head: str, gpu_features: list[str] | None = None) -> list[st
     ]
 
 
-def _num(df: pd.DataFrame, col: str, default: float = np.nan) -> np.ndarray:
+def numeric(df: pd.DataFrame, col: str, default: float = np.nan) -> np.ndarray:
     """Column as float64 (NaN for null), or ``default`` everywhere when it is absent."""
     if col not in df.columns:
         return np.full(len(df), default, dtype=float)
     return pd.to_numeric(df[col], errors="coerce").astype("float64").to_numpy()
+
+
+def heads_of(rows: pd.DataFrame) -> np.ndarray:
+    """The head that times each kernel row, by its family (elementwise when unknown)."""
+    return rows["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise").to_numpy()
+
+
+def row_count(rows: pd.DataFrame) -> np.ndarray:
+    """Rows of a row-wise op: its ``rows`` column, else ``numel / cols``."""
+    numel, cols, given = numeric(rows, "numel"), numeric(rows, "cols"), numeric(rows, "rows")
+    return np.where(np.isnan(given), numel / np.maximum(cols, 1), given)
 
 
 def _log2(x: np.ndarray) -> np.ndarray:
@@ -224,7 +235,7 @@ def _peak(rows: pd.DataFrame, g: pd.DataFrame, matrix: np.ndarray) -> tuple[np.n
 
 def _gemm_dims(df: pd.DataFrame) -> tuple[np.ndarray, ...]:
     """(batch, rows, reduction, out, weight batch) of a GEMM row in NeuSight's convention."""
-    b, m, n, k = (np.nan_to_num(_num(df, c), nan=1.0) for c in ("b", "m", "n", "k"))
+    b, m, n, k = (np.nan_to_num(numeric(df, c), nan=1.0) for c in ("b", "m", "n", "k"))
     bmm = df["op"].astype(str).isin(BMM_OPS).to_numpy()
     batch = np.where(bmm, b, 1.0)
     rows = np.where(bmm, m, b * m)
@@ -234,17 +245,17 @@ def _gemm_dims(df: pd.DataFrame) -> tuple[np.ndarray, ...]:
 def conv_shape(df: pd.DataFrame) -> dict[str, np.ndarray]:
     """A conv row's shape, each width field defaulting to its height one (square kernels,
     inputs, strides and padding), stride 1, padding 0, one group."""
-    kh, h = _num(df, "kernel_size"), _num(df, "input_h")
-    sh = np.nan_to_num(_num(df, "stride"), nan=1.0)
-    ph = np.nan_to_num(_num(df, "padding"), nan=0.0)
+    kh, h = numeric(df, "kernel_size"), numeric(df, "input_h")
+    sh = np.nan_to_num(numeric(df, "stride"), nan=1.0)
+    ph = np.nan_to_num(numeric(df, "padding"), nan=0.0)
 
     def width(col: str, height: np.ndarray) -> np.ndarray:
-        return np.where(np.isnan(_num(df, col)), height, _num(df, col))
+        return np.where(np.isnan(numeric(df, col)), height, numeric(df, col))
 
-    return dict(n=_num(df, "batch"), c=_num(df, "in_channels"), o=_num(df, "out_channels"),
+    return dict(n=numeric(df, "batch"), c=numeric(df, "in_channels"), o=numeric(df, "out_channels"),
                 kh=kh, kw=width("kernel_w", kh), h=h, w=width("input_w", h), sh=sh,
                 sw=width("stride_w", sh), ph=ph, pw=width("padding_w", ph),
-                groups=np.nan_to_num(_num(df, "groups", 1.0), nan=1.0))  # fmt: skip
+                groups=np.nan_to_num(numeric(df, "groups", 1.0), nan=1.0))  # fmt: skip
 
 
 def _conv_dims(df: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -292,7 +303,7 @@ def kernel_features(rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec) -
     else:
         g = gpu_table(gpus).loc[df["gpu_id"].astype(str)]
     g = g.reset_index(drop=True)
-    head = df["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise").to_numpy()
+    head = heads_of(df)
     parts = []
     for h in pd.unique(head):
         idx = np.flatnonzero(head == h)
@@ -319,8 +330,8 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
     }
     traffic = None  # DRAM bytes of a tiled GEMM, for the matrix heads
     # Families without shape formulas (optimizer, copy, ...) bring the node's own counts.
-    flops = np.nan_to_num(_num(df, "flops"), nan=0.0)
-    nbytes = np.nan_to_num(_num(df, "bytes"), nan=0.0)
+    flops = np.nan_to_num(numeric(df, "flops"), nan=0.0)
+    nbytes = np.nan_to_num(numeric(df, "bytes"), nan=0.0)
     if head == "gemm":
         batch, r, n, k, wbatch, bmm = _gemm_dims(df)
         bias = op.isin(["linear", "addmm", "baddbmm"]).to_numpy()
@@ -344,9 +355,9 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
                  kernel_area=c["area"], conv_stride=c["sh"], conv_pad=c["ph"],
                  log_groups=_log2(c["groups"]), grad_code=c["code"])  # fmt: skip
     elif head == "attention":
-        b, hh, d = _num(df, "batch"), _num(df, "heads"), _num(df, "head_dim")
-        sq = _num(df, "seq_q")
-        skv = np.where(np.isnan(_num(df, "seq_kv")), sq, _num(df, "seq_kv"))
+        b, hh, d = numeric(df, "batch"), numeric(df, "heads"), numeric(df, "head_dim")
+        sq = numeric(df, "seq_q")
+        skv = np.where(np.isnan(numeric(df, "seq_kv")), sq, numeric(df, "seq_kv"))
         # QK^T and PV: 4*B*H*Sq*Skv*D forward; backward recomputes and does ~2.5x that
         # (torch's flop_counter formulas); a causal kernel does the kept pairs' share only,
         # which a traced row's own count carries (flash and memory-efficient kernels skip
@@ -355,15 +366,14 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
         # a row that says causal (predict_ops) without counted FLOPs: the kept pairs' share,
         # as a traced row's count has it
         kept = causal_pairs(sq, skv)
-        causal = np.nan_to_num(_num(df, "causal")) > 0
+        causal = np.nan_to_num(numeric(df, "causal")) > 0
         full_or_kept = np.where(causal, full * kept / np.maximum(sq * skv, 1), full)
         flops = np.where((flops > 0) & (flops < full), flops, full_or_kept)
         nbytes = elt * b * hh * d * (2 * sq + 2 * skv) * np.where(bwd > 0, 2.0, 1.0)
         f.update(log_batch=_log2(b), log_heads=_log2(hh), log_head_dim=_log2(d),
                  log_seq_q=_log2(sq), log_seq_kv=_log2(skv))  # fmt: skip
     elif head in ("norm", "softmax", "embedding"):
-        numel, cols = _num(df, "numel"), _num(df, "cols")
-        rws = np.where(np.isnan(_num(df, "rows")), numel / np.maximum(cols, 1), _num(df, "rows"))
+        numel, cols, rws = numeric(df, "numel"), numeric(df, "cols"), row_count(df)
         per = op.map(ROW_OP_FLOPS).fillna(5.0).to_numpy()
         # Forward reads and writes each element once; backward reads two tensors, writes one.
         nbytes = np.where(nbytes > 0, nbytes, elt * numel * (2 + bwd))
@@ -372,16 +382,16 @@ def _head_features(head: str, df: pd.DataFrame, g: pd.DataFrame) -> pd.DataFrame
                  cols_pow2=_pow2(cols), log_rows_per_sm=np.log2(np.maximum(rws / sm, 1e-3)),
                  op_flops=per)  # fmt: skip
     else:  # elementwise, optimizer, copy: memory-bound streams over numel elements
-        numel = _num(df, "numel")
+        numel = numeric(df, "numel")
         # Stream rows (optimizer, copy: timing/bandwidth.py) bring their own arity; an op
         # named like an elementwise one (copy, fill) must not take the table's.
         table = ELEMENTWISE if head == "elementwise" else {}
         known = [table.get(o, (np.nan, np.nan)) for o in op]
         arity = np.array([a for a, _ in known], dtype=float)
         trans = np.array([t for _, t in known], dtype=float)
-        arity = np.nan_to_num(np.where(np.isnan(arity), _num(df, "arity", 1.0), arity), nan=1.0)
+        arity = np.nan_to_num(np.where(np.isnan(arity), numeric(df, "arity", 1.0), arity), nan=1.0)
         trans = np.nan_to_num(
-            np.where(np.isnan(trans), _num(df, "transcendental", 0.0), trans), nan=0.0
+            np.where(np.isnan(trans), numeric(df, "transcendental", 0.0), trans), nan=0.0
         )
         nbytes = np.where(nbytes > 0, nbytes, elt * numel * (arity + 1))
         flops = np.where(flops > 0, flops, numel * (1 + 7 * trans))

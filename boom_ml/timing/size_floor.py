@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import FAMILY_HEAD, kernel_features
+from boom_ml.timing.features import heads_of, kernel_features, numeric, row_count
 
 # Heads whose rows are sized by one count (elements, or rows of a row-wise op).
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
@@ -45,21 +45,14 @@ class Predictor(Protocol):
         ...
 
 
-def _num(rows: pd.DataFrame, col: str) -> np.ndarray:
-    if col not in rows.columns:
-        return np.full(len(rows), np.nan)
-    return pd.to_numeric(rows[col], errors="coerce").astype("float64").to_numpy()
-
-
 def smallest_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """Each row of ``rows`` of :data:`SIZED_HEADS` cut to one element (a row-wise op to one
     row, its length kept), and, per copy, the position in ``rows`` of the row it was cut from.
     Rows already that small have no copy."""
     if rows.empty or "numel" not in rows.columns:
         return rows.iloc[:0], np.zeros(0, dtype=np.int64)
-    heads = rows["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise").to_numpy()
-    numel, n_rows, cols = _num(rows, "numel"), _num(rows, "rows"), _num(rows, "cols")
-    n_rows = np.where(np.isnan(n_rows), numel / np.maximum(cols, 1), n_rows)  # as features.py
+    heads = heads_of(rows)
+    numel, n_rows, cols = numeric(rows, "numel"), row_count(rows), numeric(rows, "cols")
     row_wise = np.isin(heads, list(ROW_WISE_HEADS)) & (n_rows >= 1) & np.isfinite(cols)
     count = np.where(row_wise, n_rows, numel)
     source = np.flatnonzero(np.isin(heads, list(SIZED_HEADS)) & (count > 1) & (numel > 0))
@@ -71,7 +64,7 @@ def smallest_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     small["cols"] = np.where(wise | np.isnan(length), length, 1.0)
     for col in COUNTED:
         if col in small.columns:
-            small[col] = _num(small, col) * new_numel / numel[source]
+            small[col] = numeric(small, col) * new_numel / numel[source]
     small["numel"] = new_numel
     return small, source
 
