@@ -33,12 +33,23 @@ def _amp_for(gpu: GpuSpec) -> str:
     return "bf16" if gpu.bf16_tflops else "fp16"
 
 
+def _autocast_applies(step: StepSpec) -> bool:
+    """Autocast halves fp32 weights' activations; 16-bit parameters already compute in 16
+    bits (and an fp16 GradScaler cannot unscale fp16 gradients)."""
+    return step.amp == "none" and step.params_dtype == "fp32"
+
+
+def _split_change(step: StepSpec, micro: int) -> tuple[str, StepSpec, int]:
+    """``step`` run as micro-batches of ``micro`` samples: (label, changed step, accumulation)."""
+    accumulation = step.batch_size // micro
+    steps = step.grad_accum * accumulation
+    return _split(micro, steps), replace(step, batch_size=micro, grad_accum=steps), accumulation
+
+
 def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, int]]:
     """(label, changed step, accumulation) for every lever still available."""
     out: list[tuple[str, StepSpec, int]] = []
-    if step.amp == "none" and step.params_dtype == "fp32":
-        # autocast halves fp32 weights' activations; 16-bit parameters already compute in 16
-        # bits (and an fp16 GradScaler cannot unscale fp16 gradients)
+    if _autocast_applies(step):
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
     if halves_frozen_weights(step):
@@ -61,14 +72,7 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     # up to 8 micro-batches; a batch with no such split (a prime above 8) runs one at a time
     micros = halving_micros(step.batch_size)
     for micro in [m for m in micros if step.batch_size // m <= 8] or micros[-1:]:
-        accumulation = step.batch_size // micro
-        out.append(
-            (
-                _split(micro, step.grad_accum * accumulation),
-                replace(step, batch_size=micro, grad_accum=step.grad_accum * accumulation),
-                accumulation,
-            )
-        )
+        out.append(_split_change(step, micro))
     return out
 
 
@@ -78,17 +82,14 @@ def autocast_splits(step: StepSpec, gpu: GpuSpec, fitted: int) -> list[tuple[str
     much faster than the split (resnet152 at 256 on a T4: 128 x 2 in fp16 at half the time
     of 64 x 4 in fp32), and the stacked walk, which runs only where no lever fits alone,
     never asks it."""
-    if step.amp != "none" or step.params_dtype != "fp32":
+    if not _autocast_applies(step):
         return []
     amp = _amp_for(gpu)
     out = []
     for micro in halving_micros(step.batch_size):
         if micro in (fitted, 2 * fitted):
-            accumulation = step.batch_size // micro
-            steps = step.grad_accum * accumulation
-            out.append((f"amp={amp} + {_split(micro, steps)}",
-                        replace(step, amp=amp, batch_size=micro, grad_accum=steps),
-                        accumulation))  # fmt: skip
+            label, changed, accumulation = _split_change(replace(step, amp=amp), micro)
+            out.append((f"amp={amp} + {label}", changed, accumulation))
     return out
 
 
