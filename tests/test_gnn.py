@@ -373,7 +373,7 @@ def test_a_gpu_without_an_l2_figure_reads_its_architectures_median() -> None:
     GPUs that give one, as the per-op features do (read as 0 and clamped, a missing figure
     made an L40 9 % faster than itself with its 96 MB), and does not name the flag as read at
     an edge; a model that does not read the spec columns (spec_context=false) names none."""
-    from boom_ml.timing.features import spec_medians
+    from boom_ml.timing.spec_sheet import spec_medians
 
     graph = trace_step(tiny_cnn(), StepSpec(batch_size=4, image_size=32, optimizer="sgd"))
     t4, a30 = get_gpu("t4"), get_gpu("a30")

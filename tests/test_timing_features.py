@@ -145,7 +145,7 @@ def test_a_blank_spec_field_takes_its_architectures_median():
     import statistics
 
     from boom_ml.gpus import all_gpus
-    from boom_ml.timing.features import gpu_table
+    from boom_ml.timing.spec_sheet import gpu_table
 
     hopper = [g for g in all_gpus() if g.architecture == "hopper"]
     g = gpu_table({"gh200": get_gpu("gh200")}).loc["gh200"]

@@ -30,8 +30,9 @@ import pandas as pd
 
 from boom_ml.errors import ArtifactError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import BMM_OPS, DTYPE_BYTES, KERNEL_ONLY_SOURCES, gpu_table
+from boom_ml.timing.features import BMM_OPS, DTYPE_BYTES, KERNEL_ONLY_SOURCES
 from boom_ml.timing.roofline import LAUNCH_MS
+from boom_ml.timing.spec_sheet import gpu_table
 
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "artifacts" / "gemm"
 MODEL_ENV = "BOOM_GEMM_MODEL"  # a folder replacing the packaged model; "off": heads only

@@ -20,7 +20,6 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import filled
 from boom_ml.timing.roofline import (
     MATRIX_FAMILIES,
     NO_GPU_FAMILIES,
@@ -29,6 +28,7 @@ from boom_ml.timing.roofline import (
     node_dtypes_families,
     roofline_ms,
 )
+from boom_ml.timing.spec_sheet import filled
 from boom_ml.timing.tf32 import Tf32
 from boom_ml.trace.families import FAMILIES
 from boom_ml.trace.graph import OpGraph
@@ -201,7 +201,7 @@ def gpu_context(
 ) -> np.ndarray:
     """Graph-level features: the GPU's spec sheet and what the step does. A field the sheet
     is silent on takes its architecture's median, as the per-op features do
-    (``features.filled``; every GPU with measurements has them all): read as 0, a
+    (``spec_sheet.filled``; every GPU with measurements has them all): read as 0, a
     missing L2 made an L40 9 % faster than itself with its 96 MB."""
     l2_missing = gpu.l2_cache_mb is None
     gpu = filled(gpu)

@@ -27,6 +27,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
+from boom_ml.timing.features import distinct_rows
 from boom_ml.timing.library_calls import REPEAT, is_rnn, rnn_method, rnn_rows
 from boom_ml.timing.size_floor import SizeFloor
 from boom_ml.timing.summary import summarise
@@ -280,13 +281,7 @@ _UNIQUE_CACHE: IdentityCache[tuple[pd.DataFrame, np.ndarray]] = IdentityCache(40
 def _distinct_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """The distinct kernel rows (node position and layout mark left out) and, for each row
     of ``rows``, the index of its distinct row."""
-    base = rows.drop(columns=["node_pos", conv_layout.MARK, REPEAT], errors="ignore")
-    if base.empty:
-        return base, np.zeros(0, dtype=np.int64)
-    # groups numbered in order of first appearance: group j's first row is distinct row j
-    codes = base.groupby(list(base.columns), sort=False, dropna=False).ngroup().to_numpy()
-    _, first = np.unique(codes, return_index=True)
-    return base.iloc[first].reset_index(drop=True), codes
+    return distinct_rows(rows.drop(columns=["node_pos", conv_layout.MARK, REPEAT], errors="ignore"))
 
 
 def _cached_node_rows(nodes: pd.DataFrame, tf32: Tf32, channels_last: bool) -> pd.DataFrame:

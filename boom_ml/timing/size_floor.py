@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import heads_of, kernel_features, numeric, row_count
+from boom_ml.timing.features import distinct_rows, heads_of, kernel_features, numeric, row_count
 
 # Heads whose rows are sized by one count (elements, or rows of a row-wise op).
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
@@ -84,9 +84,7 @@ class SizeFloor:
         small, source = smallest_rows(rows)
         if small.empty:
             return cls(pd.DataFrame(), np.zeros(0, np.int64), source, len(rows))
-        codes = small.groupby(list(small.columns), sort=False, dropna=False).ngroup().to_numpy()
-        _, first = np.unique(codes, return_index=True)
-        distinct = small.iloc[first].reset_index(drop=True)
+        distinct, codes = distinct_rows(small)
         return cls(kernel_features(distinct, gpus), codes, source, len(rows))
 
     def lift(self, pred: pd.DataFrame, model: Predictor) -> pd.DataFrame:
