@@ -106,10 +106,11 @@ def model_source_digest(model: ModelSpec) -> str:
             return _file_digest(path)
         # a hub id, or a shipped id at a revision (gpt2@main: read from the hub cache too)
         at_revision = shipped_at_revision(model.name)
-        if at_revision is not None or (lookup(model.name) is None and "/" in model.name):
+        if at_revision is not None or lookup(model.name) is None:
             from boom_ml.zoo import hf_hub  # a hub id: the zoo (and torch) load to trace it
 
-            if at_revision is None and not hf_hub.looks_like_repo_id(model.name):
+            hub_id = hf_hub.looks_like_repo_id(model.name) or hf_hub.looks_like_bare_id(model.name)
+            if at_revision is None and not hub_id:
                 return ""
             cached = hf_hub.cached_config(at_revision or model.name)  # local only
             return _file_digest(cached) if cached is not None else ""

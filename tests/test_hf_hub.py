@@ -60,7 +60,8 @@ def test_hub_id_resolves_from_local_cache_offline(offline_cache: Path) -> None:
     # a shipped id at a revision is read from the hub cache too, in any spelling the shipped
     # lookup reads (a hunt: gpt2@main kept the old trace; the org--name one was a traceback)
     [("someorg/tiny-llama", "someorg/tiny-llama"), ("gpt2", "gpt2@main"),
-     ("gpt2", "GPT2@main"), ("meta-llama/Llama-3.2-1B", "meta-llama--Llama-3.2-1B@main")],
+     ("gpt2", "GPT2@main"), ("meta-llama/Llama-3.2-1B", "meta-llama--Llama-3.2-1B@main"),
+     ("tiny-bare-llama", "tiny-bare-llama")],
 )  # fmt: skip
 def test_an_updated_hub_config_is_traced_afresh(offline_cache: Path, repo_id, name) -> None:
     """The trace cache keys a hub id on the config.json its ref points at: ``hf download``
@@ -312,3 +313,24 @@ def test_a_short_hash_and_a_bare_architectures_string(offline_cache: Path, tmp_p
     bare.write_text(json.dumps({**TINY_LLAMA, "architectures": "LlamaForCausalLM"}))
     built = build_model(f"hf:{bare}")
     assert type(built.module).__name__ == "LlamaForCausalLM" and not built.info["notes"]
+
+
+def test_an_id_without_an_org_is_read_from_the_cache(offline_cache: Path) -> None:
+    """The hub's oldest ids have no org (roberta-base); a hunt found one refused although
+    cached. Cached: built from the cache; not cached: the unknown-model line says where to
+    put it, with no hub round trip for what may be a typo of a shipped id."""
+    cached = _populate_cache(offline_cache, "tiny-bare-llama", TINY_LLAMA)
+    built = build_model("hf:tiny-bare-llama")
+    assert built.info["config_path"] == str(cached)
+    assert sum(p.numel() for p in built.module.parameters()) == TINY_LLAMA_PARAMS
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:gpt2-larg")
+    text = str(err.value)
+    assert "\n" not in text and "did you mean: hf:gpt2-large" in text
+    assert text.endswith(
+        f"read from the local Hugging Face cache only ({offline_cache}): "
+        "`hf download gpt2-larg config.json` puts it there"
+    )
+    assert hf_hub.looks_like_bare_id("roberta-base@v1")
+    assert not hf_hub.looks_like_bare_id("Qwen/Qwen2.5-7B")
+    assert not hf_hub.looks_like_bare_id("config.json")

@@ -24,7 +24,8 @@ def config_path(name: str) -> Path:
     """A shipped id, a ``config.json`` path, a folder containing one, or a hub id.
 
     Hub ids (``org/name``) come from the local Hugging Face cache, else their config.json
-    alone is downloaded unless ``HF_HUB_OFFLINE`` is set (``hf_hub``).
+    alone is downloaded unless ``HF_HUB_OFFLINE`` is set (``hf_hub``); an id without an org
+    (``roberta-base``) comes from the cache only.
     """
     mid = _lookup(name)
     if mid is not None:
@@ -51,11 +52,22 @@ def config_path(name: str) -> Path:
                 raise
             close = ", ".join("hf:" + h for h in hits)
             raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
+    if hf_hub.looks_like_bare_id(name):
+        cached = hf_hub.cached_config(name)
+        if cached is not None:
+            return cached
     hits = closest(name, list(shipped()))
     hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
+    bare = (
+        f"; an id without an org is read from the local Hugging Face cache only "
+        f"({hf_hub.cache_dir()}): {hf_hub.download_hint(name)} puts it there"
+        if hf_hub.looks_like_bare_id(name)
+        else ""
+    )
     raise UnknownModelError(
         f"unknown hf model {name!r}{hint}; pass a hub id (org/name), a local config.json "
-        "(or a folder holding one), or a shipped id (`python -m boom_ml.models` lists them)"
+        f"(or a folder holding one), or a shipped id (`python -m boom_ml.models` lists them)"
+        f"{bare}"
     )
 
 

@@ -5,7 +5,8 @@ else ``HF_HOME/hub``, else huggingface_hub's default), which works offline; when
 cached and ``HF_HUB_OFFLINE`` is not set, ``config.json`` alone is downloaded (never weights)
 with ``huggingface_hub.hf_hub_download``, into that same cache. ``hf:<org>/<name>@<revision>``
 pins a branch, tag or commit (the cache is read at that revision, and that revision is
-downloaded). Every failure is one line that says what to do.
+downloaded). ``hf:<name>`` without an org (the hub's oldest ids, ``roberta-base``) is read
+from the cache only. Every failure is one line that says what to do.
 
 The environment is read at call time, not when huggingface_hub was imported, so a test (or a
 notebook) that sets ``HF_HUB_OFFLINE`` / ``HF_HUB_CACHE`` afterwards is obeyed.
@@ -26,6 +27,8 @@ CONFIG_NAME = "config.json"
 # org/name as the hub spells repo ids (one slash, no path tricks), then an optional
 # @revision: a branch or tag (which may hold slashes, as refs/pr/1) or a commit hash
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+(@[\w.\-]+(/[\w.\-]+)*)?$")
+# an id without an org (roberta-base, distilbert-base-uncased): the hub's oldest repos
+_BARE_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(@[\w.\-]+(/[\w.\-]+)*)?$")
 _TRUE = {"1", "on", "yes", "true"}
 
 
@@ -43,13 +46,22 @@ def looks_like_repo_id(name: str) -> bool:
     )
 
 
+def looks_like_bare_id(name: str) -> bool:
+    """``name[@revision]`` without an org that is no local file or folder: read from the
+    local cache only, never downloaded (a typo of a shipped id would otherwise cost a hub
+    round trip before its "did you mean")."""
+    path = Path(name).expanduser()
+    return bool(_BARE_ID.match(name)) and not name.endswith(".json") and not path.exists()
+
+
 def split_revision(name: str) -> tuple[str, str | None]:
     """``org/name@rev`` -> (``org/name``, ``rev``); without ``@``, the revision is None (main)."""
     repo_id, _, revision = name.partition("@")
     return repo_id, revision or None
 
 
-def _download_hint(name: str) -> str:
+def download_hint(name: str) -> str:
+    """The command that puts ``name``'s config.json into the cache."""
     repo_id, revision = split_revision(name)
     pin = f" --revision {revision}" if revision else ""
     return f"`hf download {repo_id} config.json{pin}`"
@@ -95,7 +107,7 @@ def _not_found(repo_id: str) -> str:
 def _offline_message(repo_id: str) -> str:
     return _not_found(repo_id) + (
         f"cache ({cache_dir()}), and HF_HUB_OFFLINE is set; with network access, unset it "
-        f"(HF_HUB_OFFLINE=0), or run {_download_hint(repo_id)}, or "
+        f"(HF_HUB_OFFLINE=0), or run {download_hint(repo_id)}, or "
         "pass a local config.json path as hf:<path>"
     )
 
@@ -103,7 +115,7 @@ def _offline_message(repo_id: str) -> str:
 def _unreachable_message(repo_id: str) -> str:
     return (
         f"hf:{repo_id}: could not reach the Hugging Face hub and its config.json is not "
-        f"cached ({cache_dir()}); run {_download_hint(repo_id)} "
+        f"cached ({cache_dir()}); run {download_hint(repo_id)} "
         "where there is network, or pass a local config.json path as hf:<path>"
     )
 
