@@ -225,7 +225,6 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         layout,
         grad_accum=grad_accum,
         plot=options.get("plot"),
-        explain=bool(options.get("explain", False)),
         max_batch_on=options.get("max_batch") == "on",
     )
     check_layout(

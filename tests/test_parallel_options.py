@@ -70,7 +70,6 @@ def test_advice_for_one_gpus_micro_batches_keeps_the_users_key() -> None:
     ("kwargs", "words"),
     [
         ({"plot": "/tmp/p"}, "plot="),
-        ({"explain": True}, "explain=true"),
         ({"max_batch_on": True}, "max_batch=on"),
     ],  # fmt: skip
 )
@@ -84,8 +83,47 @@ def test_single_gpu_outputs_are_refused_for_a_layout(kwargs, words) -> None:
 def test_the_cli_refuses_them_before_importing_torch() -> None:
     from boom_ml.predict import validate
 
-    with pytest.raises(InvalidInputError, match="explain=true"):
-        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"dp": 2}, "explain": True})
+    with pytest.raises(InvalidInputError, match="max_batch=on"):
+        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"dp": 2}, "max_batch": "on"})
+    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"dp": 2}, "explain": True})
+
+
+def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
+    """explain=true was refused for a layout; it now says how the step time adds up (pipeline
+    + the critical stage's optimizer step + exposed data-parallel collectives), each stage's
+    share and the worst rank's memory with the layout's own terms."""
+    import json
+
+    from boom_ml import api
+    from boom_ml.predict import run
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    opts = dict(gpu="h100-sxm", batch_size=2, seq_len=32, advice=False, max_batch="off",
+                parallel={"dp": 2, "pp": 2, "microbatches": 4, "sharding": "zero1"})  # fmt: skip
+    entry = api.predict(f"hf:{path}", **opts).parallel[0]
+    t, m = entry["time"], entry["memory"]
+    dp_exposed = sum(c["exposed_ms"] for c in t["collectives"] if c["group"] in ("dp", "embedding"))
+    assert t["step_ms"] == pytest.approx(
+        t["pipeline_ms"] + t["optimizer_ms"] + dp_exposed, abs=1e-3
+    )
+    text = run({"model": f"hf:{path}", **opts, "explain": True})
+    assert (
+        f"Time on h100-sxm: {t['step_ms']:.1f} ms = pipeline {t['pipeline_ms']:.1f} (1f1b over 4 "
+        f"micro-batches, 2 stages) + optimizer step {t['optimizer_ms']:.1f} (stage "
+        f"{t['critical_stage']}) + exposed data-parallel communication {dp_exposed:.1f}"
+    ) in text
+    for st in t["per_stage"]:
+        assert (
+            f"stage {st['stage']}: {st['layers']} layers, compute {st['compute_ms']:.2f} ms" in text
+        )
+    assert f"worst rank, stage {m['worst_stage']} of 2: {m['total_bytes'] / 2**30:.2f} GiB" in text
+    # ZeRO-1 over dp=2 takes half of the stage's AdamW state (8 bytes a parameter) away
+    trainable = t["per_stage"][m["worst_stage"]]["trainable"]
+    assert m["parallel_terms"]["zero_optimizer_state"] == -trainable * 8 // 2
+    assert "optimizer state on other ranks (ZeRO / FSDP)" in text
+    assert "nccl_buffers" in text and "Memory terms outside the traced tensors" in text
 
 
 def test_no_fsdp_collective_is_exposed_beyond_its_time() -> None:

@@ -236,7 +236,6 @@ def for_parallel_step(
     *,
     grad_accum: int = 1,
     plot: str | None = None,
-    explain: bool = False,
     max_batch_on: bool = False,
 ) -> Layout:
     """``layout`` with ``grad_accum`` folded in as its micro-batches (the same thing under a
@@ -244,12 +243,13 @@ def for_parallel_step(
     a layout prediction does not produce. A single-GPU layout is returned as it is."""
     if layout.is_single:
         return layout
-    asked = [name for name, on in (("plot=", plot is not None), ("explain=true", explain),
-                                   ("max_batch=on", max_batch_on)) if on]  # fmt: skip
+    asked = [name for name, on in (("plot=", plot is not None), ("max_batch=on", max_batch_on))
+             if on]  # fmt: skip
     if asked:
         raise InvalidInputError(
             f"{', '.join(asked)}: produced for one GPU only, not for parallel layouts yet"
-            " (a layout prints its worst rank, step time and top collectives)"
+            " (a layout prints its worst rank, step time and top collectives; explain=true"
+            " adds each stage's time and the worst rank's memory terms)"
         )
     if grad_accum > 1:
         if layout.microbatches > 1:

@@ -84,11 +84,16 @@ def overhead_lines(result: GpuPrediction) -> list[str]:
         f"{m.p10_bytes / GIB:.2f}–{m.p90_bytes / GIB:.2f} GiB, usable "
         f"{m.capacity_bytes / GIB:.2f} GiB, verdict {m.fit or '-'}):"
     ]
-    for t in m.terms:
-        lines.append(
-            f"    {t['term']:<17} {t['library']:<7} {t['bytes'] / MIB:>9.1f} MiB  "
-            f"({t['where']})  {t['source']}"
-        )
+    lines += term_lines(m.terms)
     if m.capacity_source:
         lines.append(f"    usable memory: {m.capacity_source}")
     return lines
+
+
+def term_lines(terms: list[dict]) -> list[str]:
+    """One line per memory term outside the traced tensors: bytes, where, source."""
+    return [
+        f"    {t['term']:<17} {t['library']:<7} {t['bytes'] / MIB:>9.1f} MiB  "
+        f"({t['where']})  {t['source']}"
+        for t in terms
+    ]

@@ -10,6 +10,7 @@ from rich.table import Table
 from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
 from boom_ml.report.advice_text import advice_lines, layout_lines, layout_name
 from boom_ml.report.explain import GIB, MIB, explain_lines
+from boom_ml.report.explain_layout import layout_explain_lines
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
 FIT_STYLE = {"yes": "yes", "tight": "[yellow]tight[/yellow]", "no": "[red]no[/red]"}
@@ -239,6 +240,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         asked = layout_name(prediction.parallel[0]["parallel"])
         for gpu, found in prediction.layout_advice.items():
             lines += [f"{gpu}: {asked} does not fit", *layout_lines(found)]
+        if explain:
+            for entry in prediction.parallel:
+                lines += layout_explain_lines(entry)
         for line in filter(None, lines):
             console.print(line, highlight=False, soft_wrap=True)
         return buf.getvalue().rstrip()

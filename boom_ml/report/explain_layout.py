@@ -1,0 +1,100 @@
+"""``explain=true`` for a multi-GPU layout: how its step time adds up, stage by stage, and
+where the worst rank's memory goes, with each term's source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boom_ml.report.explain import GIB, term_lines
+
+# the layout's own memory terms (boom_ml/parallel/memory.py), already inside the categories
+PARALLEL_TERMS = {
+    "stage_parameters": "this stage's parameters against the traced 1-layer model's",
+    "zero_optimizer_state": "optimizer state on other ranks (ZeRO / FSDP)",
+    "zero_optimizer_temporaries": "optimizer temporaries on other ranks",
+    "zero_gradients": "gradients on other ranks (ZeRO-2 / FSDP)",
+    "zero_parameters": "parameters on other ranks (ZeRO-3 / FSDP)",
+    "fsdp_allgather_buffers": "FSDP all-gathered units (in use, prefetched, root)",
+    "ddp_bucket": "DDP gradient buckets",
+    "pipeline_activations": "activations of further micro-batches in flight",
+    "nccl_buffers": "NCCL communicator buffers",
+    "no_head_tensors": "LM head tensors on another stage",
+}
+
+
+def layout_explain_lines(entry: dict[str, Any]) -> list[str]:
+    """One GPU's layout prediction (``Prediction.parallel[i]``) explained."""
+    return _time_lines(entry) + _memory_lines(entry)
+
+
+def _time_lines(entry: dict[str, Any]) -> list[str]:
+    t, lay = entry["time"], entry["parallel"]
+    exposed_dp = t["step_ms"] - t["pipeline_ms"] - t["optimizer_ms"]
+    m = lay["microbatches"]
+    run = (
+        f"{lay.get('schedule', '1f1b')} over {m} micro-batch{'es' if m > 1 else ''}, "
+        f"{lay['pp']} stages"
+        if lay["pp"] > 1
+        else f"{m} micro-batch{'es' if m > 1 else ''} one after another"
+    )
+    critical = t["critical_stage"]
+    lines = [
+        f"Time on {entry['gpu']}: {t['step_ms']:.1f} ms = pipeline {t['pipeline_ms']:.1f} ({run})"
+        f" + optimizer step {t['optimizer_ms']:.1f} (stage {critical}) + exposed data-parallel"
+        f" communication {max(exposed_dp, 0.0):.1f} (method: the collectives' line above)",
+        "  per stage: one micro-batch's compute and tensor-parallel communication; over the step"
+        " the busy time, the gradient adds and the optimizer step",
+    ]
+    for st in t.get("per_stage", []):
+        mark = "  (critical)" if st["stage"] == critical and lay["pp"] > 1 else ""
+        lines.append(
+            f"    stage {st['stage']}: {st['layers']} layers, compute {st['compute_ms']:.2f} ms"
+            f" + comm {st['comm_ms']:.2f} ms a micro-batch; busy {st.get('busy_ms', 0):.1f} ms,"
+            f" adds {st['accumulate_ms']:.2f} ms, optimizer {st['optimizer_ms']:.2f} ms,"
+            f" {st['params'] / 1e6:.1f} M parameters{mark}"
+        )
+    if lay["pp"] > 1:
+        lines.append(
+            f"  bubble {t['bubble_ms']:.1f} ms ({100 * t['bubble_fraction']:.1f} % of the step);"
+            f" a send between stages {t['p2p_ms']:.3f} ms"
+        )
+    lines.append("  every collective of the critical rank (whole step):")
+    lines += [
+        f"    {c['op']:<15} {c['group']:<9} {c.get('what', '')}: {c['bytes'] / 2**20:.1f} MiB"
+        f" x{c.get('calls', 1)}, {c['ms']:.2f} ms, exposed {c.get('exposed_ms', 0):.2f},"
+        f" {c.get('algorithm', '-')}"
+        for c in t.get("collectives", [])
+    ]
+    return lines
+
+
+def _memory_lines(entry: dict[str, Any]) -> list[str]:
+    m = entry.get("memory")
+    if not m:
+        return []
+    stages = m.get("per_stage") or []
+    where = f", stage {m['worst_stage']} of {len(stages)}" if len(stages) > 1 else ""
+    lines = [
+        f"Memory on {entry['gpu']}, worst rank{where}: {m['total_bytes'] / GIB:.2f} GiB"
+        f" ({m['method']})"
+    ]
+    for category, nbytes in sorted(m["breakdown"].items(), key=lambda kv: -kv[1]):
+        if nbytes:
+            lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
+    layout_terms = [(k, v) for k, v in (m.get("parallel_terms") or {}).items() if v]
+    if layout_terms:
+        lines.append("  of which the layout's terms (+ added, - taken away by sharding):")
+        lines += [
+            f"    {PARALLEL_TERMS.get(k, k):<45} {v / GIB:>+8.2f} GiB" for k, v in layout_terms
+        ]
+    if len(stages) > 1:
+        lines.append(
+            "  per stage: "
+            + ", ".join(f"stage {i} {s['total_bytes'] / GIB:.2f} GiB" for i, s in enumerate(stages))
+        )
+    lines.append(
+        f"Memory terms outside the traced tensors on {entry['gpu']} (p50; range "
+        f"{m['p10_bytes'] / GIB:.2f}–{m['p90_bytes'] / GIB:.2f} GiB, usable "
+        f"{m['capacity_bytes'] / GIB:.2f} GiB, verdict {m.get('fit') or '-'}):"
+    )
+    return lines + term_lines(m.get("terms") or [])
