@@ -119,7 +119,7 @@ def predict(
     check_model_options(model_options)
     check_choice("attention", attention, ATTENTION_CHOICES)
     if plot is not None:
-        check_plot_path(plot)  # the directory itself is made and checked for one GPU only
+        check_plot_path(plot)  # a path; the directory is made and checked before the trace
     software = resolve_stack(stack)
     StepSpec(optimizer=optimizer, optimizer_impl=optimizer_impl)  # one-line errors first
     layout, nodes = _checked(Layout, parallel, "parallel"), _checked(Cluster, cluster, "cluster")
@@ -146,7 +146,7 @@ def predict(
         **finetune_fields(finetune),
     )
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
-    layout = for_parallel_step(layout, grad_accum=grad_accum, plot=plot,
+    layout = for_parallel_step(layout, grad_accum=grad_accum,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
     if not layout.is_single:
@@ -156,11 +156,11 @@ def predict(
             intra_link(nodes, spec.id, spec.name, spec.architecture)
     options = {**dict(model_options or {}), "attn_implementation": attention,
                "moe_imbalance": _moe_imbalance(moe)}  # fmt: skip
-    if not layout.is_single:
-        return _predict_parallel(model, gpus, step, layout, nodes, software, options,
-                                 cache=cache, advice=advice)  # fmt: skip
     if plot is not None:
         check_plot_dir(plot)
+    if not layout.is_single:
+        return _predict_parallel(model, gpus, step, layout, nodes, software, options,
+                                 cache=cache, advice=advice, plot=plot)  # fmt: skip
     session = Session(model, cache=cache, options=options)
     search = search_max_batch(max_batch, len(gpus))
     results = session.evaluate(step, gpus, software, max_batch=search)
@@ -317,10 +317,12 @@ def _impl(optimizer: str, impl: str, stack: Stack) -> str:
 def _predict_parallel(
     model: str, gpus: list[GpuSpec], step: StepSpec, layout: Layout, nodes: Cluster,
     stack: Stack, options: dict[str, Any], cache: bool = True, advice: bool = True,
+    plot: str | None = None,
 ) -> Prediction:  # fmt: skip
     """A multi-GPU layout: worst-rank memory and step time per GPU (``boom_ml.parallel``);
     with ``advice``, for each GPU where it does not fit, the cheapest layouts that do (the
-    same search as a single-GPU step's, at the layout's micro-batch and micro-batch count)."""
+    same search as a single-GPU step's, at the layout's micro-batch and micro-batch count);
+    with ``plot``, the layout's pipeline timeline and stage memory as a PNG."""
     from contextlib import nullcontext
 
     from boom_ml.parallel.predict import predict_parallel
@@ -342,7 +344,7 @@ def _predict_parallel(
             if step.checkpointing == "none":
                 again = partial(search, step=replace(searched, checkpointing="full"))
             layout_advice = layouts_that_fit(failing, partial(search, step=searched), again)
-    return Prediction(
+    prediction = Prediction(
         model=model,
         batch_size=step.batch_size,
         step=step.to_dict(),
@@ -351,3 +353,10 @@ def _predict_parallel(
         parallel=out,
         layout_advice=layout_advice,
     )
+    if plot is not None:
+        from boom_ml.report.advice_text import layout_name
+        from boom_ml.report.figures import write_layout_plots  # matplotlib: only when asked
+
+        title = f"{model}, batch {step.batch_size}, {layout_name(out[0]['parallel'])}"
+        prediction.plots = [str(p) for p in write_layout_plots(prediction, plot, title)]
+    return prediction

@@ -224,7 +224,6 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     layout = for_parallel_step(
         layout,
         grad_accum=grad_accum,
-        plot=options.get("plot"),
         max_batch_on=options.get("max_batch") == "on",
     )
     check_layout(

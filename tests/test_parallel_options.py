@@ -4,6 +4,7 @@ made for one GPU are refused in one line, and no collective is exposed beyond it
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,6 @@ def test_advice_for_one_gpus_micro_batches_keeps_the_users_key() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"plot": "/tmp/p"}, "plot="),
         ({"max_batch_on": True}, "max_batch=on"),
     ],  # fmt: skip
 )
@@ -331,3 +331,31 @@ def test_pipeline_stages_step_only_their_own_ends() -> None:
     stage = {s["stage"]: s["optimizer_ms"] for s in tied_piped["per_stage"]}
     assert stage[0] == pytest.approx(1 + 3 * first / (first + 64), abs=1e-4)
     assert stage[1] == pytest.approx(1 + 3 * (64 + 256 * 64) / (first + 64), abs=1e-4)
+
+
+def test_a_layouts_plot_replays_its_pipeline(tmp_path) -> None:
+    """plot= was refused for a layout; it now draws the step's pipeline, re-simulated from
+    the per-virtual-stage times the JSON holds, which must give the step's own pipeline time
+    and bubble, on the fastest GPU whose worst rank fits."""
+    import json
+
+    from boom_ml import api
+    from boom_ml.parallel.schedule import simulate
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    out = api.predict(f"hf:{path}", gpu=["a100-80gb-sxm", "h100-sxm"], batch_size=2, seq_len=32,
+                      advice=False, max_batch="off", plot=str(tmp_path / "figs"),
+                      parallel={"pp": 2, "microbatches": 4})  # fmt: skip
+    t = next(e for e in out.parallel if e["gpu"] == "h100-sxm")["time"]
+    assert len(t["virtual_stage_ms"]) == 2
+    run = simulate([s["forward_ms"] for s in t["virtual_stage_ms"]],
+                   [s["backward_ms"] for s in t["virtual_stage_ms"]], 4, "1f1b", pp=2,
+                   p2p_ms=t["p2p_ms"])  # fmt: skip
+    assert run.total_ms == pytest.approx(t["pipeline_ms"], abs=1e-3)
+    assert run.bubble_ms == pytest.approx(t["bubble_ms"], abs=1e-3)
+    fastest = min(out.parallel, key=lambda e: e["time"]["step_ms"])["gpu"]
+    stem = f"hf_{str(path).replace(':', '_').replace('/', '_')}"
+    assert out.plots == [str(tmp_path / "figs" / f"{stem}_layout_{fastest}.png")]
+    assert Path(out.plots[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -235,21 +235,18 @@ def for_parallel_step(
     layout: Layout,
     *,
     grad_accum: int = 1,
-    plot: str | None = None,
     max_batch_on: bool = False,
 ) -> Layout:
     """``layout`` with ``grad_accum`` folded in as its micro-batches (the same thing under a
-    layout: micro-batches per optimizer step), and one-line errors for the single-GPU outputs
-    a layout prediction does not produce. A single-GPU layout is returned as it is."""
+    layout: micro-batches per optimizer step), and a one-line error for the max-batch search
+    a layout prediction does not run. A single-GPU layout is returned as it is."""
     if layout.is_single:
         return layout
-    asked = [name for name, on in (("plot=", plot is not None), ("max_batch=on", max_batch_on))
-             if on]  # fmt: skip
-    if asked:
+    if max_batch_on:
         raise InvalidInputError(
-            f"{', '.join(asked)}: produced for one GPU only, not for parallel layouts yet"
-            " (a layout prints its worst rank, step time and top collectives; explain=true"
-            " adds each stage's time and the worst rank's memory terms)"
+            "max_batch=on: searched for one GPU only, not for parallel layouts yet (a layout"
+            " prints its worst rank, step time and top collectives; advice=true proposes"
+            " layouts that fit)"
         )
     if grad_accum > 1:
         if layout.microbatches > 1:

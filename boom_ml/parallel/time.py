@@ -384,6 +384,12 @@ def step_time(
         ],  # fmt: skip
         "schedule": layout.schedule,
         "virtual_stages": v,
+        # one micro-batch's forward and backward per virtual stage, model order (chunk c of
+        # rank r is c * pp + r): what the schedule simulation ran (the pipeline plot re-runs it)
+        "virtual_stage_ms": [
+            {"forward_ms": round(f, 4), "backward_ms": round(b, 4)}
+            for f, b in zip(fwd_ms, bwd_ms, strict=True)
+        ],
         "p2p_ms": round(p2p, 4),
         "method": METHOD.format(
             method=prof.method,

@@ -7,6 +7,7 @@ from typing import Any
 
 from boom_ml.estimates import Prediction
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.report.layout_plots import best_entry, plot_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.report.plots import memory_timeline
 from boom_ml.report.time_plots import plot_gpu_comparison, plot_time_breakdown
@@ -39,3 +40,14 @@ def write_plots(
     if len(prediction.gpus) > 1:
         written.append(plot_gpu_comparison(prediction, out / f"{stem}_gpus.png"))
     return written
+
+
+def write_layout_plots(prediction: Prediction, directory: str | Path, title: str) -> list[Path]:
+    """A layout's pipeline timeline and stage memory, on the fastest GPU whose worst rank
+    fits (else the fastest)."""
+    out = check_plot_dir(directory)
+    entry = best_entry(prediction.parallel)
+    stem = prediction.model.replace(":", "_").replace("/", "_")
+    return [
+        plot_layout(entry, out / f"{stem}_layout_{entry['gpu']}.png", f"{title} on {entry['gpu']}")
+    ]
