@@ -74,7 +74,12 @@ def _timeline(ax: Any, entry: dict[str, Any]) -> None:
     ax.set_title(
         f"step {t['step_ms']:.1f} ms: pipeline {t['pipeline_ms']:.1f} ({t.get('schedule', '1f1b')},"
         f" {m} micro-batches, numbered), bubble {t['bubble_ms']:.1f} ms"
-        f" ({100 * t['bubble_fraction']:.1f} %)",
+        f" ({100 * t['bubble_fraction']:.1f} %)"
+        + (
+            "; lighter boxes: a rank's second, fourth ... model chunk"
+            if lay["virtual_stages"] > 1
+            else ""
+        ),
         fontsize=9,
     )
     handles = [
