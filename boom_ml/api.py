@@ -338,8 +338,10 @@ def _predict_parallel(
         failing = [g for g, entry in zip(gpus, out, strict=True) if not entry.get("fits", True)]
         if advice and failing:
             searched = replace(step, grad_accum=max(step.grad_accum, layout.microbatches))
+            # priced per step of the layout's global batch: its data-parallel replicas' too
             search = partial(search_layouts_many, model, cluster=nodes, stack=stack,
-                             options=options)  # fmt: skip
+                             options=options,
+                             requested=searched.batch_size * searched.grad_accum * layout.dp)  # fmt: skip
             again = None
             if step.checkpointing == "none":
                 again = partial(search, step=replace(searched, checkpointing="full"))

@@ -228,17 +228,18 @@ def test_a_layout_that_does_not_fit_is_advised_layouts_that_do(monkeypatch) -> N
     monkeypatch.setattr(parallel_predict, "predict_parallel", _fake_parallel(seen))
     searched = []
 
-    def search(model, gpus, step, cluster=None, stack=None, options=None):
+    def search(model, gpus, step, cluster=None, stack=None, options=None, requested=None):
         searched.append(
-            (step.batch_size, step.grad_accum, step.checkpointing, [g.id for g in gpus])
+            (step.batch_size, step.grad_accum, step.checkpointing, [g.id for g in gpus], requested)
         )
         return {g.id: {"layouts": [], "searched": 5, "valid": 5, "fitting": 0, "seconds": 0.1,
                        "max_gpus": 64} for g in gpus}  # fmt: skip
 
     monkeypatch.setattr(api, "search_layouts_many", search)
     out = boom_ml.predict("hf:gpt2", gpu="l4", batch_size=4, parallel={"dp": 2, "microbatches": 3})
-    # at the layout's micro-batch and count; again with checkpointing where nothing fits
-    assert searched == [(4, 3, "none", ["l4"]), (4, 3, "full", ["l4"])]
+    # at the layout's micro-batch and count; again with checkpointing where nothing fits;
+    # priced per step of its global batch, 4 x 3 x dp 2 samples (a hunt: dp was left out)
+    assert searched == [(4, 3, "none", ["l4"], 24), (4, 3, "full", ["l4"], 24)]
     assert out.layout_advice["l4"]["searched"] == 5
     searched.clear()
     boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, advice=False)

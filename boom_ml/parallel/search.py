@@ -191,16 +191,19 @@ def search_layouts_many(
     max_gpus: int = MAX_GPUS,
     top: int = TOP,
     options: dict[str, Any] | None = None,
+    requested: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """:func:`search_layouts` for each GPU (by id): every layout is predicted for all GPUs
     in one call, so the per-op timing of the profiles runs once for all of them. ``options``:
-    the zoo's build options of the model (attention implementation, MoE imbalance)."""
+    the zoo's build options of the model (attention implementation, MoE imbalance).
+    ``requested``: the samples a step must process, which prices it (default ``batch_size *
+    grad_accum``; a layout that does not fit asks for its own global batch, its dp's too)."""
     started = time.perf_counter()
     cluster = cluster or Cluster()
     raw = with_build_options(load_raw(model) if isinstance(model, str) else model, options)
     check_model(raw, Layout(dp=2))  # a model no layout can cut: one line, the advice's reason
     check_checkpoint_every(step.checkpointing, step.checkpointing_every)  # the same
-    requested = step.batch_size * step.grad_accum
+    requested = requested or step.batch_size * step.grad_accum
     fitting: dict[str, list[dict[str, Any]]] = {gpu.id: [] for gpu in gpus}
     closest: dict[str, dict[str, Any]] = {}  # the smallest worst rank (p90) that does not fit
     layouts = candidate_layouts(raw, step, cluster, max_gpus)
