@@ -89,9 +89,9 @@ def test_the_cli_refuses_them_before_importing_torch() -> None:
 
 
 def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
-    """explain=true was refused for a layout; it now says how the step time adds up (pipeline
-    + the critical stage's optimizer step + exposed data-parallel collectives), each stage's
-    share and the worst rank's memory with the layout's own terms."""
+    """explain=true was refused for a layout; it now says how the step time adds up (the last
+    rank to finish: its last backward, optimizer step and exposed data-parallel collectives),
+    each stage's share and the worst rank's memory with the layout's own terms."""
     import json
 
     from boom_ml import api
@@ -104,15 +104,18 @@ def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
                 parallel={"dp": 2, "pp": 2, "microbatches": 4, "sharding": "zero1"})  # fmt: skip
     entry = api.predict(f"hf:{path}", **opts).parallel[0]
     t, m = entry["time"], entry["memory"]
-    dp_exposed = sum(c["exposed_ms"] for c in t["collectives"] if c["group"] in ("dp", "embedding"))
-    assert t["step_ms"] == pytest.approx(
-        t["pipeline_ms"] + t["optimizer_ms"] + dp_exposed, abs=1e-3
-    )
+    # 1F1B ends on rank 0 (the first stage's last backward), and the step with its optimizer
+    # step: no rank finishes later
+    last = t["per_stage"][t["finish_stage"]]
+    assert t["finish_stage"] == 0 and last["end_ms"] == pytest.approx(t["pipeline_ms"], abs=1e-3)
+    assert t["step_ms"] == max(st["finish_ms"] for st in t["per_stage"]) == last["finish_ms"]
+    dp_exposed = last["finish_ms"] - last["end_ms"] - last["optimizer_ms"]
     text = run({"model": f"hf:{path}", **opts, "explain": True})
     assert (
-        f"Time on h100-sxm: {t['step_ms']:.1f} ms = pipeline {t['pipeline_ms']:.1f} (1f1b over 4 "
-        f"micro-batches, 2 stages) + optimizer step {t['optimizer_ms']:.1f} (stage "
-        f"{t['critical_stage']}) + exposed data-parallel communication {dp_exposed:.1f}"
+        f"Time on h100-sxm: {t['step_ms']:.1f} ms = stage 0's last backward ending at "
+        f"{last['end_ms']:.1f} ms (1f1b over 4 micro-batches, 2 stages; the pipeline "
+        f"{t['pipeline_ms']:.1f}) + its optimizer step {last['optimizer_ms']:.1f} + its exposed "
+        f"data-parallel communication {dp_exposed:.1f}"
     ) in text
     for st in t["per_stage"]:
         assert (

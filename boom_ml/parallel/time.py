@@ -340,26 +340,33 @@ def step_time(
         run = simulate(fwd_ms, bwd_ms, m, layout.schedule, pp=pp, p2p_ms=p2p)
         pipe_ms, bubble_ms = run.total_ms, run.bubble_ms
         busy, peaks = run.busy_ms, run.peak_in_flight
+        ends = [max(end for (_, j, _), end in run.ends.items() if j % pp == r) for r in range(pp)]
     else:  # one rank: micro-batches run one after another whatever the schedule
         pipe_ms, bubble_ms = m * (sum(fwd_ms) + sum(bwd_ms)), 0.0
-        busy, peaks = [pipe_ms], [v]
-    for st, rank_busy, peak in zip(stages, busy, peaks, strict=True):
+        busy, peaks, ends = [pipe_ms], [v], [pipe_ms]
+    embed = groups["embedding"] if pp > 1 else None
+    for st, rank_busy, peak, end in zip(stages, busy, peaks, ends, strict=True):
         st["busy_ms"] = rank_busy
         st["in_flight_chunks"] = peak
+        # after its last backward a rank reduces its gradients over dp and steps its
+        # optimizer: the step ends when the last rank has (not always the busiest one: the
+        # first stages hold the extra layers of an uneven split, and 1F1B ends on rank 0)
+        st["dp"] = dp_collectives(
+            shape, layout, st["params"], st["compute_ms"] * prof.backward_fraction,
+            st["compute_ms"], groups["dp"], embed, tied,
+            layer_params=st["layers"] * shape.params_layer,
+            last_ready_bytes=shape.count("first", True) * shape.grad_bytes if st["first"] else 0,
+            trainable=st["trainable"], layer_trainable=st["layers"] * shape.count("layer", True),
+        )  # fmt: skip
+        st["end_ms"] = end
+        st["finish_ms"] = end + st["optimizer_ms"] + sum(c.exposed_ms for c in st["dp"])
     worst = max(stages, key=lambda st: st["micro_ms"])
-    embed = groups["embedding"] if pp > 1 else None
-    dp = dp_collectives(
-        shape, layout, worst["params"], worst["compute_ms"] * prof.backward_fraction,
-        worst["compute_ms"], groups["dp"], embed, tied,
-        layer_params=worst["layers"] * shape.params_layer,
-        last_ready_bytes=shape.count("first", True) * shape.grad_bytes if worst["first"] else 0,
-        trainable=worst["trainable"], layer_trainable=worst["layers"] * shape.count("layer", True),
-    )  # fmt: skip
+    dp = worst["dp"]
     colls = worst["collectives"] + dp
     for c in colls:  # what NCCL's tuner runs for one call (nccl.py)
         c.algorithm = algorithm_for(c.op, c.bytes, groups[c.group])
-    exposed_dp = sum(c.exposed_ms for c in dp)
-    step = pipe_ms + worst["optimizer_ms"] + exposed_dp
+    last = max(stages, key=lambda st: st["finish_ms"])
+    step = last["finish_ms"]
     comm = sum(c.ms for c in colls)
     exposed = sum(c.exposed_ms for c in colls)
     return {
@@ -373,12 +380,13 @@ def step_time(
         "optimizer_ms": round(worst["optimizer_ms"], 4),
         "accumulate_ms": round(worst["accumulate_ms"], 4),
         "critical_stage": worst["stage"],
+        "finish_stage": last["stage"],  # the rank whose optimizer step ends the step
         "collectives": sorted((c.to_dict() for c in colls), key=lambda c: -c["ms"]),
         "per_stage": [
             {
                 k: (round(val, 4) if isinstance(val, float) else val)
                 for k, val in st.items()
-                if k not in ("collectives", "first", "last")
+                if k not in ("collectives", "first", "last", "dp")
             }
             for st in stages
         ],  # fmt: skip

@@ -29,7 +29,6 @@ def layout_explain_lines(entry: dict[str, Any]) -> list[str]:
 
 def _time_lines(entry: dict[str, Any]) -> list[str]:
     t, lay = entry["time"], entry["parallel"]
-    exposed_dp = t["step_ms"] - t["pipeline_ms"] - t["optimizer_ms"]
     m = lay["microbatches"]
     run = (
         f"{lay.get('schedule', '1f1b')} over {m} micro-batch{'es' if m > 1 else ''}, "
@@ -37,16 +36,20 @@ def _time_lines(entry: dict[str, Any]) -> list[str]:
         if lay["pp"] > 1
         else f"{m} micro-batch{'es' if m > 1 else ''} one after another"
     )
-    critical = t["critical_stage"]
+    critical, done = t["critical_stage"], t["finish_stage"]
+    last = t["per_stage"][done]
+    exposed_dp = last["finish_ms"] - last["end_ms"] - last["optimizer_ms"]
+    rank = f"stage {done}'s " if lay["pp"] > 1 else ""
     lines = [
-        f"Time on {entry['gpu']}: {t['step_ms']:.1f} ms = pipeline {t['pipeline_ms']:.1f} ({run})"
-        f" + optimizer step {t['optimizer_ms']:.1f} (stage {critical}) + exposed data-parallel"
-        f" communication {max(exposed_dp, 0.0):.1f} (method: the collectives' line above)",
+        f"Time on {entry['gpu']}: {t['step_ms']:.1f} ms = {rank}last backward ending at"
+        f" {last['end_ms']:.1f} ms ({run}; the pipeline {t['pipeline_ms']:.1f}) + its optimizer"
+        f" step {last['optimizer_ms']:.1f} + its exposed data-parallel communication"
+        f" {max(exposed_dp, 0.0):.1f} (method: the collectives' line above)",
         "  per stage: one micro-batch's compute and tensor-parallel communication; over the step"
         " the busy time, the gradient adds and the optimizer step",
     ]
     for st in t.get("per_stage", []):
-        mark = "  (critical)" if st["stage"] == critical and lay["pp"] > 1 else ""
+        mark = "  (slowest micro-batch)" if st["stage"] == critical and lay["pp"] > 1 else ""
         lines.append(
             f"    stage {st['stage']}: {st['layers']} layers, compute {st['compute_ms']:.2f} ms"
             f" + comm {st['comm_ms']:.2f} ms a micro-batch; busy {st.get('busy_ms', 0):.1f} ms,"
@@ -58,7 +61,7 @@ def _time_lines(entry: dict[str, Any]) -> list[str]:
             f"  bubble {t['bubble_ms']:.1f} ms ({100 * t['bubble_fraction']:.1f} % of the step);"
             f" a send between stages {t['p2p_ms']:.3f} ms"
         )
-    lines.append("  every collective of the critical rank (whole step):")
+    lines.append("  every collective of the slowest micro-batch's stage (whole step):")
     lines += [
         f"    {c['op']:<15} {c['group']:<9} {c.get('what', '')}: {c['bytes'] / 2**20:.1f} MiB"
         f" x{c.get('calls', 1)}, {c['ms']:.2f} ms, exposed {c.get('exposed_ms', 0):.2f},"
