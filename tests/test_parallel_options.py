@@ -363,3 +363,22 @@ def test_a_layouts_plot_replays_its_pipeline(tmp_path) -> None:
     stem = f"hf_{str(path).replace(':', '_').replace('/', '_')}"
     assert out.plots == [str(tmp_path / "figs" / f"{stem}_layout_{fastest}.png")]
     assert Path(out.plots[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("parallel", "words"),
+    [({"dp": 2, "schedule": "gpipe"}, "parallel.schedule=gpipe: this layout does not read it"),
+     ({"dp": 2, "sharding": "zero1", "bucket_view": True}, "parallel.bucket_view=true: this"),
+     ({"dp": 2, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: this")],
+)  # fmt: skip
+def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
+    """A hunt: parallel.schedule=gpipe without a pipeline ran as 1F1B with exit 0, where one
+    GPU's step refuses the same key; every key a layout would not read is one line now."""
+    from boom_ml.predict import validate
+
+    with pytest.raises(InvalidInputError) as err:
+        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": parallel})
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
+    read = {**parallel, "pp": 2} if "schedule" in parallel else None
+    read = read or ({**parallel, "sharding": "none"} if "bucket_view" in parallel else None)
+    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read or {**parallel, "microbatches": 2}})

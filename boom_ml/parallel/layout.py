@@ -179,6 +179,17 @@ def validate(
             f"{', '.join(ignored)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
             " above 1); one GPU's step does not read it"
         )
+    unread = [(f"parallel.schedule={layout.schedule}", "a schedule of pipeline stages, and"
+               " parallel.pp=1 has none") if layout.schedule != "1f1b" and layout.pp == 1 else None,
+              ("parallel.bucket_view=true", f"it sets DDP's buckets, which parallel.sharding="
+               f"{layout.sharding} does not use") if layout.bucket_view and layout.sharding != "none"
+              else None,
+              ("parallel.grad_accumulation=fused", "how micro-batches 2..N accumulate, and"
+               " parallel.microbatches=1 has one") if layout.grad_accumulation == "fused"
+              and layout.microbatches == 1 else None]  # fmt: skip
+    for key, why in filter(None, unread):  # as one GPU's step refuses a key it does not read
+        if not layout.is_single:
+            raise InvalidInputError(f"{key}: this layout does not read it ({why})")
     if finetune_method == "qlora" and (layout.pp > 1 or layout.zero_stage >= 3):
         raise InvalidInputError(
             "finetune.method=qlora is modelled with data and tensor parallelism (sharding up to"
