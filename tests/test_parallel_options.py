@@ -382,3 +382,22 @@ def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
     read = {**parallel, "pp": 2} if "schedule" in parallel else None
     read = read or ({**parallel, "sharding": "none"} if "bucket_view" in parallel else None)
     validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read or {**parallel, "microbatches": 2}})
+
+
+def test_a_group_across_a_node_boundary_runs_on_the_network() -> None:
+    """A hunt: tp=4 on 6-GPU nodes was timed on NVLink, though its second group (ranks 4-7)
+    spans two nodes, and dp's ranks {0, 4, 8} were said to span 3 nodes (they span 2). Where
+    groups align with nodes, the placement is the one the old closed form gave."""
+    from boom_ml.parallel.collectives import placement
+
+    assert placement(4, 1, 12, 6) == (2, 2)  # tp: ranks 4, 5 | 6, 7
+    assert placement(3, 4, 12, 6) == (2, 1)  # dp: ranks 0, 4 | 8
+    for gpn in (2, 4, 8):
+        for size in (1, 2, 4, 8, 16):
+            for stride in (1, 2, 4, 8, 16):
+                world = max(size * stride, gpn) * 2
+                if size * stride <= gpn:
+                    assert placement(size, stride, world, gpn)[0] == 1
+                    continue
+                members = min(max(1, gpn // stride) if stride < gpn else 1, size)
+                assert placement(size, stride, world, gpn) == (-(-size // members), members)

@@ -9,7 +9,7 @@ NVLink. A point-to-point send stays alpha-beta: ``base + alpha + S / busbw``.
 
 Ranks are numbered tp-innermost, then dp, then pp (Megatron's order), so a group of ``size``
 ranks with stride ``stride`` spans ``size * stride`` consecutive ranks. A group inside one node
-uses the intra-node link; a group across nodes runs at the NICs' rate: per-GPU NICs add up over
+uses the intra-node link (a group that straddles a node boundary is across nodes: ``placement``); a group across nodes runs at the NICs' rate: per-GPU NICs add up over
 the group's members in a node (a ring crossing nodes uses that many NICs), capped by the
 intra-node link; a per-node NIC is shared.
 """
@@ -17,6 +17,8 @@ intra-node link; a per-node NIC is shared.
 from __future__ import annotations
 
 import functools
+import math
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -54,6 +56,25 @@ class GroupLink:
                          self.nvls_busbw_gbs, self.nic_per_gpu)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def placement(size: int, stride: int, world: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, members on its sparsest node) of the slowest group of ``size`` ranks ``stride``
+    apart: the groups are ``base + k * stride`` in each block of ``size * stride`` consecutive
+    ranks, and the placement repeats every lcm(block, node) ranks. A group that straddles a
+    node boundary (tp=4 on 6-GPU nodes: ranks 4-7 on two nodes) crosses the network as a
+    group spanning whole nodes does; the slowest is the one with the fewest members (NICs) on
+    a node, then the most nodes."""
+    block = size * stride
+    slowest = (1, size)
+    for outer in range(0, min(world, math.lcm(block, gpus_per_node)), block):
+        for inner in range(stride):
+            per_node = Counter((outer + inner + k * stride) // gpus_per_node for k in range(size))
+            here = (len(per_node), min(per_node.values()))
+            if (here[0] > 1, -here[1], here[0]) > (slowest[0] > 1, -slowest[1], slowest[0]):
+                slowest = here
+    return slowest
+
+
 def group_link(
     name: str, size: int, stride: int, world: int, cluster: Cluster, intra: Link, inter: Link
 ) -> GroupLink:
@@ -61,10 +82,11 @@ def group_link(
     gpn = cluster.gpus_per_node
     inside = GroupLink(name, size, intra.name, intra.busbw_gbs, intra.alpha_us, intra.base_us,
                        hw=intra.nccl_hw, sm=intra.sm, nvls_busbw_gbs=intra.nvls_busbw_gbs)  # fmt: skip
-    if size * stride <= gpn or world <= gpn:
+    if world <= gpn:
         return inside
-    members_per_node = max(1, gpn // stride) if stride < gpn else 1
-    members_per_node = min(members_per_node, size)
+    nodes, members_per_node = placement(size, stride, world, gpn)
+    if nodes == 1:
+        return inside
     per_gpu = inter.scope == "per_gpu"
     if per_gpu:
         bw = min(inter.busbw_gbs * members_per_node, intra.busbw_gbs)
@@ -72,7 +94,7 @@ def group_link(
         bw = inter.busbw_gbs
     return replace(inside, link=f"{intra.name}+{inter.name}", busbw_gbs=bw,
                    alpha_us=inter.alpha_us, base_us=inter.base_us,
-                   nodes=-(-size // members_per_node), nic_per_gpu=per_gpu)  # fmt: skip
+                   nodes=nodes, nic_per_gpu=per_gpu)  # fmt: skip
 
 
 def groups(layout: Layout, cluster: Cluster, intra: Link, inter: Link) -> dict[str, GroupLink]:
