@@ -401,3 +401,26 @@ def test_a_group_across_a_node_boundary_runs_on_the_network() -> None:
                     continue
                 members = min(max(1, gpn // stride) if stride < gpn else 1, size)
                 assert placement(size, stride, world, gpn) == (-(-size // members), members)
+
+
+def test_fsdp_under_autocast_names_its_weight_copies(tmp_path) -> None:
+    """A hunt: Mixtral under fsdp + amp=bf16 held 86.7 GiB of autocast's weight copies with no
+    word of it; FSDP2 users with a MixedPrecisionPolicy would read that as FSDP's own cost."""
+    import json
+
+    from boom_ml import api
+    from tests.test_parallel import SYNTHETIC_TINY_LLAMA
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    kw = dict(gpu="h100-sxm", batch_size=2, seq_len=32, advice=False, max_batch="off")
+    fsdp = api.predict(f"hf:{path}", amp="bf16", parallel={"dp": 2, "sharding": "fsdp"}, **kw)
+    entry = fsdp.parallel[0]
+    copies = entry["memory"]["breakdown"]["autocast_copy"]
+    assert copies > 0 and len(entry["notes"]) == 1
+    assert (
+        f"keeps a bf16 copy of each weight it casts ({copies / 2**30:.2f} GiB" in entry["notes"][0]
+    )
+    for amp, sharding in (("bf16", "zero2"), ("none", "fsdp")):
+        other = api.predict(f"hf:{path}", amp=amp, parallel={"dp": 2, "sharding": sharding}, **kw)
+        assert other.parallel[0]["notes"] == []

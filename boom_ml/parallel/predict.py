@@ -141,8 +141,23 @@ def predict_raw(
             mprof = memory_profile(raw, layout.tp, step_g, gpu, stack)
             entry["memory"] = rank_memory(mprof, layout, per_stage)
             entry["fits"] = entry["memory"]["fits"]
+            entry["notes"] = layout_notes(layout, step, entry["memory"])
         out.append(entry)
     return out
+
+
+def layout_notes(layout: Layout, step: StepSpec, memory: dict[str, Any]) -> list[str]:
+    """What a user of the layout may read wrongly: autocast's 16-bit weight copies under
+    FSDP / ZeRO-3, which gather fp32 parameters (FSDP2 without a MixedPrecisionPolicy)."""
+    copies = memory.get("breakdown", {}).get("autocast_copy", 0)
+    if layout.zero_stage < 3 or step.amp == "none" or copies <= 0:
+        return []
+    return [
+        f"{layout.sharding} gathers fp32 parameters and autocast keeps a {step.amp} copy of each"
+        f" weight it casts ({copies / 2**30:.2f} GiB on the worst rank), as FSDP2 without a"
+        " MixedPrecisionPolicy runs; one with param_dtype=bf16 gathers 16-bit parameters and"
+        " makes no copies: params_dtype=bf16 master_weights=true is the nearest step modelled"
+    ]
 
 
 def predict_parallel(

@@ -234,6 +234,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(parallel_table(prediction))
         lines = collective_lines(prediction)
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
+        notes = dict.fromkeys(n for g in prediction.parallel for n in g.get("notes") or [])
+        lines += [f"Note: {note}." for note in notes]
         lines += stack_missing_lines(
             [(g["gpu"], g.get("stack_missing")) for g in prediction.parallel]
         )
