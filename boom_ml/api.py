@@ -234,6 +234,8 @@ def predict(
             "unknown_ops": graph.unknown_ops,
             # what the zoo says of the model it built (hub code it did not run)
             "model_notes": graph.meta.get("model_notes", []),
+            # the attention implementation the hf model was built with (None: not an hf model)
+            "attention": graph.meta.get("attention"),
         },
         gpus=results,
         advice=advised,

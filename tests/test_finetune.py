@@ -6,6 +6,7 @@ Every model here is a synthetic tiny config written by the test (``tiny_llama``,
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -374,3 +375,50 @@ def test_16_bit_frozen_weights_do_not_stack_with_fp16_autocast() -> None:
     stacked = stacked_changes(step, t4)
     assert stacked and not any(s.amp == "fp16" and s.params_dtype == "fp16" for _, s, _ in stacked)
     assert stacked[0][0] == "params_dtype=fp16 + checkpointing=full"
+
+
+def test_checkpointing_every_beyond_the_blocks_is_one_line(tiny_llama: str) -> None:
+    """A hunt: checkpointing.every=100 on 16 blocks ran, printed ckpt=full, and checkpointed
+    block 0 alone; K above the block count (2 here) is refused, K equal to it is block 0."""
+    from boom_ml.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"checkpointing.every=3 exceeds the model's 2 "):
+        trace(tiny_llama, checkpointing="full", checkpointing_every=3)
+    graph = trace(tiny_llama, checkpointing="full", checkpointing_every=2)
+    assert graph.meta["recipe"]["checkpointed_blocks"] == 1
+
+
+def test_selective_checkpointing_of_convolution_blocks_says_it_is_full(tmp_path: Path) -> None:
+    """A hunt: resnet18 with checkpointing=selective came out byte-identical to full, with no
+    word; its blocks hold no matmul or attention, the outputs selective saves. A transformer's
+    blocks do, and get no note."""
+    note = "checkpointing=selective saves matmul and attention outputs"
+    spec = ModelSpec("torchvision:resnet18")
+    step = StepSpec(batch_size=2, image_size=32, checkpointing="selective")
+    cnn = trace_step(build_model(spec), step)
+    assert any(n.startswith(note) for n in cnn.meta["model_notes"])
+    full = trace_step(build_model(spec), replace(step, checkpointing="full"))
+    assert len(cnn.nodes) == len(full.nodes)
+    path = tmp_path / "gpt2.json"
+    path.write_text(json.dumps(TINY_OTHERS["gpt2"]))
+    tf = trace(f"hf:{path}", checkpointing="selective")
+    assert not any(n.startswith(note) for n in tf.meta["model_notes"])
+
+
+def test_an_architecture_without_sdpa_says_it_is_traced_eager(tmp_path: Path) -> None:
+    """A hunt: gemma-2 asked for attention=sdpa was built eager (transformers has no SDPA path
+    for it) with no word, and neither the JSON nor the header named the attention used."""
+    path = tmp_path / "gemma2.json"
+    path.write_text(json.dumps({
+        "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 32,
+        "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 100}))  # fmt: skip
+    graph = trace(f"hf:{path}")
+    assert graph.meta["attention"] == "eager"
+    assert (
+        "attention=sdpa: transformers' Gemma2ForCausalLM has no sdpa attention; traced with"
+        " eager attention, which transformers runs for it by default"
+    ) in graph.meta["model_notes"]
+    asked = trace(f"hf:{path}", {"attn_implementation": "eager"})
+    assert asked.meta["attention"] == "eager"
+    assert not any(n.startswith("attention=") for n in asked.meta["model_notes"])

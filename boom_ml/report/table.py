@@ -23,6 +23,16 @@ def _title(prediction: Prediction) -> str:
         + (f"  seq={step['seq_len']}" if step.get("seq_len") else "")
         + (f"  image={step['image_size']}" if step.get("image_size") else "")
         + f"  opt={step['optimizer']}  amp={step['amp']}  ckpt={step['checkpointing']}"
+        + (
+            f"/every={step['checkpointing_every']}"
+            if step.get("checkpointing_every", 1) > 1 and step["checkpointing"] != "none"
+            else ""
+        )
+        + (
+            f"  attn={attn}"
+            if (attn := prediction.graph.get("attention")) not in (None, "sdpa")
+            else ""
+        )
         + (f"  params={step['params_dtype']}" if step.get("params_dtype", "fp32") != "fp32" else "")
         + ("+fp32 master" if step.get("master_weights") else "")
         + _tf32_label(step)

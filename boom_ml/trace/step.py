@@ -35,6 +35,7 @@ from boom_ml.trace.recorder import BlockNotes, OpRecorder
 from boom_ml.trace.rnn import cuda_rnn
 from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.checkpoint_policy import SelectiveSaves
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
 from boom_ml.zoo.finetune import DTYPES, apply_recipe, logical_parameters
 from boom_ml.zoo.nf4 import NF4Linear
@@ -337,7 +338,9 @@ def trace_step_with_blocks(
                 p.numel() for p in built.module.parameters() if p.requires_grad
             ),
             "recipe": runner.recipe,
-            "model_notes": list(built.info.get("notes", [])),  # what the zoo built instead
+            "model_notes": list(built.info.get("notes", []))  # what the zoo built instead
+            + _selective_note(step),
+            "attention": built.info.get("attn_implementation"),
             "gradients": runner.gradient_sizes,
             "method_notes": runner.recipe.get("method_notes", [])
             + getattr(runner.optimizer, "method_notes", []),
@@ -346,6 +349,17 @@ def trace_step_with_blocks(
         },
     )
     return graph, notes
+
+
+def _selective_note(step: StepSpec) -> list[str]:
+    """Selective checkpointing of blocks without a matmul or attention saves nothing."""
+    if step.checkpointing != "selective" or SelectiveSaves.count:
+        return []
+    return [
+        "checkpointing=selective saves matmul and attention outputs, and this model's"
+        " checkpointed blocks have none (convolutions are recomputed), so it is"
+        " checkpointing=full here"
+    ]
 
 
 def _param_blocks(

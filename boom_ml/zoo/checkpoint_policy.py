@@ -49,9 +49,20 @@ def _save_list() -> set[Any]:
 SAVE_OPS = _save_list()
 
 
+class SelectiveSaves:
+    """Outputs the selective policy saved since ``configure`` set up the last model: none
+    means its checkpointed blocks hold no matmul or attention (a CNN's convolution blocks),
+    and selective checkpointing then recomputes what full checkpointing does."""
+
+    count = 0
+
+
 def selective_policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     """Save matmul and attention outputs; recompute the rest."""
-    return CheckpointPolicy.MUST_SAVE if func in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    if func in SAVE_OPS:
+        SelectiveSaves.count += 1
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def selective_context() -> Any:
@@ -106,6 +117,13 @@ def configure(module: nn.Module, mode: str, every: int, what: str) -> int:
             f"{what}: checkpointing={mode} with checkpointing.every={every} needs per-block "
             "checkpointing (hf models, or blocks in nn.Sequential / nn.ModuleList stages)"
         )
+    if every > len(units):  # a hunt: every=100 of 16 blocks read as ckpt=full in the header
+        raise InvalidInputError(
+            f"{what}: checkpointing.every={every} exceeds the model's {len(units)} checkpointable"
+            f" blocks (every K-th from the first: K = {len(units)} already checkpoints the first"
+            " alone)"
+        )
+    SelectiveSaves.count = 0
     hf_func = functools.partial(checkpoint, use_reentrant=False)
     if mode == "selective":
         hf_func = functools.partial(checkpoint, use_reentrant=False, context_fn=selective_context)

@@ -51,3 +51,14 @@ def build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
             "and memory here are those of the slow path"
         )
     return notes
+
+
+def attention_note(asked: str, built: str | None, head: str) -> list[str]:
+    """An architecture without the asked attention path (Gemma-2, GPT-Neo have no SDPA in
+    transformers) is built with eager attention, as transformers runs it by default: say so."""
+    if built is None or built == asked:
+        return []
+    return [
+        f"attention={asked}: transformers' {head} has no {asked} attention; traced with {built}"
+        " attention, which transformers runs for it by default"
+    ]
