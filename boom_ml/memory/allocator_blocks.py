@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from boom_ml.errors import BoomError
 
-try:  # a balanced sorted list keeps best-fit O(log n) on pools of many free blocks
-    from sortedcontainers import SortedList as _SortedKeys
-except ImportError:  # pragma: no cover - exercised only without sortedcontainers
-    from bisect import bisect_left, insort
 
-    class _SortedKeys(list):  # type: ignore[no-redef]
-        """Minimal stand-in: a plain sorted list (O(n) inserts, fine for small pools)."""
+class _SortedKeys(list):
+    """A pool's free-block keys, kept sorted in a plain list. The pools of a replayed step
+    hold at most a few thousand free blocks, where a list's insert (one memmove) beats a
+    balanced sorted list's bookkeeping: sortedcontainers' SortedList, used until the
+    twenty-fifth session, took 0.08 s where this takes 0.066 s on a 45k-event replay of
+    Llama-3-8B, with identical results (a helper's profile of the advisor, 101 replays)."""
 
-        def add(self, key: int) -> None:
-            insort(self, key)
+    def add(self, key: int) -> None:
+        insort(self, key)
 
-        def bisect_left(self, key: int) -> int:
-            return bisect_left(self, key)
+    def bisect_left(self, key: int) -> int:
+        return bisect_left(self, key)
 
-        def remove(self, key: int) -> None:
-            del self[bisect_left(self, key)]
+    def remove(self, key: int) -> None:
+        del self[bisect_left(self, key)]
 
 
 # Free blocks are sorted by one int, size << 64 | address, which orders them exactly
