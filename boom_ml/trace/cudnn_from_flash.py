@@ -104,7 +104,10 @@ def cudnn_from_flash(graph: OpGraph, group: str) -> OpGraph | None:
     dropped: set[int] = set()  # debug-mask blocks: cuDNN returns none
     seeds: set[int] = set()
     # one new block per output of a forward op, in output order
-    allocs = events[events["action"] == "alloc"].groupby("node_id")["block"].agg(list)
+    # (of the forward attention nodes only: grouping every node's allocations took 0.05 s)
+    ids = nodes.loc[forward, "id"]
+    alloc = (events["action"] == "alloc") & events["node_id"].isin(ids)
+    allocs = events[alloc].groupby("node_id")["block"].agg(list)
     for i in nodes.index[forward]:
         shapes = json.loads(nodes.at[i, "output_shapes"])
         dtypes = json.loads(nodes.at[i, "output_dtypes"])
