@@ -155,6 +155,34 @@ def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
             "breakdowns": prof.breakdowns}  # fmt: skip
 
 
+# (id of a profile's view, layers) -> (the view, its extrapolation): a layout search asks the
+# same ones for every sharding and layout (208k calls, 5 s, in a helper's profile); the view
+# is kept so that its id is not reused while its entry lives
+_AT_LAYERS: dict[tuple[int, int], tuple[dict[str, Any], tuple[Any, ...]]] = {}
+
+
+def _at_layers(
+    view: dict[str, Any], layers: int
+) -> tuple[dict[str, int], float, float, float, float]:
+    """A peak's breakdown, fragmentation correction, total, p10 and p90 extrapolated to
+    ``layers`` layers (the breakdown a copy the caller may change)."""
+    hit = _AT_LAYERS.get((id(view), layers))
+    if hit is None or hit[0] is not view:
+        breakdowns = view["breakdowns"]
+        bd = {k: int(_extrapolate([breakdowns[0].get(k, 0), breakdowns[1].get(k, 0)], layers))
+              for k in set(breakdowns[0]) | set(breakdowns[1])}  # fmt: skip
+        frag_fix = _fragmentation(breakdowns, bd.get("fragmentation", 0))
+        bd["fragmentation"] = bd.get("fragmentation", 0) + frag_fix
+        at = (bd, _extrapolate(view["totals"], layers) + frag_fix,
+              _extrapolate(view["p10"], layers) + frag_fix,
+              _extrapolate(view["p90"], layers) + frag_fix)  # fmt: skip
+        if len(_AT_LAYERS) > 4096:
+            _AT_LAYERS.clear()
+        hit = _AT_LAYERS[(id(view), layers)] = (view, at)
+    bd, *rest = hit[1]
+    return (dict(bd), *rest)
+
+
 def _stage_at(
     prof: MemoryProfile, view: dict[str, Any], layout: Layout, stage: int, layers: int,
     microbatches: int, drained: bool = False,
@@ -164,12 +192,7 @@ def _stage_at(
     micro-batch in flight there (the optimizer step's)."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero_stage
     first, last = stage == 0, stage == pp - 1
-    breakdowns = view["breakdowns"]
-    bd = {k: int(_extrapolate([breakdowns[0].get(k, 0), breakdowns[1].get(k, 0)], layers))
-          for k in set(breakdowns[0]) | set(breakdowns[1])}  # fmt: skip
-    frag_fix = _fragmentation(breakdowns, bd.get("fragmentation", 0))
-    bd["fragmentation"] = bd.get("fragmentation", 0) + frag_fix
-    total = _extrapolate(view["totals"], layers) + frag_fix
+    bd, total, p10, p90 = _at_layers(view, layers)
     terms: dict[str, float] = {}
 
     # Parameters this stage holds; the traced 1-layer model holds embedding and head.
@@ -242,8 +265,8 @@ def _stage_at(
         if terms.get(name):
             adjusted[name] = int(terms[name])
     total_b = int(total + delta)
-    p10 = int(_extrapolate(view["p10"], layers) + frag_fix + delta)
-    p90 = int(_extrapolate(view["p90"], layers) + frag_fix + delta)
+    p10 = int(p10 + delta)
+    p90 = int(p90 + delta)
     cap = prof.capacity_bytes
     fit = "yes" if p90 <= cap else ("tight" if p10 <= cap else "no")
     return {

@@ -9,6 +9,7 @@ measured" check puts a number on that case; the report says which case a predict
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 
 from boom_ml.gpus import get_gpu
@@ -36,5 +37,10 @@ def basis(gpu: GpuSpec, measured: Collection[str]) -> str:
     """:data:`MEASURED`, :data:`ARCHITECTURE` or :data:`UNMEASURED` for ``gpu``."""
     if gpu.id in measured and get_gpu(gpu.id) == gpu:  # not a user spec that took its id
         return MEASURED
-    architectures = {get_gpu(g).architecture for g in measured}
-    return ARCHITECTURE if gpu.architecture in architectures else UNMEASURED
+    return ARCHITECTURE if gpu.architecture in _architectures(tuple(measured)) else UNMEASURED
+
+
+@functools.lru_cache(maxsize=8)
+def _architectures(measured: tuple[str, ...]) -> frozenset[str]:
+    """The architectures of the measured GPUs (a layout search asks for every candidate)."""
+    return frozenset(get_gpu(g).architecture for g in measured)
