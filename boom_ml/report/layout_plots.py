@@ -59,15 +59,14 @@ def _timeline(ax: Any, entry: dict[str, Any]) -> None:
         if width > label_width:
             ax.text(start + width / 2, rank, str(i + 1), ha="center", va="center", fontsize=6,
                     color="white")  # fmt: skip
-    exposed = t["step_ms"] - t["pipeline_ms"] - t["optimizer_ms"]
-    for st in t["per_stage"]:
-        ax.broken_barh([(run.total_ms, st["optimizer_ms"])], (st["stage"] - 0.4, 0.8),
+    for st in t["per_stage"]:  # after its last backward: exposed dp collectives, optimizer
+        exposed = st["finish_ms"] - st["end_ms"] - st["optimizer_ms"]
+        row = (st["stage"] - 0.4, 0.8)
+        ax.broken_barh([(st["end_ms"], max(exposed, 0.0))], row, facecolors=EXPOSED)
+        ax.broken_barh([(st["end_ms"] + max(exposed, 0.0), st["optimizer_ms"])], row,
                        facecolors=OPTIMIZER)  # fmt: skip
-    critical = t["critical_stage"]
-    if exposed > 0:
-        ax.broken_barh([(run.total_ms + t["optimizer_ms"], exposed)], (critical - 0.4, 0.8),
-                       facecolors=EXPOSED)  # fmt: skip
-    ax.set_yticks(range(pp), [f"rank {r}" + (" (critical)" if r == critical and pp > 1 else "")
+    done = t["finish_stage"]
+    ax.set_yticks(range(pp), [f"rank {r}" + (" (ends the step)" if r == done and pp > 1 else "")
                               for r in range(pp)])  # fmt: skip
     ax.invert_yaxis()
     ax.set_xlabel("ms from the step's start")
