@@ -19,6 +19,10 @@ class MemoryEstimate:
     overheads: dict[str, int] = field(default_factory=dict)  # context, workspaces, ...
     peak_op: str = ""  # op running when the peak was reached
     peak_phase: str = ""
+    # op running when the reserved memory last grew (a segment added): the reserved peak's
+    # moment, which is not the allocated peak's where cached segments sit idle at the latter
+    reserved_peak_op: str = ""
+    reserved_peak_phase: str = ""
     # (reserved - allocated) / reserved at the peak: the share of the allocator's blocks
     # holding no tensor (allocated counts whole 512-byte blocks, so a tensor's rounding is
     # not in it); breakdown["fragmentation"] is the bytes reserved beyond the tensors'

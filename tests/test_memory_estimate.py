@@ -141,6 +141,23 @@ def test_estimate_adds_terms_and_breakdown_sums(graph):
     assert est.fits and est.to_dict()["breakdown"] == est.breakdown
 
 
+def test_the_reserved_peak_is_named_where_the_last_segment_was_added(graph):
+    """A hunt read the allocated peak's op (an optimizer op) as where the reserved memory
+    peaked; the reserved peak is reached when a segment is added, which the estimate names
+    apart: the op of the first event at the replay's reserved maximum."""
+    from boom_ml.memory.attribution import op_at
+
+    gpu = get_gpu("a100-80gb-sxm")
+    est = estimate_memory(graph, gpu)
+    sm = simulate_step(graph, gpu)
+    reserved = sm.result.timeline_reserved
+    first = int(np.argmax(reserved))  # the first event at the maximum
+    assert reserved[first] == est.peak_reserved_bytes == sm.result.peak_reserved
+    assert first == sm.result.peak_index
+    op, phase, _ = op_at(graph, sm.replay, first)
+    assert (est.reserved_peak_op, est.reserved_peak_phase) == (op, phase) and op
+
+
 def test_cublas_workspace_two_handles_sized_by_architecture(graph):
     table = load_overheads()
     small = table.allocator_extras(get_gpu("a100-80gb-sxm"), graph)

@@ -87,7 +87,7 @@ def attribute_peak(
         entry[cat] = entry.get(cat, 0) + size
     by_cat["fragmentation"] = max(peak_reserved - sum(by_cat.values()), 0)
     modules = sorted(by_mod.items(), key=lambda kv: -sum(kv[1].values()))[:top_n]
-    op, phase, module = _op_at(graph, replay, index)
+    op, phase, module = op_at(graph, replay, index)
     return PeakAttribution(
         by_category=by_cat,
         by_module=[
@@ -117,7 +117,7 @@ def _modules(graph: OpGraph) -> tuple[str, ...]:
 _MODULES: IdentityCache[tuple[str, ...]] = IdentityCache(64)
 
 
-def _op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
+def op_at(graph: OpGraph, replay: Replay, index: int) -> tuple[str, str, str]:
     """Op, phase and module running at replay event ``index``: the row in whose place of the
     loop it happens (:attr:`Replay.at`), so a workspace is its op's and a loop-head free the
     ``zero_grad``'s."""

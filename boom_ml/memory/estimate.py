@@ -26,7 +26,7 @@ from boom_ml.estimates import MemoryEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.memory.allocator import AllocatorConfig, AllocatorResult, simulate
-from boom_ml.memory.attribution import attribute_peak
+from boom_ml.memory.attribution import attribute_peak, op_at
 from boom_ml.memory.overheads import Amount, Extra, OverheadTable, Term, load_overheads
 from boom_ml.memory.replay import (
     DEFAULT_STEPS,
@@ -257,6 +257,7 @@ def estimate_memory(
         (id(graph), at, res.peak_reserved, top_modules),
         lambda: attribute_peak(graph, sm.replay, at, res.peak_reserved, top_modules),
     )
+    grew = op_at(graph, sm.replay, res.peak_index) if res.peak_index >= 0 else ("", "", "")
     cap = int(gpu.capacity_bytes)
     # yes only when every level fits: the allocator's fragmentation does not always grow with
     # the bytes asked (a p90 replay with cuDNN workspaces can pack into fewer segments than
@@ -284,6 +285,8 @@ def estimate_memory(
         overheads={**sm.outside_bytes, **sm.inside_bytes},
         peak_op=att.op,
         peak_phase=att.phase,
+        reserved_peak_op=grew[0],
+        reserved_peak_phase=grew[1],
         fragmentation=res.fragmentation,
         by_module=att.by_module,
         by_module_group=att.by_module_group,

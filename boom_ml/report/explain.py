@@ -58,6 +58,15 @@ def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) ->
         f"Memory on {result.gpu} at the peak ({m.method}): {m.total_bytes / GIB:.2f} GiB, "
         f"during {m.peak_op or '-'} ({m.peak_phase or '-'})"
     )
+    if m.reserved_peak_op and (m.reserved_peak_op, m.reserved_peak_phase) != (
+        m.peak_op,
+        m.peak_phase,
+    ):  # the allocator's segments peak elsewhere: idle cached ones make the fragmentation
+        lines.append(
+            f"  the caching allocator's reserved memory last grew during {m.reserved_peak_op}"
+            f" ({m.reserved_peak_phase or '-'}); its segments cached then and idle at the peak"
+            " are the fragmentation below"
+        )
     for category, nbytes in sorted(m.breakdown.items(), key=lambda kv: -kv[1]):
         if nbytes:
             lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
