@@ -115,9 +115,10 @@ def predict_row(
     from boom_ml.specs import StepSpec
 
     micro = row["global"] // (row["micro"] * row["dp"])
-    # Megatron accumulates in its weight-gradient GEMMs (gradient accumulation fusion)
+    # Megatron accumulates in its weight-gradient GEMMs (gradient accumulation fusion); one
+    # micro-batch accumulates nothing, and a layout refuses the key it would not read
     layout = Layout(dp=row["dp"], tp=row["tp"], pp=row["pp"], microbatches=micro,
-                    grad_accumulation="fused")  # fmt: skip
+                    grad_accumulation="fused" if micro > 1 else "add")  # fmt: skip
     # Megatron steps Adam with apex's FusedAdam: one fused kernel, as torch's fused Adam
     step = StepSpec(batch_size=row["micro"], seq_len=row["seq"], optimizer="adam",
                     optimizer_impl="fused", checkpointing="full",
