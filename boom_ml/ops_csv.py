@@ -193,13 +193,18 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
 
 
 def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
-    """Convolutions PyTorch would refuse: channels that the groups do not divide, or a
-    kernel larger than the padded input (no output)."""
+    """Convolutions PyTorch would refuse: a size, channel count or stride below 1, channels
+    that the groups do not divide, or a kernel larger than the padded input (no output)."""
     s = conv_shape(conv)
     groups = s["groups"]
+    # a stride of 0 was timed as inf ms, a kernel of 0 as three times a 3x3 one (a hunt)
+    sizes = np.vstack([s[k] for k in ("n", "c", "o", "kh", "kw", "h", "w", "sh", "sw")])
+    zero = (sizes < 1).any(axis=0) | (s["ph"] < 0) | (s["pw"] < 0)
     split = (groups == 0) | (s["c"] % groups != 0) | (s["o"] % groups != 0)
     empty = (s["h"] + 2 * s["ph"] < s["kh"]) | (s["w"] + 2 * s["pw"] < s["kw"])
-    for bad, why in ((split, "groups must divide in_channels and out_channels"),
+    for bad, why in ((zero, "batch, channels, kernel, input and stride must be at least 1, "
+                            "padding at least 0"),
+                     (split, "groups must divide in_channels and out_channels"),
                      (empty, "kernel larger than the padded input")):  # fmt: skip
         if bad.any():
             raise InvalidInputError(

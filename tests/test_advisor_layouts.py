@@ -136,7 +136,9 @@ def test_nothing_fits_also_lists_fitting_finetuning_recipes_apart(model: str) ->
     recipes = [a for a in items if a.recipe]
     assert not items[0].fits and not items[0].recipe  # the closest full-training change first
     assert recipes and all(a.fits and a.total_bytes <= a.capacity_bytes for a in recipes)
-    assert {a.settings["finetune_method"] for a in recipes} <= {"lora", "qlora"}
+    # every weight in bf16 (no finetune_method: all are trained) or adapters
+    assert {a.settings.get("finetune_method", "full") for a in recipes} <= {"full", "lora", "qlora"}
+    assert any(a.settings.get("finetune_method") for a in recipes)
     assert all(a.settings["checkpointing"] == "full" for a in recipes)
     assert all(a.settings["params_dtype"] == "bf16" for a in recipes)  # an A100 runs bf16
     text = advice_lines(p)
@@ -186,7 +188,7 @@ def test_recipes_follow_max_batch_auto_and_the_table_says_so(model: str) -> None
     assert all(not p.advice[g.id][0].fits for g in gpus)
     assert not any(a.recipe for items in p.advice.values() for a in items)
     assert advice_lines(p)[-1] == (
-        f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(gpus)} GPUs; "
+        f"Recipes (bf16-true, LoRA, QLoRA) were not tried for {len(gpus)} GPUs; "
         f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
     )
 
@@ -219,7 +221,10 @@ def test_a_gpu_below_parameters_and_gradients_gets_the_floor_and_no_traces(model
     (got,) = advised[gpu.id]  # NaN times: compare the fields that are numbers
     assert (got.change, got.total_bytes, got.lower_bound) == (floor.change, floor.total_bytes, True)
     line = advice_lines(replace(p, advice=advised, gpus=[small]))[0]
-    assert line.startswith(f"{gpu.id}: no single-GPU change fits: parameters and gradients alone")
+    assert line.startswith(
+        f"{gpu.id}: no single-GPU change that keeps the weights' dtype fits: parameters and"
+        " gradients alone"
+    )
 
 
 def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> None:
@@ -232,6 +237,10 @@ def test_a_lora_step_is_offered_4_bit_base_weights_not_a_lighter_optimizer() -> 
     offered = [[c.finetune_method for _, c, _ in recipe_changes(lora, gpu, lv)]
                for lv in RECIPE_LEVELS]  # fmt: skip
     assert offered == [[], ["qlora"], ["qlora"]]  # the last at one sample per micro-batch
+    # bf16-true trains every weight: not a LoRA step's recipe
+    from boom_ml.report.levers import BF16_TRUE_LEVELS, bf16_true_changes
+
+    assert [bf16_true_changes(lora, gpu, lighter) for lighter in BF16_TRUE_LEVELS] == [[], []]
     assert recipe_changes(replace(lora, finetune_method="qlora"), gpu, RECIPE_LEVELS[1]) == []
     labels = [label for label, _, _ in single_changes(lora, gpu)]
     assert not [x for x in labels if x.startswith("optimizer=")]

@@ -209,3 +209,28 @@ def test_autocast_is_tried_on_the_split_that_fits_alone() -> None:
         "batch_size=32 x 8 accumulation steps",
     ]
     assert len(asked) == len(set(asked))
+
+
+def test_bf16_true_is_offered_to_full_fp32_training_on_bf16_gpus() -> None:
+    """A hunt: Llama-3-8B at 1 x 4096 on an A100-40GB was told no single-GPU change fits and
+    sent to 64 GPUs, where every weight in bf16 with Adafactor and checkpointing fits on one
+    (33.4 GiB). The recipe: params_dtype=bf16 without autocast or master weights, checkpointing
+    full, then with the lighter optimizer; never before Ampere, never for adapters."""
+    from boom_ml.report.levers import BF16_TRUE_LEVELS, bf16_true_changes
+
+    step = StepSpec(batch_size=1, seq_len=4096, amp="bf16")
+    a100 = get_gpu("a100-40gb-sxm")
+    (plain,), (light,) = (bf16_true_changes(step, a100, lighter) for lighter in BF16_TRUE_LEVELS)
+    assert plain[0] == "params_dtype=bf16 + amp=none + checkpointing=full"
+    assert light[0] == "params_dtype=bf16 + amp=none + checkpointing=full + optimizer=adafactor"
+    for _, changed, accumulation in (plain, light):
+        assert (changed.params_dtype, changed.amp, changed.master_weights) == (
+            "bf16",
+            "none",
+            False,
+        )
+        assert (changed.checkpointing, changed.checkpointing_every, accumulation) == ("full", 1, 1)
+    assert (plain[1].optimizer, light[1].optimizer) == ("adamw", "adafactor")
+    assert bf16_true_changes(step, get_gpu("t4")) == []  # no bf16 tensor cores
+    assert bf16_true_changes(replace(step, optimizer="sgd"), a100, lighter=True) == []
+    assert bf16_true_changes(replace(step, params_dtype="bf16", amp="none"), a100) == []

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from boom_ml.estimates import Prediction
-from boom_ml.report.advisor import Advice, nothing_fits
+from boom_ml.report.advisor import Advice, is_adapters, is_bf16_true, nothing_fits
 from boom_ml.report.explain import GIB
+from boom_ml.report.levers import BF16_TRUE
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS
 
 
@@ -25,7 +26,8 @@ def advice_lines(prediction: Prediction) -> list[str]:
             hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
             need = f"{_with_p90(a)} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
             lines.append(
-                f"{gpu}: no single-GPU change fits: parameters and gradients alone need {need}"
+                f"{gpu}: no single-GPU change that keeps the weights' dtype fits: parameters"
+                f" and gradients alone need {need}"
                 if a.lower_bound
                 else f"{gpu}: nothing tried fits on one GPU; closest: {a.change} needs {need}"
             )
@@ -33,12 +35,17 @@ def advice_lines(prediction: Prediction) -> list[str]:
         else:
             lines.append(f"{gpu}: to fit, change")
             lines += [_advice_line(a) for a in items]
-        if recipes and prediction.step.get("finetune_method", "full") == "full":
+        true16 = [a for a in recipes if is_bf16_true(a)]
+        adapters = [a for a in recipes if is_adapters(a)]
+        if true16:
+            lines.append(f"    or train every weight in bf16 ({BF16_TRUE}):")
+            lines += ["  " + _advice_line(a) for a in true16]
+        if adapters and prediction.step.get("finetune_method", "full") == "full":
             lines.append("    or fine-tune adapters instead of training every weight:")
-            lines += ["  " + _advice_line(a) for a in recipes]
-        elif recipes:  # LoRA that does not fit: its base weights in 4 bits
+            lines += ["  " + _advice_line(a) for a in adapters]
+        elif adapters:  # LoRA that does not fit: its base weights in 4 bits
             lines.append("    or quantise the frozen base weights to 4 bits:")
-            lines += ["  " + _advice_line(a) for a in recipes]
+            lines += ["  " + _advice_line(a) for a in adapters]
     stuck = [g for g, items in prediction.advice.items() if nothing_fits(items)]
     if (
         stuck
@@ -46,7 +53,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
         and prediction.step.get("finetune_method", "full") == "full"
     ):
         lines.append(
-            f"Fine-tuning recipes (LoRA, QLoRA) were not tried for {len(prediction.gpus)} GPUs; "
+            f"Recipes (bf16-true, LoRA, QLoRA) were not tried for {len(prediction.gpus)} GPUs; "
             f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
         )
     return lines

@@ -5,10 +5,12 @@ models; a candidate fits when its p90 step does. Single changes come first; if n
 the stacked ones, walked to a first fit twice: with checkpointing and without it (where the
 first walk fitted, at its micro-batch or below); the faster fits are advised first.
 
-When nothing tried fits on one GPU and the step trains every weight, fine-tuning recipes
-are tried too (LoRA, QLoRA: peft adapters on half-precision or 4-bit frozen weights, with
-activation checkpointing); they change what is trained, so they are listed apart
-(``Advice.recipe``), after the closest change that keeps full training.
+When nothing tried fits on one GPU and the step trains every weight, recipes are tried too:
+every weight in bf16 without an fp32 master copy ("bf16-true", on GPUs with bf16 tensor cores;
+with the lighter optimizer where the step's does not fit), and fine-tuning (LoRA, QLoRA: peft
+adapters on half-precision or 4-bit frozen weights), each with activation checkpointing; they
+change the numerics or what is trained, so they are listed apart (``Advice.recipe``), after the
+closest change that keeps full training.
 
 When nothing tried fits on one GPU, :func:`advise_layouts` asks a layout search (passed in by
 ``boom_ml.api``: ``report`` does not import the prediction stack) for the cheapest multi-GPU
@@ -27,8 +29,10 @@ from boom_ml.errors import BoomError, interrupted
 from boom_ml.estimates import GpuPrediction
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
+    BF16_TRUE_LEVELS,
     RECIPE_LEVELS,
     autocast_splits,
+    bf16_true_changes,
     changes_checkpointing,
     halves_frozen_weights,
     recipe_changes,
@@ -51,7 +55,7 @@ class Advice:
     capacity_bytes: int
     step_ms: float  # time per effective (accumulated) step; NaN when it does not fit
     samples_per_s: float
-    recipe: bool = False  # fine-tunes adapters instead of training every weight
+    recipe: bool = False  # changes what is trained (adapters) or its numerics (bf16-true)
     # total_bytes is a floor no single-GPU lever goes below (parameters, their gradients and
     # the terms outside the allocator): nothing was traced for this GPU
     lower_bound: bool = False
@@ -174,12 +178,20 @@ def advise(
                      if c[1] not in tried[s.id] and c[1].batch_size <= bound[s.id]]
               for s in again}  # fmt: skip
     _walk(stacks, again, try_level, found)
+
+    def bare(kind: Callable[[Advice], bool]) -> list[GpuSpec]:
+        """GPUs nothing fitted on, and no recipe of this kind yet."""
+        return [s for s, _ in failing if s.id in found and not found[s.id]
+                and not any(kind(a) for a in recipes.get(s.id, []))]  # fmt: skip
+
+    for lighter in BF16_TRUE_LEVELS if recipes_too else ():
+        try_level(_by_step((s, c) for s in bare(is_bf16_true)
+                           for c in bf16_true_changes(step, s, lighter)), recipe=True)  # fmt: skip
     for recipe_level in RECIPE_LEVELS if recipes_too else ():
-        bare = [
-            s for s, _ in failing if s.id in found and not found[s.id] and not recipes.get(s.id)
-        ]
         try_level(
-            _by_step((s, c) for s in bare for c in recipe_changes(step, s, recipe_level)),
+            _by_step(
+                (s, c) for s in bare(is_adapters) for c in recipe_changes(step, s, recipe_level)
+            ),
             recipe=True,
         )
     return {
@@ -188,6 +200,16 @@ def advise(
         + sorted(recipes.get(gpu, []), key=lambda a: a.step_ms)
         for gpu, items in found.items()
     }
+
+
+def is_adapters(advice: Advice) -> bool:
+    """A recipe that fine-tunes adapters (LoRA, QLoRA)."""
+    return "finetune_method" in advice.settings
+
+
+def is_bf16_true(advice: Advice) -> bool:
+    """A recipe that trains every weight in bf16 (``levers.bf16_true_changes``)."""
+    return advice.recipe and not is_adapters(advice)
 
 
 def _walk(

@@ -172,6 +172,35 @@ def stacked_changes(
 # earlier level fits (every candidate is a trace per attention group: an 8B model's cost
 # seconds each): LoRA; then QLoRA, or LoRA at one sample per micro-batch; then QLoRA so.
 RECIPE_LEVELS = ((("lora", False),), (("qlora", False), ("lora", True)), (("qlora", True),))
+# Training every weight in bf16 ("bf16-true"), tried apart from the adapters' levels: with the
+# step's optimizer, then (where that does not fit) with the lighter one
+BF16_TRUE_LEVELS = (False, True)
+BF16_TRUE = "bf16-true: weights, gradients and optimizer state in bf16, no fp32 master copy"
+
+
+def bf16_true_changes(
+    step: StepSpec, gpu: GpuSpec, lighter: bool = False
+) -> list[tuple[str, StepSpec, int]]:
+    """Every weight trained in bf16 without autocast or an fp32 master copy (Lightning's
+    ``precision="bf16-true"``), with activation checkpointing; ``lighter``: and the lighter
+    optimizer. Half the bytes of the parameters, their gradients and (for most optimizers)
+    their state, at the cost of bf16's rounding in the update: a recipe, listed apart from
+    the levers. A full fp32 step on a GPU with bf16 tensor cores only (fp16 without a master
+    copy underflows its updates)."""
+    if not (gpu.bf16_tflops and step.finetune_method == "full" and step.params_dtype == "fp32"):
+        return []
+    if lighter and step.optimizer not in LIGHTER_OPTIMIZER:
+        return []
+    changed = replace(step, params_dtype="bf16", amp="none", master_weights=False,
+                      checkpointing="full", checkpointing_every=1)  # fmt: skip
+    extra = ["amp=none"] if step.amp != "none" else []
+    extra += ["checkpointing=full"] if step.checkpointing != "full" else []
+    extra += ["checkpointing.every=1"] if step.checkpointing_every > 1 else []
+    if lighter:
+        name, _ = LIGHTER_OPTIMIZER[step.optimizer]
+        changed = replace(changed, optimizer=name, optimizer_impl="auto")
+        extra.append(f"optimizer={name}")
+    return [(" + ".join(["params_dtype=bf16", *extra]), changed, 1)]
 
 
 def recipe_changes(
