@@ -120,6 +120,18 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         for col in ("rows", "cols"):
             if col not in df.columns:
                 df[col] = np.nan
+        # numel with one side: the other is their quotient (a hunt: rows=4096 with numel
+        # 4194304 had been read as one row of 4194304 beside four rows of nothing)
+        for side, other in (("rows", "cols"), ("cols", "rows")):
+            one = df[side].notna() & df[other].isna() & df["numel"].notna()
+            uneven = one & (df["numel"] % df[side].where(one, 1) != 0)
+            if uneven.any():
+                k = int(np.flatnonzero(uneven.to_numpy())[0])
+                raise InvalidInputError(
+                    f"{where}: row {k + 1} gives numel {df['numel'].iat[k]:g} and {side} "
+                    f"{df[side].iat[k]:g}, which does not divide it"
+                )
+            df[other] = df[other].where(~one, df["numel"] / df[side])
         df["cols"] = df["cols"].fillna(df["numel"])
         df["rows"] = df["rows"].fillna(1)
     gemm = fam == "gemm"
@@ -193,17 +205,16 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
 
 
 def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
-    """Convolutions PyTorch would refuse: a size, channel count or stride below 1, channels
+    """Convolutions PyTorch would refuse: a kernel or stride below 1, channels
     that the groups do not divide, or a kernel larger than the padded input (no output)."""
     s = conv_shape(conv)
     groups = s["groups"]
-    # a stride of 0 was timed as inf ms, a kernel of 0 as three times a 3x3 one (a hunt)
-    sizes = np.vstack([s[k] for k in ("n", "c", "o", "kh", "kw", "h", "w", "sh", "sw")])
-    zero = (sizes < 1).any(axis=0) | (s["ph"] < 0) | (s["pw"] < 0)
+    # a stride of 0 was timed as inf ms, a kernel of 0 as three times a 3x3 one (a hunt); a
+    # zero batch or size is an empty tensor, which launches nothing (timed 0)
+    zero = (np.vstack([s[k] for k in ("kh", "kw", "sh", "sw")]) < 1).any(axis=0)
     split = (groups == 0) | (s["c"] % groups != 0) | (s["o"] % groups != 0)
     empty = (s["h"] + 2 * s["ph"] < s["kh"]) | (s["w"] + 2 * s["pw"] < s["kw"])
-    for bad, why in ((zero, "batch, channels, kernel, input and stride must be at least 1, "
-                            "padding at least 0"),
+    for bad, why in ((zero, "kernel size and stride must be at least 1"),
                      (split, "groups must divide in_channels and out_channels"),
                      (empty, "kernel larger than the padded input")):  # fmt: skip
         if bad.any():

@@ -29,6 +29,8 @@ BODY = ("name: mine\narchitecture: ampere\ncompute_capability: '8.0'\nsm_count: 
         ("fp16_tflops: 312000000000000\n", "is it in TFLOPS?"),
         ("memory_bytes: 8589934592\n", "memory_bytes 8589934592 is not memory_gb 80 in bytes"),
         ("total_memory_bytes: 90000000000\n", "exceeds memory_bytes 85899345920"),
+        # a hunt: TDP in kW, and CUDA cores as SMs (below), loaded and timed without a word
+        ("tdp_w: 0.4\n", "field 'tdp_w' is 0.4, outside 3.5-20000"),
     ],
 )
 def test_a_number_out_of_range_is_one_line_naming_its_field(tmp_path, extra, words) -> None:
@@ -46,6 +48,7 @@ def test_a_number_out_of_range_is_one_line_naming_its_field(tmp_path, extra, wor
         ("memory_gb", "85899345920", "GB"),
         ("fp32_tflops", "19500000000000", "TFLOPS"),
         ("sm_count", "true", None),
+        ("sm_count", "6912", "SMs (streaming multiprocessors, not CUDA cores)"),
     ],  # fmt: skip
 )
 def test_a_required_field_in_another_unit_is_refused(tmp_path, field, value, unit) -> None:

@@ -68,6 +68,18 @@ def test_neusight_conventions_map_to_canonical_rows():
     assert list(rows["dtype"]) == ["float16", "float32", "float32"]
 
 
+def test_numel_with_one_side_gives_the_other():
+    """A hunt: a layer norm given rows=4096 and numel=4194304 was timed as one row of 4194304
+    (cols took numel); the other side is now the quotient, and one that does not divide is
+    refused."""
+    frame = pd.DataFrame({"op": ["layer_norm", "layer_norm", "add"], "rows": [4096, np.nan, np.nan],
+                          "cols": [np.nan, 1024, np.nan], "numel": [4194304, 4194304, 1024]})  # fmt: skip
+    out = canonical_rows(frame)
+    assert out[["rows", "cols"]].to_numpy().tolist() == [[4096, 1024], [4096, 1024], [1, 1024]]
+    with pytest.raises(InvalidInputError, match="numel 1024 and rows 3, which does not divide it"):
+        canonical_rows(pd.DataFrame({"op": ["add"], "rows": [3], "numel": [1024]}))
+
+
 def test_rows_pytorch_could_not_run_are_refused(tmp_path):
     """Sizes that are no whole count, and convolutions PyTorch refuses (channels the groups do
     not divide; a kernel larger than the padded input, no output): one error each, not a
@@ -78,8 +90,11 @@ def test_rows_pytorch_could_not_run_are_refused(tmp_path):
     conv = {"op": ["conv2d"], "batch": [32], "in_channels": [64], "out_channels": [64],
             "kernel_size": [3], "input_h": [56], "padding": [1], "groups": [1]}  # fmt: skip
     canonical_rows(pd.DataFrame(conv))
+    at_least = "kernel size and stride must be at least 1"
     for change, why in (({"out_channels": [63], "groups": [2]}, "groups must divide"),
-                        ({"kernel_size": [7], "input_h": [5], "padding": [0]}, "kernel larger")):  # fmt: skip
+                        ({"kernel_size": [7], "input_h": [5], "padding": [0]}, "kernel larger"),
+                        # a hunt: a stride of 0 was timed inf ms, a kernel of 0 3x a 3x3
+                        ({"stride": [0]}, at_least), ({"kernel_size": [0]}, at_least)):  # fmt: skip
         with pytest.raises(InvalidInputError, match=f"convolution row 1: {why}"):
             canonical_rows(pd.DataFrame({**conv, **change}))
     (tmp_path / "ops.csv").write_text("op,B,M,N,K\nbmm,1,64,64,64\n")

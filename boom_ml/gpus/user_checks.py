@@ -19,11 +19,13 @@ POSITIVE = ("sm_count", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "mem
             "total_memory_bytes", "l2_cache_mb", "boost_clock_mhz", "base_clock_mhz", "tdp_w")  # fmt: skip
 NON_NEGATIVE = ("tf32_tflops", "fp16_tflops", "bf16_tflops", "fp8_tflops", "price_usd_per_hour")
 # Fields a unit slip moves by a factor of 1000 or more (TB/s for GB/s, GFLOPS for TFLOPS, GHz
-# for MHz, bytes or MB for GB or MiB), and the unit each is in.
+# for MHz, bytes or MB for GB or MiB, kW for W), or of 64-128 (CUDA cores for SMs), and the
+# unit each is in.
 UNITS = {"memory_gb": "GB, as the datasheet states it", "memory_bandwidth_gbs": "GB/s",
          "fp32_tflops": "TFLOPS", "tf32_tflops": "TFLOPS", "fp16_tflops": "TFLOPS",
          "bf16_tflops": "TFLOPS", "fp8_tflops": "TFLOPS", "l2_cache_mb": "MiB",
-         "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz"}  # fmt: skip
+         "boost_clock_mhz": "MHz", "base_clock_mhz": "MHz",
+         "sm_count": "SMs (streaming multiprocessors, not CUDA cores)", "tdp_w": "W"}  # fmt: skip
 # Checked above only: a small memory is how one asks what a tighter GPU would do (0.3 GB
 # makes any step not fit), where a slip to TB is rarer than one to bytes or MB; a 16-bit rate
 # can be far below the packaged ones (a GTX 1080 Ti's fp16 runs at 1/64 of its fp32: 0.18).
