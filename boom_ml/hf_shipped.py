@@ -18,12 +18,15 @@ def shipped() -> dict[str, Path]:
 
 
 def lookup(name: str) -> str | None:
-    """The shipped id for ``name``: exact, safe-name or case-insensitive spelling."""
+    """The shipped id for ``name``: exact, safe-name or case-insensitive spelling, or the
+    name without its org where one shipped id alone has it (``Qwen2.5-0.5B``)."""
     table = shipped()
     if name in table:
         return name
     wanted = name.replace("--", "/").lower()
     hits = [mid for mid in table if mid.lower() == wanted]
+    if not hits and "/" not in wanted:
+        hits = [mid for mid in table if mid.lower().rpartition("/")[2] == wanted]
     return hits[0] if len(hits) == 1 else None
 
 

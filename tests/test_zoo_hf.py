@@ -321,3 +321,16 @@ def test_a_build_oom_on_a_gpu_stays_an_oom(monkeypatch) -> None:
     for name in ("hf:gpt2", "torchvision:resnet18", "timm:resnet18"):
         with pytest.raises(torch.cuda.OutOfMemoryError):
             build_model(name)
+
+
+def test_a_shipped_id_without_its_org_is_that_config() -> None:
+    """A hunt: model=Qwen2.5-0.5B was refused ("did you mean hf:Qwen/Qwen2.5-0.5B") though
+    --help says a bare name works where one shipped config has it; a name that several orgs
+    would share stays unknown, and an org-less shipped id (gpt2) is itself."""
+    from boom_ml.hf_shipped import lookup
+    from boom_ml.zoo import resolve_name
+
+    assert lookup("Qwen2.5-0.5B") == lookup("qwen2.5-0.5b") == "Qwen/Qwen2.5-0.5B"
+    assert lookup("gpt2") == "gpt2" and lookup("Llama-3.2") is None
+    assert resolve_name("Qwen2.5-0.5B") == "hf:Qwen2.5-0.5B"
+    assert build_model("Qwen2.5-0.5B").info["config_path"] == str(shipped()["Qwen/Qwen2.5-0.5B"])
