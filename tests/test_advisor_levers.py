@@ -63,7 +63,10 @@ def test_every_advice_says_its_change_as_command_line_keys() -> None:
 
     step = StepSpec(batch_size=8, seq_len=2048, checkpointing="selective", checkpointing_every=2)
     gpu = get_gpu("t4")
+    from boom_ml.report.levers import bf16_true_changes
+
     offered = single_changes(step, gpu) + stacked_changes(step, gpu) + recipe_changes(step, gpu)
+    offered += bf16_true_changes(step, get_gpu("a100-40gb-sxm"), lighter=True)
     names = {f.name for f in fields(StepSpec)}
     for _, changed, _ in offered:
         settings = {
@@ -74,6 +77,8 @@ def test_every_advice_says_its_change_as_command_line_keys() -> None:
     assert command_options({"finetune_method": "qlora", "lora_r": 16, "checkpointing_every": 1,
                             "amp": "none"}) == {"finetune.method": "qlora", "finetune.r": 16,
                                                 "checkpointing.every": 1, "amp": "none"}  # fmt: skip
+    # a hunt: the lighter optimizer's options said optimizer_impl, --help's key is optimizer.impl
+    assert command_options({"optimizer_impl": "auto"}) == {"optimizer.impl": "auto"}
 
 
 def test_a_fit_without_checkpointing_is_found_beside_the_stacked_one() -> None:

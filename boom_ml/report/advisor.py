@@ -296,7 +296,8 @@ def _advice(
 
 # StepSpec fields whose command-line key is another name
 OPTION_KEYS = {**{name: f"finetune.{key}" for key, name in FINETUNE_KEYS.items()},
-               "checkpointing_every": "checkpointing.every"}  # fmt: skip
+               "checkpointing_every": "checkpointing.every",
+               "optimizer_impl": "optimizer.impl"}  # fmt: skip
 
 
 def command_options(settings: dict[str, Any]) -> dict[str, Any]:

@@ -94,7 +94,8 @@ def autocast_splits(step: StepSpec, gpu: GpuSpec, fitted: int) -> list[tuple[str
 
 
 def _split(micro: int, steps: int) -> str:
-    """A micro-batch split as the keys that run it: ``batch_size=micro grad_accum=steps``."""
+    """A micro-batch split as the advice prints it (``batch_size=4 x 2 accumulation steps``;
+    the keys that run it, ``batch_size=4 grad_accum=2``, are the advice's ``options``)."""
     return f"batch_size={micro} x {steps} accumulation steps"
 
 
