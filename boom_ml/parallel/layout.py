@@ -123,6 +123,31 @@ def check_checkpoint_every(checkpointing: str, every: int) -> None:
         )
 
 
+def unread_keys(layout: Layout) -> str:
+    """One line naming the ``parallel.*`` keys ``layout`` was given and does not read ('' if
+    none): on one GPU, the layout-only keys; in a layout, a schedule without a pipeline, DDP's
+    bucket option under ZeRO/FSDP, fused accumulation of one micro-batch (gpipe at pp=1 had
+    run as 1F1B with exit 0)."""
+    given = [(f"parallel.{k}={v}", v != default) for k, v, default in (
+        ("schedule", layout.schedule, "1f1b"), ("grad_accumulation", layout.grad_accumulation, "add"),
+        ("bucket_view", str(layout.bucket_view).lower(), "false"))]  # fmt: skip
+    if layout.is_single:
+        keys = [key for key, set_ in given if set_]
+        return (f"{', '.join(keys)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
+                " above 1); one GPU's step does not read it") if keys else ""  # fmt: skip
+    reasons = (
+        "a schedule of pipeline stages, and parallel.pp=1 has none" if layout.pp == 1 else "",
+        "how micro-batches 2..N accumulate, and parallel.microbatches=1 has one"
+        if layout.microbatches == 1 else "",
+        f"it sets DDP's buckets, which parallel.sharding={layout.sharding} does not use"
+        if layout.sharding != "none" else "",
+    )  # fmt: skip
+    for (key, set_), why in zip(given, reasons, strict=True):
+        if set_ and why:
+            return f"{key}: this layout does not read it ({why})"
+    return ""
+
+
 def validate(
     layout: Layout,
     cluster: Cluster,
@@ -171,25 +196,9 @@ def validate(
                 f"{layout.pp}: the interleaved schedule runs micro-batches in groups of pp"
                 " (Megatron-LM)"
             )
-    ignored = [f"parallel.{k}={v}" for k, v, default in (
-        ("schedule", layout.schedule, "1f1b"), ("grad_accumulation", layout.grad_accumulation, "add"),
-        ("bucket_view", str(layout.bucket_view).lower(), "false")) if v != default]  # fmt: skip
-    if layout.is_single and ignored:
-        raise InvalidInputError(
-            f"{', '.join(ignored)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
-            " above 1); one GPU's step does not read it"
-        )
-    unread = [(f"parallel.schedule={layout.schedule}", "a schedule of pipeline stages, and"
-               " parallel.pp=1 has none") if layout.schedule != "1f1b" and layout.pp == 1 else None,
-              ("parallel.bucket_view=true", f"it sets DDP's buckets, which parallel.sharding="
-               f"{layout.sharding} does not use") if layout.bucket_view and layout.sharding != "none"
-              else None,
-              ("parallel.grad_accumulation=fused", "how micro-batches 2..N accumulate, and"
-               " parallel.microbatches=1 has one") if layout.grad_accumulation == "fused"
-              and layout.microbatches == 1 else None]  # fmt: skip
-    for key, why in filter(None, unread):  # as one GPU's step refuses a key it does not read
-        if not layout.is_single:
-            raise InvalidInputError(f"{key}: this layout does not read it ({why})")
+    unread = unread_keys(layout)
+    if unread:
+        raise InvalidInputError(unread)
     if finetune_method == "qlora" and (layout.pp > 1 or layout.zero_stage >= 3):
         raise InvalidInputError(
             "finetune.method=qlora is modelled with data and tensor parallelism (sharding up to"
