@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -188,12 +189,17 @@ def predict(
         search = partial(search_layouts_many, model, cluster=nodes, stack=software,
                          options=options)  # fmt: skip
         checkpointed = replace(resolved, checkpointing="full")
-        layout_advice = advise_layouts(
-            advised,
-            gpus,
-            partial(search, step=resolved),
-            partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
-        )
+        # cache=off stores nothing: the rank profiles in a folder for the call (a hunt: they
+        # had been written to and read from the disk cache), as a layout's own prediction does
+        from boom_ml.parallel.shard import scratch_cache
+
+        with nullcontext() if cache else scratch_cache():
+            layout_advice = advise_layouts(
+                advised,
+                gpus,
+                partial(search, step=resolved),
+                partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
+            )
     prediction = Prediction(
         model=session.model.text,
         batch_size=batch_size,
@@ -325,8 +331,6 @@ def _predict_parallel(
     with ``advice``, for each GPU where it does not fit, the cheapest layouts that do (the
     same search as a single-GPU step's, at the layout's micro-batch and micro-batch count);
     with ``plot``, the layout's pipeline timeline and stage memory as a PNG."""
-    from contextlib import nullcontext
-
     from boom_ml.parallel.predict import predict_parallel
     from boom_ml.parallel.shard import scratch_cache
     from boom_ml.zoo import resolve_name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -160,14 +161,30 @@ class Prediction:
         return min(self.gpus, key=lambda g: (not g.fits, g.time.step_ms))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "batch_size": self.batch_size,
-            "step": self.step,
-            "graph": self.graph,
-            "gpus": [g.to_dict() for g in self.gpus],
-            "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
-            "layout_advice": self.layout_advice,
-            "plots": self.plots,
-            **({"parallel": self.parallel} if self.parallel else {}),
-        }
+        """The prediction as JSON has it: new containers (editing them leaves the prediction
+        as it was), NaN and infinities as None (a hunt: an advice that does not fit had
+        ``step_ms`` NaN, which strict JSON refuses, where the CLI's JSON said null)."""
+        return finite(
+            {
+                "model": self.model,
+                "batch_size": self.batch_size,
+                "step": self.step,
+                "graph": self.graph,
+                "gpus": [g.to_dict() for g in self.gpus],
+                "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
+                "layout_advice": self.layout_advice,
+                "plots": self.plots,
+                **({"parallel": self.parallel} if self.parallel else {}),
+            }
+        )
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every container rebuilt and every NaN or infinity made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value

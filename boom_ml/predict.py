@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import math
 import os
 import sys
 import types
@@ -27,6 +26,7 @@ from typing import Any
 
 from boom_ml import config_help
 from boom_ml.errors import BoomError, InvalidInputError, suggest
+from boom_ml.estimates import finite
 from boom_ml.gpus import parse_gpu_list
 from boom_ml.parallel.layout import Cluster, Layout, as_one_gpu, for_parallel_step
 from boom_ml.parallel.layout import validate as check_layout
@@ -271,17 +271,7 @@ def run(cfg: Any) -> str:
 def to_json(doc: Any) -> str:
     """``doc`` as strict JSON: NaN and infinities (a value the models could not give) become
     null, since JSON has no spelling for them and Python's bare ``NaN`` breaks other parsers."""
-    return json.dumps(_finite(doc), indent=2, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
+    return json.dumps(finite(doc), indent=2, allow_nan=False)
 
 
 def _fail(err: BoomError) -> None:

@@ -110,6 +110,10 @@ def check_model_syntax(text: Any) -> None:
             raise UnknownModelError(f"{spec.text}: no such file {path!r}")
 
 
+# Above it a step's tensor sizes in bytes overflow 64-bit counts for common models
+MAX_BATCH_SIZE = 1 << 31
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """One training step: batch shape, optimizer, precision and recomputation choices."""
@@ -151,6 +155,11 @@ class StepSpec:
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
+        if self.batch_size > MAX_BATCH_SIZE:  # a hunt: 2^36 overflowed pandas' int64 bytes
+            raise InvalidInputError(
+                f"batch_size={self.batch_size} is above {MAX_BATCH_SIZE} (2^31): the step's byte"
+                " counts would overflow"
+            )
         if self.seq_len is not None:
             check_positive("seq_len", self.seq_len)
         if self.image_size is not None:

@@ -366,3 +366,25 @@ def test_a_lighter_optimizer_is_traced_with_its_own_implementation() -> None:
                if "optimizer=adafactor" in label]  # fmt: skip
     assert len(lighter) >= 2  # alone, and stacked under the others
     assert {(c.optimizer, c.optimizer_impl) for c in lighter} == {("adafactor", "auto")}
+
+
+def test_cache_off_stores_no_layout_profile_and_the_dict_is_strict_json(
+    model: str, tmp_path, monkeypatch
+) -> None:
+    """A hunt: the advice's layout search of a one-GPU step wrote rank profiles into the disk
+    cache under cache=off, and ``to_dict()`` held NaN (an advice that does not fit has no
+    time), which strict JSON refuses; it is None there, as in the CLI's JSON."""
+    import json
+
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path / "cache"))
+    gpu = small_gpu()
+    p = api.predict(model, gpu=gpu, cache=False, **STEP)
+    assert p.layout_advice[gpu.id]["layouts"]  # the search ran
+    assert not [f for f in (tmp_path / "cache").rglob("*") if f.is_file()]
+    closest = p.advice[gpu.id][0]
+    assert not closest.fits and closest.step_ms != closest.step_ms  # NaN on the object
+    doc = p.to_dict()
+    assert doc["advice"][gpu.id][0]["step_ms"] is None
+    json.dumps(doc, allow_nan=False)
+    doc["step"]["batch_size"] = 777  # a copy: the prediction is as it was
+    assert p.step["batch_size"] == STEP["batch_size"]

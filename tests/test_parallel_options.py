@@ -182,6 +182,7 @@ def test_build_options_reach_the_rank_model() -> None:
         ({"finetune": "lora"}, "finetune must be a mapping of its options"),
         ({"plot": 5}, "plot must be a directory path"),
         ({"plot": ""}, "plot= needs a directory"),  # Path("") was the working directory
+        ({"batch_size": 2**36}, "is above 2147483648 (2^31)"),  # a pandas overflow traceback
     ],  # fmt: skip
 )
 def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
