@@ -125,6 +125,7 @@ class GpuPrediction:
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict() if self.time is not None else None,
             "price_usd_per_hour": self.price_usd_per_hour,
+            "usd_per_1000_steps": self.usd_per_1000_steps,  # the table's $ / 1k steps
             "stack_missing": self.stack_missing,
         }
 
@@ -160,6 +161,14 @@ class Prediction:
             )
         return min(self.gpus, key=lambda g: (not g.fits, g.time.step_ms))
 
+    def samples_per_s(self, result: GpuPrediction) -> float | None:
+        """Samples a second on one GPU: the step's batch times its micro-batches, over its
+        time (None without a time)."""
+        if result.time is None or not result.time.step_ms:
+            return None
+        samples = self.batch_size * int(self.step.get("grad_accum", 1))
+        return samples / result.time.step_ms * 1e3
+
     def to_dict(self) -> dict[str, Any]:
         """The prediction as JSON has it: new containers (editing them leaves the prediction
         as it was), NaN and infinities as None (a hunt: an advice that does not fit had
@@ -170,7 +179,10 @@ class Prediction:
                 "batch_size": self.batch_size,
                 "step": self.step,
                 "graph": self.graph,
-                "gpus": [g.to_dict() for g in self.gpus],
+                # with the table's samples/s: the step's samples (all its micro-batches) per second
+                "gpus": [
+                    {**g.to_dict(), "samples_per_s": self.samples_per_s(g)} for g in self.gpus
+                ],
                 "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
                 "layout_advice": self.layout_advice,
                 "plots": self.plots,

@@ -388,3 +388,7 @@ def test_cache_off_stores_no_layout_profile_and_the_dict_is_strict_json(
     json.dumps(doc, allow_nan=False)
     doc["step"]["batch_size"] = 777  # a copy: the prediction is as it was
     assert p.step["batch_size"] == STEP["batch_size"]
+    # the table's samples/s and $ / 1k steps are in the JSON too (a hunt found neither)
+    (row,), (result,) = doc["gpus"], p.gpus
+    assert row["samples_per_s"] == STEP["batch_size"] / result.time.step_ms * 1e3
+    assert row["usd_per_1000_steps"] == result.usd_per_1000_steps

@@ -75,7 +75,6 @@ def gpu_table(prediction: Prediction) -> Table:
     table.add_column(columns[0], justify="left", no_wrap=True, min_width=longest)
     for col in columns[1:]:
         table.add_column(col, justify="right")
-    samples = prediction.batch_size * int(prediction.step.get("grad_accum", 1))
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
         interval = f" ({t.p10_ms:.1f}–{t.p90_ms:.1f})" if t.p10_ms and t.p90_ms else ""
@@ -85,7 +84,7 @@ def gpu_table(prediction: Prediction) -> Table:
             FIT_STYLE.get(m.fit, "yes" if g.fits else "[red]no[/red]"),
             _peak(m),
             f"{t.step_ms:.1f}{interval}",
-            f"{samples / t.step_ms * 1e3:.1f}" if t.step_ms else "-",
+            f"{rate:.1f}" if (rate := prediction.samples_per_s(g)) is not None else "-",
             usd_text(cost) if cost is not None else "-",
             _max_batch(m),
         )
