@@ -9,8 +9,9 @@ flags stay behind ``--hydra-help``. ``boom_ml.predict`` keeps its own hand-writt
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from boom_ml.errors import InvalidInputError
@@ -92,3 +93,17 @@ def doc_help_or_no_args(doc: str | None, argv: Sequence[str] | None = None) -> b
               file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
     return False
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A command's expected failures, a BoomError or a dataset not imported yet (a fresh
+    clone's empty ``data/``), as one line on stderr and exit status 2, not a traceback."""
+    from boom_ml.errors import BoomError
+
+    try:
+        yield
+    except (BoomError, FileNotFoundError) as err:
+        print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None

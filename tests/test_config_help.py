@@ -59,3 +59,20 @@ def test_commands_without_options_answer_help_and_refuse_arguments(capsys):
     with pytest.raises(SystemExit) as stop:
         doc_help_or_no_args("What it does.", ["--verbose"])
     assert stop.value.code == 2 and "takes no arguments (got --verbose)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["training.step_spread", "training.gemm_spread"])
+def test_a_training_check_on_a_fresh_clone_says_to_import_in_one_line(module, tmp_path) -> None:
+    """A hunt: with no data/ yet (a fresh clone), eight training commands ended in a traceback
+    of a FileNotFoundError that already said what to run; it is that line, exit status 2."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "BOOM_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    kind = "steps" if "step" in module else "kernels"
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: no {kind} datasets in {tmp_path / kind}; run `python -m data_collection.import_public`"
+    ]

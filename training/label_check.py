@@ -76,7 +76,8 @@ def ops_sum_mape(table: pd.DataFrame) -> pd.Series:
 
 
 if __name__ == "__main__":
-    from boom_ml.config_help import doc_help_or_no_args
+    from boom_ml.config_help import doc_help_or_no_args, one_line_errors
 
     if not doc_help_or_no_args(__doc__):
-        main()
+        with one_line_errors():
+            main()

@@ -86,6 +86,8 @@ def check(kernels: pd.DataFrame, heads_for, gpus: list[str] | None = None) -> pd
 
 
 def main(argv: list[str]) -> None:
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.gpus import get_gpu
     from boom_ml.timing.heads import load_model
     from training.fold_heads import FoldHeads
 
@@ -97,10 +99,12 @@ def main(argv: list[str]) -> None:
         elif key == "heads" and value in ("packaged", "folds"):
             packaged = value == "packaged"
         else:
-            raise SystemExit(
+            raise InvalidInputError(
                 f"unknown argument {arg!r}: python -m training.size_floor_check "
-                "[gpus=[a,b]] [heads=folds|packaged]"
+                "[gpus=[a,b]] [heads=folds|packaged] (--help says what it does)"
             )
+    for gpu in gpus or []:
+        get_gpu(gpu)  # an unknown id is one line, not an empty table
     folds = FoldHeads.from_train_ops()
     table = check(folds.kernels, (lambda _g: load_model()) if packaged else folds.without, gpus)
     what = "the packaged heads on their own training rows" if packaged else (
@@ -111,4 +115,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from boom_ml.config_help import help_requested, one_line_errors
+
+    if help_requested(sys.argv[1:]):
+        print(__doc__.strip())
+    else:
+        with one_line_errors():
+            main(sys.argv[1:])

@@ -66,7 +66,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from boom_ml.config_help import doc_help_or_no_args
+    from boom_ml.config_help import doc_help_or_no_args, one_line_errors
 
     if not doc_help_or_no_args(__doc__):
-        main()
+        with one_line_errors():
+            main()

@@ -282,7 +282,8 @@ def main() -> None:
         config_path=str(config_help.CONFIG_DIR), config_name="train_gemm", version_base="1.3"
     )
     def _entry(cfg: Any) -> None:
-        run(OmegaConf.to_container(cfg, resolve=True), log=lambda m: print(m, flush=True))
+        with config_help.one_line_errors():
+            run(OmegaConf.to_container(cfg, resolve=True), log=lambda m: print(m, flush=True))
 
     _entry()
 

@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from boom_ml import config_help
-from boom_ml.config_help import print_help_if_asked
+from boom_ml.config_help import one_line_errors, print_help_if_asked
 from boom_ml.timing.gnn_artifact import ARTIFACT_DIR, regime, save_model
 from boom_ml.timing.gnn_features import FEATURE_VERSION, RowBatch, collate, heads_function
 from boom_ml.timing.gnn_model import GnnEnsemble, StepGNN, spec_range_of
@@ -337,7 +337,12 @@ def _pyg_version() -> str:
 def main() -> None:
     if print_help_if_asked(__doc__, "train_gnn"):
         return
-    hydra.main(config_path=CONFIG_DIR, config_name="train_gnn", version_base=None)(run)()
+
+    def _entry(cfg: DictConfig) -> None:
+        with one_line_errors():
+            run(cfg)
+
+    hydra.main(config_path=CONFIG_DIR, config_name="train_gnn", version_base=None)(_entry)()
 
 
 if __name__ == "__main__":

@@ -126,4 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from boom_ml.config_help import one_line_errors
+
+    with one_line_errors():
+        main()
