@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from boom_ml.errors import InvalidInputError
 from boom_ml.trace.optimizers import make_optimizer
 from data_collection import environment as env
 from data_collection import pipeline_steps as pipeline
@@ -73,7 +74,7 @@ LAYOUT_DEFAULTS: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "sharding": "none"
 TIMEOUT = datetime.timedelta(minutes=10)  # a rank stuck in a collective fails the sweep
 
 
-class LayoutError(ValueError):
+class LayoutError(InvalidInputError, ValueError):
     """A layout the harness cannot run (one line, raised before any process starts)."""
 
 

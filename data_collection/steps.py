@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from boom_ml.errors import InvalidInputError
 from data_collection import environment as env
 from data_collection.shards import ShardWriter, hydra_entry, my_share, run_configs
 from data_collection.step_runner import expand, measure_step, step_key, sweep_settings
@@ -41,7 +42,10 @@ def run_step_sweep(cfg: Mapping[str, Any]) -> str:
     ``launcher=torchrun`` runs it on ``nproc`` ranks with the ``parallel.*`` layout
     (:mod:`data_collection.distributed_steps`).
     """
-    if str(cfg.get("launcher", "none")) == "torchrun":
+    launcher = str(cfg.get("launcher", "none"))
+    if launcher not in ("none", "torchrun"):  # a misspelt one ran one process, ignoring parallel.*
+        raise InvalidInputError(f"launcher={launcher}: none or torchrun")
+    if launcher == "torchrun":
         from data_collection.distributed_steps import run_distributed_sweep
 
         return run_distributed_sweep(cfg)
@@ -77,7 +81,10 @@ def hydra_task(cfg: Any) -> None:
     """The Hydra task: resolve the config to plain containers and run the sweep."""
     from omegaconf import OmegaConf
 
-    run_step_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    from boom_ml.config_help import one_line_errors
+
+    with one_line_errors():  # a bad layout or launcher: one line, exit 2, before any process
+        run_step_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
 def _hydra_main() -> None:
