@@ -27,7 +27,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from boom_ml.errors import ArtifactError
+from boom_ml.errors import ArtifactError, last_line
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.bandwidth import CURVE_HEADS
 from boom_ml.timing.bandwidth import METHOD as CURVE_METHOD
@@ -360,7 +360,10 @@ def _load_cached(uri: str | None) -> PerOpModel:
     try:
         import mlflow.pyfunc
 
-        wrapped = mlflow.pyfunc.load_model(uri)
-    except Exception as exc:  # any MLflow failure is an artifact problem for the user
-        raise ArtifactError(f"cannot load per-op model from {uri!r}: {exc}") from exc
-    return wrapped.unwrap_python_model().model
+        model = mlflow.pyfunc.load_model(uri).unwrap_python_model().model
+    except Exception as exc:  # any MLflow failure is an artifact problem for the user (a
+        # registered model of another kind, the GNN, failed in the unwrap: a traceback)
+        raise ArtifactError(f"cannot load per-op model from {uri!r}: {last_line(exc)}") from exc
+    if not isinstance(model, PerOpModel):
+        raise ArtifactError(f"{uri!r} holds a {type(model).__name__}, not a per-op model")
+    return model
