@@ -55,4 +55,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from boom_ml.config_help import doc_help_or_no_args
+
+    if not doc_help_or_no_args(__doc__):  # --help ran the whole benchmark
+        main()

@@ -35,4 +35,9 @@ def main(overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from boom_ml.config_help import help_requested
+
+    if help_requested(sys.argv[1:]):  # Hydra read --help as an override: a traceback
+        print(__doc__.strip())
+    else:
+        main(sys.argv[1:])
