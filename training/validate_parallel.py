@@ -182,11 +182,14 @@ def table(rows: list[dict[str, Any]], key: str, fit_label: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, default=0, help="every n-th row only (0: all)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="about N rows, evenly spaced over the data (0: all)")  # fmt: skip
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="master",
                         help="master: Megatron's fp16 with fp32 master weights (default); "
                              "amp: PyTorch autocast over fp32 parameters")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.limit < 0:
+        parser.error(f"--limit {args.limit}: a number of rows, 0 for all")
     warnings.filterwarnings("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     started = time.perf_counter()
