@@ -142,7 +142,10 @@ class Prediction:
     step: dict[str, Any]
     graph: dict[str, Any]
     gpus: list[GpuPrediction]
-    advice: dict[str, list[Any]] = field(default_factory=dict)  # gpu id → [Advice]
+    # gpu id → [Advice]: the changes that fit, fastest first; where none fits, the closest
+    # (fits False: a lower bound or the candidate nearest to fitting) first; then the
+    # recipes that fit (Advice.recipe)
+    advice: dict[str, list[Any]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)  # PNG files written (plot=<dir>)
     # multi-GPU layouts (parallel.*): per GPU the layout, worst-rank memory and step time
     parallel: list[dict[str, Any]] = field(default_factory=list)

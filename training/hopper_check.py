@@ -145,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    flags = [a for a in args if a.startswith("-")]
+    if flags:  # a flag was read as a folder ("no Hopper measurements in --bogus")
+        print(f"error: unknown option {flags[0]}; python -m training.hopper_check [FOLDER ...]",
+              file=sys.stderr)  # fmt: skip
+        return 2
     root = measurements_dir()
     folders = [Path(a) for a in args] or sorted(p for p in root.glob("*") if p.is_dir())
     steps, kernels = load_held_out("steps", folders), load_held_out("kernels", folders)
