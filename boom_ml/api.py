@@ -352,10 +352,13 @@ def _predict_parallel(
             if step.checkpointing == "none":
                 again = partial(search, step=replace(searched, checkpointing="full"))
             layout_advice = layouts_that_fit(failing, partial(search, step=searched), again)
+    resolved = step.to_dict()
+    if resolved.get("seq_len") is None and out:  # as a one-GPU step says the default it took
+        resolved["seq_len"] = out[0].get("parallel", {}).get("seq_len")
     prediction = Prediction(
         model=model,
         batch_size=step.batch_size,
-        step=step.to_dict(),
+        step=resolved,
         graph={},
         gpus=[],
         parallel=out,

@@ -102,8 +102,13 @@ def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
     path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
     opts = dict(gpu="h100-sxm", batch_size=2, seq_len=32, advice=False, max_batch="off",
                 parallel={"dp": 2, "pp": 2, "microbatches": 4, "sharding": "zero1"})  # fmt: skip
-    entry = api.predict(f"hf:{path}", **opts).parallel[0]
+    prediction = api.predict(f"hf:{path}", **opts)
+    entry = prediction.parallel[0]
     t, m = entry["time"], entry["memory"]
+    assert prediction.step["seq_len"] == entry["parallel"]["seq_len"] == 32
+    # no seq_len asked: the model's default, said as a one-GPU step says it (a hunt: None)
+    default = api.predict(f"hf:{path}", **{**opts, "seq_len": None})
+    assert default.step["seq_len"] == 128  # the config's max_position_embeddings
     # 1F1B ends on rank 0 (the first stage's last backward), and the step with its optimizer
     # step: no rank finishes later
     last = t["per_stage"][t["finish_stage"]]

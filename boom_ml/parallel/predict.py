@@ -128,6 +128,7 @@ def predict_raw(
                 **layout.to_dict(),
                 "cluster": cluster.to_dict(),
                 "nodes": cluster.nodes(layout),
+                "seq_len": shape.seq_len,  # the step's, or the model's default the zoo takes
                 "layers_per_stage": per_stage,
                 # per rank, its model chunks' layers (interleaved: rank r holds r, r + pp, ...)
                 "layers_per_chunk": chunk_layers(per_stage, layout.virtual_stages),
