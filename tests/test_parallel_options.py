@@ -114,7 +114,10 @@ def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
     last = t["per_stage"][t["finish_stage"]]
     assert t["finish_stage"] == 0 and last["end_ms"] == pytest.approx(t["pipeline_ms"], abs=1e-3)
     assert t["step_ms"] == max(st["finish_ms"] for st in t["per_stage"]) == last["finish_ms"]
-    dp_exposed = last["finish_ms"] - last["end_ms"] - last["optimizer_ms"]
+    dp_exposed = last["exposed_dp_ms"]
+    assert last["finish_ms"] == pytest.approx(
+        last["end_ms"] + dp_exposed + last["optimizer_ms"], abs=1e-3
+    )
     text = run({"model": f"hf:{path}", **opts, "explain": True})
     assert (
         f"Time on h100-sxm: {t['step_ms']:.1f} ms = stage 0's last backward ending at "

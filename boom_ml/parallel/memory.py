@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from boom_ml.identity_cache import IdentityCache
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
 from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.memory_profile import MemoryProfile
@@ -155,31 +156,26 @@ def _peak_view(prof: MemoryProfile) -> dict[str, Any]:
             "breakdowns": prof.breakdowns}  # fmt: skip
 
 
-# (id of a profile's view, layers) -> (the view, its extrapolation): a layout search asks the
-# same ones for every sharding and layout (208k calls, 5 s, in a helper's profile); the view
-# is kept so that its id is not reused while its entry lives
-_AT_LAYERS: dict[tuple[int, int], tuple[dict[str, Any], tuple[Any, ...]]] = {}
+# a profile peak extrapolated to a layer count: a layout search asks the same ones for every
+# sharding and layout (208k calls, 5 s, in a helper's profile)
+_AT_LAYERS: IdentityCache[tuple[dict[str, int], float, float, float]] = IdentityCache(4096)
 
 
-def _at_layers(
-    view: dict[str, Any], layers: int
-) -> tuple[dict[str, int], float, float, float, float]:
-    """A peak's breakdown, fragmentation correction, total, p10 and p90 extrapolated to
+def _at_layers(view: dict[str, Any], layers: int) -> tuple[dict[str, int], float, float, float]:
+    """A peak's breakdown (fragmentation corrected), total, p10 and p90 extrapolated to
     ``layers`` layers (the breakdown a copy the caller may change)."""
-    hit = _AT_LAYERS.get((id(view), layers))
-    if hit is None or hit[0] is not view:
+
+    def compute() -> tuple[dict[str, int], float, float, float]:
         breakdowns = view["breakdowns"]
         bd = {k: int(_extrapolate([breakdowns[0].get(k, 0), breakdowns[1].get(k, 0)], layers))
               for k in set(breakdowns[0]) | set(breakdowns[1])}  # fmt: skip
         frag_fix = _fragmentation(breakdowns, bd.get("fragmentation", 0))
         bd["fragmentation"] = bd.get("fragmentation", 0) + frag_fix
-        at = (bd, _extrapolate(view["totals"], layers) + frag_fix,
-              _extrapolate(view["p10"], layers) + frag_fix,
-              _extrapolate(view["p90"], layers) + frag_fix)  # fmt: skip
-        if len(_AT_LAYERS) > 4096:
-            _AT_LAYERS.clear()
-        hit = _AT_LAYERS[(id(view), layers)] = (view, at)
-    bd, *rest = hit[1]
+        return (bd, _extrapolate(view["totals"], layers) + frag_fix,
+                _extrapolate(view["p10"], layers) + frag_fix,
+                _extrapolate(view["p90"], layers) + frag_fix)  # fmt: skip
+
+    bd, *rest = _AT_LAYERS.get(view, (layers,), compute)
     return (dict(bd), *rest)
 
 

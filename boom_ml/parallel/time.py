@@ -359,7 +359,8 @@ def step_time(
             trainable=st["trainable"], layer_trainable=st["layers"] * shape.count("layer", True),
         )  # fmt: skip
         st["end_ms"] = end
-        st["finish_ms"] = end + st["optimizer_ms"] + sum(c.exposed_ms for c in st["dp"])
+        st["exposed_dp_ms"] = sum(c.exposed_ms for c in st["dp"])
+        st["finish_ms"] = end + st["exposed_dp_ms"] + st["optimizer_ms"]
     worst = max(stages, key=lambda st: st["micro_ms"])
     dp = worst["dp"]
     colls = worst["collectives"] + dp

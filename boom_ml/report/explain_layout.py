@@ -38,13 +38,12 @@ def _time_lines(entry: dict[str, Any]) -> list[str]:
     )
     critical, done = t["critical_stage"], t["finish_stage"]
     last = t["per_stage"][done]
-    exposed_dp = last["finish_ms"] - last["end_ms"] - last["optimizer_ms"]
     rank = f"stage {done}'s " if lay["pp"] > 1 else ""
     lines = [
         f"Time on {entry['gpu']}: {t['step_ms']:.1f} ms = {rank}last backward ending at"
         f" {last['end_ms']:.1f} ms ({run}; the pipeline {t['pipeline_ms']:.1f}) + its optimizer"
         f" step {last['optimizer_ms']:.1f} + its exposed data-parallel communication"
-        f" {max(exposed_dp, 0.0):.1f} (method: the collectives' line above)",
+        f" {last['exposed_dp_ms']:.1f} (method: the collectives' line above)",
         "  per stage: one micro-batch's compute and tensor-parallel communication; over the step"
         " the busy time, the gradient adds and the optimizer step",
     ]

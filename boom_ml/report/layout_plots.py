@@ -12,8 +12,8 @@ matplotlib.use("Agg")  # files only; no display on servers and laptops alike
 import matplotlib.pyplot as plt  # noqa: E402
 
 from boom_ml.parallel.schedule import simulate  # noqa: E402
+from boom_ml.report.explain import GIB  # noqa: E402
 
-GIB = 1024**3
 FORWARD, BACKWARD, OPTIMIZER, EXPOSED = "#4477aa", "#ee7733", "#228833", "#aa3377"
 
 
@@ -60,11 +60,9 @@ def _timeline(ax: Any, entry: dict[str, Any]) -> None:
             ax.text(start + width / 2, rank, str(i + 1), ha="center", va="center", fontsize=6,
                     color="white")  # fmt: skip
     for st in t["per_stage"]:  # after its last backward: exposed dp collectives, optimizer
-        exposed = st["finish_ms"] - st["end_ms"] - st["optimizer_ms"]
-        row = (st["stage"] - 0.4, 0.8)
-        ax.broken_barh([(st["end_ms"], max(exposed, 0.0))], row, facecolors=EXPOSED)
-        ax.broken_barh([(st["end_ms"] + max(exposed, 0.0), st["optimizer_ms"])], row,
-                       facecolors=OPTIMIZER)  # fmt: skip
+        row, exposed = (st["stage"] - 0.4, 0.8), st["exposed_dp_ms"]
+        ax.broken_barh([(st["end_ms"], exposed)], row, facecolors=EXPOSED)
+        ax.broken_barh([(st["end_ms"] + exposed, st["optimizer_ms"])], row, facecolors=OPTIMIZER)
     done = t["finish_stage"]
     ax.set_yticks(range(pp), [f"rank {r}" + (" (ends the step)" if r == done and pp > 1 else "")
                               for r in range(pp)])  # fmt: skip
