@@ -67,9 +67,7 @@ def explain_lines(result: GpuPrediction, top_n: int = 8, grad_accum: int = 1) ->
             f" ({m.reserved_peak_phase or '-'}); its segments cached then and idle at the peak"
             " are the fragmentation below"
         )
-    for category, nbytes in sorted(m.breakdown.items(), key=lambda kv: -kv[1]):
-        if nbytes:
-            lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
+    lines += breakdown_lines(m.breakdown)
     if m.by_module:
         lines.append("  by module (repeated blocks summed):")
         for row in (m.by_module_group or m.by_module)[:top_n]:
@@ -88,21 +86,34 @@ def _blocks(row: dict) -> str:
 def overhead_lines(result: GpuPrediction) -> list[str]:
     """Each term outside the traced tensors on one GPU (p50), with where its value comes from."""
     m = result.memory
-    lines = [
-        f"Memory terms outside the traced tensors on {result.gpu} (p50; range "
-        f"{m.p10_bytes / GIB:.2f}–{m.p90_bytes / GIB:.2f} GiB, usable "
-        f"{m.capacity_bytes / GIB:.2f} GiB, verdict {m.fit or '-'}):"
-    ]
-    lines += term_lines(m.terms)
-    if m.capacity_source:
-        lines.append(f"    usable memory: {m.capacity_source}")
-    return lines
+    return outside_lines(result.gpu, m.p10_bytes, m.p90_bytes, m.capacity_bytes, m.fit, m.terms,
+                         m.capacity_source)  # fmt: skip
 
 
-def term_lines(terms: list[dict]) -> list[str]:
-    """One line per memory term outside the traced tensors: bytes, where, source."""
+def breakdown_lines(breakdown: dict[str, int]) -> list[str]:
+    """The peak's bytes by category, largest first (empty categories left out)."""
     return [
+        f"    {category:<20} {nbytes / GIB:>8.2f} GiB"
+        for category, nbytes in sorted(breakdown.items(), key=lambda kv: -kv[1])
+        if nbytes
+    ]
+
+
+def outside_lines(
+    gpu: str, p10: int, p90: int, capacity: int, fit: str | None, terms: list[dict],
+    capacity_source: str | None = None,
+) -> list[str]:  # fmt: skip
+    """The memory range and verdict on ``gpu``, then one line per term outside the traced
+    tensors: bytes, where, source (one GPU's step and a layout's worst rank alike)."""
+    lines = [
+        f"Memory terms outside the traced tensors on {gpu} (p50; range {p10 / GIB:.2f}–"
+        f"{p90 / GIB:.2f} GiB, usable {capacity / GIB:.2f} GiB, verdict {fit or '-'}):"
+    ]
+    lines += [
         f"    {t['term']:<17} {t['library']:<7} {t['bytes'] / MIB:>9.1f} MiB  "
         f"({t['where']})  {t['source']}"
         for t in terms
     ]
+    if capacity_source:
+        lines.append(f"    usable memory: {capacity_source}")
+    return lines

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boom_ml.report.explain import GIB, term_lines
+from boom_ml.report.explain import GIB, breakdown_lines, outside_lines
 
 # the layout's own memory terms (boom_ml/parallel/memory.py), already inside the categories
 PARALLEL_TERMS = {
@@ -80,9 +80,7 @@ def _memory_lines(entry: dict[str, Any]) -> list[str]:
         f"Memory on {entry['gpu']}, worst rank{where}: {m['total_bytes'] / GIB:.2f} GiB"
         f" ({m['method']})"
     ]
-    for category, nbytes in sorted(m["breakdown"].items(), key=lambda kv: -kv[1]):
-        if nbytes:
-            lines.append(f"    {category:<20} {nbytes / GIB:>8.2f} GiB")
+    lines += breakdown_lines(m["breakdown"])
     layout_terms = [(k, v) for k, v in (m.get("parallel_terms") or {}).items() if v]
     if layout_terms:
         lines.append("  of which the layout's terms (+ added, - taken away by sharding):")
@@ -94,9 +92,5 @@ def _memory_lines(entry: dict[str, Any]) -> list[str]:
             "  per stage: "
             + ", ".join(f"stage {i} {s['total_bytes'] / GIB:.2f} GiB" for i, s in enumerate(stages))
         )
-    lines.append(
-        f"Memory terms outside the traced tensors on {entry['gpu']} (p50; range "
-        f"{m['p10_bytes'] / GIB:.2f}–{m['p90_bytes'] / GIB:.2f} GiB, usable "
-        f"{m['capacity_bytes'] / GIB:.2f} GiB, verdict {m.get('fit') or '-'}):"
-    )
-    return lines + term_lines(m.get("terms") or [])
+    return lines + outside_lines(entry["gpu"], m["p10_bytes"], m["p90_bytes"],
+                                 m["capacity_bytes"], m.get("fit"), m.get("terms") or [])  # fmt: skip
