@@ -194,14 +194,10 @@ def bf16_true_changes(
         return []
     changed = replace(step, params_dtype="bf16", amp="none", master_weights=False,
                       checkpointing="full", checkpointing_every=1)  # fmt: skip
-    extra = ["amp=none"] if step.amp != "none" else []
-    extra += ["checkpointing=full"] if step.checkpointing != "full" else []
-    extra += ["checkpointing.every=1"] if step.checkpointing_every > 1 else []
     if lighter:
-        name, _ = LIGHTER_OPTIMIZER[step.optimizer]
-        changed = replace(changed, optimizer=name, optimizer_impl="auto")
-        extra.append(f"optimizer={name}")
-    return [(" + ".join(["params_dtype=bf16", *extra]), changed, 1)]
+        changed = replace(changed, optimizer=LIGHTER_OPTIMIZER[step.optimizer][0],
+                          optimizer_impl="auto")  # fmt: skip
+    return [(" + ".join(_changed_keys(step, changed)), changed, 1)]
 
 
 def recipe_changes(
@@ -233,13 +229,20 @@ def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str
     accumulation = step.batch_size if micro else 1
     if micro:
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
-    extra = [f"params_dtype={dtype}"] if step.params_dtype != dtype else []
-    extra += [f"amp={amp}"] if amp != step.amp else []
-    extra += ["checkpointing=full"] if step.checkpointing != "full" else []
-    extra += ["checkpointing.every=1"] if step.checkpointing_every > 1 else []
-    extra += [_split(1, step.grad_accum * accumulation)] if micro else []
-    label = " + ".join([f"finetune.method={method}", *extra])
+    extra = [_split(1, step.grad_accum * accumulation)] if micro else []
+    label = " + ".join([f"finetune.method={method}", *_changed_keys(step, base), *extra])
     return label, replace(base, finetune_method=method), accumulation
+
+
+# A recipe's label names what it changes of these, in this order, as command-line keys
+_LABEL_KEYS = {"params_dtype": "params_dtype", "amp": "amp", "checkpointing": "checkpointing",
+               "checkpointing_every": "checkpointing.every", "optimizer": "optimizer"}  # fmt: skip
+
+
+def _changed_keys(step: StepSpec, changed: StepSpec) -> list[str]:
+    """``key=value`` for each of :data:`_LABEL_KEYS` that ``changed`` sets otherwise."""
+    return [f"{key}={getattr(changed, field)}" for field, key in _LABEL_KEYS.items()
+            if getattr(changed, field) != getattr(step, field)]  # fmt: skip
 
 
 def step_diff(base: StepSpec, changed: StepSpec) -> dict[str, Any]:
