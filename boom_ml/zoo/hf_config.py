@@ -53,18 +53,17 @@ def config_path(name: str) -> Path:
                 raise
             close = ", ".join("hf:" + h for h in hits)
             raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
+    bare = ""
     if hf_hub.looks_like_bare_id(name):
         cached = hf_hub.cached_config(name)
         if cached is not None:
             return cached
+        bare = (
+            f"; an id without an org is read from the local Hugging Face cache only "
+            f"({hf_hub.cache_dir()}): {hf_hub.download_hint(name)} puts it there"
+        )
     hits = closest(name, list(shipped()))
     hint = f" (did you mean: {', '.join('hf:' + h for h in hits)}?)" if hits else ""
-    bare = (
-        f"; an id without an org is read from the local Hugging Face cache only "
-        f"({hf_hub.cache_dir()}): {hf_hub.download_hint(name)} puts it there"
-        if hf_hub.looks_like_bare_id(name)
-        else ""
-    )
     raise UnknownModelError(
         f"unknown hf model {name!r}{hint}; pass a hub id (org/name), a local config.json "
         f"(or a folder holding one), or a shipped id (`python -m boom_ml.models` lists them)"

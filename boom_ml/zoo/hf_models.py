@@ -107,14 +107,6 @@ def _instantiate(cls: type, config: Any, attention: str = "sdpa") -> nn.Module:
         return cls._from_config(config, attn_implementation="eager", **fp32)
 
 
-def _attention_notes(module: nn.Module, asked: str, head: str) -> list[str]:
-    """The attention implementation built where it is not the one asked; none for a model
-    without attention modules (a Mamba's scan has no implementation to choose)."""
-    if not any("Attention" in type(m).__name__ for m in module.modules()):
-        return []
-    return attention_note(asked, getattr(module.config, "_attn_implementation", None), head)
-
-
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], str, float]:
     """(config overrides, attention implementation, MoE imbalance) from ModelSpec options.
 
@@ -337,7 +329,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
-            "notes": build_notes(config, head, from_arch)
-            + _attention_notes(module, attention, head),
+            "notes": build_notes(config, head, from_arch) + attention_note(module, attention, head),
         },
     )

@@ -53,10 +53,14 @@ def build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
     return notes
 
 
-def attention_note(asked: str, built: str | None, head: str) -> list[str]:
+def attention_note(module: Any, asked: str, head: str) -> list[str]:
     """An architecture without the asked attention path (Gemma-2, GPT-Neo have no SDPA in
-    transformers) is built with eager attention, as transformers runs it by default: say so."""
+    transformers) is built with eager attention, as transformers runs it by default: say so.
+    None for a model without attention modules (a Mamba's scan has no implementation)."""
+    built = getattr(module.config, "_attn_implementation", None)
     if built is None or built == asked:
+        return []
+    if not any("Attention" in type(m).__name__ for m in module.modules()):
         return []
     return [
         f"attention={asked}: transformers' {head} has no {asked} attention; traced with {built}"
