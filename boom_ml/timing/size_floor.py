@@ -1,4 +1,4 @@
-"""A kernel is never faster than the same kernel on one element: the size floor.
+"""A kernel is never faster than the same kernel on one element (one image): the size floor.
 
 The heads learn time over a roofline (bytes / bandwidth + ``LAUNCH_MS``). NeuSight's fp32
 elementwise rows are flat at the host's per-op time (about 26 µs) up to 2^20-2^21 elements on
@@ -9,8 +9,15 @@ part shrinks with it: an fp32 ``add`` on an H100 SXM came out at 26.5 µs for 2^
 
 The floor of a row is what the same model predicts, on the same GPU, for the same op on one
 element (a row-wise op: on one row of its length): the op's fixed cost, which does not shrink
-with a bandwidth. Nothing is fitted to make it. Matrix heads (GEMM, convolution, attention) are
-left alone: their shape has more than one size.
+with a bandwidth. Nothing is fitted to make it.
+
+A convolution's floor is the same convolution on one image (batch 1, every other field kept):
+a kernel over N images does one image's work and more, so the fastest algorithm for N images
+is no faster than the fastest for one. The conv head learns a ratio over the roofline that
+falls from batch 1 to batch 4-8 (its fixed cost spread over more work), and on every GPU a
+batch-1 3x3 conv came out about twice as slow as the same conv at batch 4 (resnet50 bf16 on a
+B200: 16.3 ms at batch 1, 13.4 at batch 8). GEMM and attention heads are left alone: their
+shapes have several sizes and no one of them is the batch.
 
 Why one element and not every smaller size: a floor at the most the model gives any smaller
 power of two makes a step monotone in size, but it is the maximum of some twenty noisy
@@ -35,8 +42,10 @@ from boom_ml.timing.features import distinct_rows, heads_of, kernel_features, nu
 SIZED_HEADS = frozenset({"elementwise", "norm", "softmax", "optimizer", "copy"})
 ROW_WISE_HEADS = frozenset({"norm", "softmax"})
 COUNTED = ("flops", "bytes")  # a node's own counts, scaled with its elements
-# Appended to the ``method`` of a row the floor raised: its time is its one-element copy's.
+CONV_HEAD = "conv"  # its floor is the same convolution on one image
+# Appended to the ``method`` of a row the floor raised: its time is its smallest copy's.
 FLOOR_NOTE = " (one-element floor)"
+CONV_FLOOR_NOTE = " (one-image floor)"
 
 
 class Predictor(Protocol):
@@ -47,11 +56,41 @@ class Predictor(Protocol):
 
 def smallest_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """Each row of ``rows`` of :data:`SIZED_HEADS` cut to one element (a row-wise op to one
-    row, its length kept), and, per copy, the position in ``rows`` of the row it was cut from.
-    Rows already that small have no copy."""
-    if rows.empty or "numel" not in rows.columns:
+    row, its length kept), each convolution to one image, and, per copy, the position in
+    ``rows`` of the row it was cut from. Rows already that small have no copy."""
+    if rows.empty:
         return rows.iloc[:0], np.zeros(0, dtype=np.int64)
     heads = heads_of(rows)
+    sized, sized_source = _one_element(rows, heads)
+    convs, conv_source = _one_image(rows, heads)
+    if convs.empty:
+        return sized, sized_source
+    if sized.empty:
+        return convs, conv_source
+    both = pd.concat([sized, convs], ignore_index=True)
+    return both, np.concatenate([sized_source, conv_source])
+
+
+def _one_image(rows: pd.DataFrame, heads: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """Each convolution of ``rows`` over more than one image, cut to one (its own FLOP and
+    byte counts, where it has them, scaled with its images: weights are not, but the conv
+    head's features are made from the shape, not from these counts)."""
+    if "batch" not in rows.columns:
+        return rows.iloc[:0], np.zeros(0, dtype=np.int64)
+    batch = numeric(rows, "batch")
+    source = np.flatnonzero((heads == CONV_HEAD) & (batch > 1))
+    small = rows.iloc[source].reset_index(drop=True).copy()
+    for col in COUNTED:
+        if col in small.columns:
+            small[col] = numeric(small, col) / batch[source]
+    small["batch"] = 1
+    return small, source
+
+
+def _one_element(rows: pd.DataFrame, heads: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """Each row of :data:`SIZED_HEADS` cut to one element (a row-wise op to one row)."""
+    if "numel" not in rows.columns:
+        return rows.iloc[:0], np.zeros(0, dtype=np.int64)
     numel, n_rows, cols = numeric(rows, "numel"), row_count(rows), numeric(rows, "cols")
     row_wise = np.isin(heads, list(ROW_WISE_HEADS)) & (n_rows >= 1) & np.isfinite(cols)
     count = np.where(row_wise, n_rows, numel)
@@ -71,21 +110,24 @@ def smallest_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
 
 @dataclass(frozen=True)
 class SizeFloor:
-    """The one-element copies of a frame of kernel rows, featurised once (distinct ones only)."""
+    """The smallest copies of a frame of kernel rows, featurised once (distinct ones only)."""
 
     feats: pd.DataFrame  # features of the distinct copies
     codes: np.ndarray  # per copy: its distinct copy's position in ``feats``
     source: np.ndarray  # per copy: the row of the frame it was cut from
     n_rows: int
+    conv: np.ndarray  # per frame row: a convolution (its floor is one image, not one element)
 
     @classmethod
     def of(cls, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec) -> SizeFloor:
         """``rows`` as :func:`kernel_features` takes them (with ``gpu_id`` for a mapping)."""
         small, source = smallest_rows(rows)
+        conv = np.zeros(len(rows), dtype=bool)
         if small.empty:
-            return cls(pd.DataFrame(), np.zeros(0, np.int64), source, len(rows))
+            return cls(pd.DataFrame(), np.zeros(0, np.int64), source, len(rows), conv)
+        conv[source] = heads_of(small) == CONV_HEAD
         distinct, codes = distinct_rows(small)
-        return cls(kernel_features(distinct, gpus), codes, source, len(rows))
+        return cls(kernel_features(distinct, gpus), codes, source, len(rows), conv)
 
     def lift(self, pred: pd.DataFrame, model: Predictor) -> pd.DataFrame:
         """``pred`` (one row per frame row) with each row raised to its floor; the interval
@@ -104,7 +146,8 @@ class SizeFloor:
         out["pred_ms"] = lifted
         if "method" in out.columns:
             raised = lifted > median
-            out.loc[raised, "method"] = out.loc[raised, "method"].astype(str) + FLOOR_NOTE
+            note = np.where(self.conv[raised], CONV_FLOOR_NOTE, FLOOR_NOTE)
+            out.loc[raised, "method"] = out.loc[raised, "method"].astype(str) + note
         out["p10_ms"] = np.minimum(pred["p10_ms"].to_numpy(dtype=float) * raise_by, lifted)
         out["p90_ms"] = np.maximum(pred["p90_ms"].to_numpy(dtype=float) * raise_by, lifted)
         return out
