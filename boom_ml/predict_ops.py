@@ -41,8 +41,10 @@ rows Vidur's (profiled kernel time alone), so a 4,096-element fp16 ``add`` comes
 9x faster than the fp32 one (`../shared/data/*/SOURCE.md`). An elementwise, norm or softmax
 row is never timed faster than the same op on one element (one row) on the same GPU
 (``boom_ml/timing/size_floor.py``): on a GPU faster than any measured one, the heads alone
-timed an fp32 ``add`` of 2^20 elements below one of a single element. A row so raised says
-so in ``method`` (``per-op (one-element floor)``).
+timed an fp32 ``add`` of 2^20 elements below one of a single element; a convolution is never
+timed faster than the same convolution on one image (the conv head had a batch-1 3x3 conv on a
+B200 at twice its batch-4 time). A row so raised says so in ``method`` (``per-op (one-element
+floor)``, ``per-op (one-image floor)``).
 """
 
 from __future__ import annotations
@@ -71,14 +73,13 @@ EMPTY = "empty"
 def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) -> pd.DataFrame:
     """pred_ms, p10_ms, p90_ms and method for canonical kernel rows on ``gpu``."""
     from boom_ml.gpus import get_gpu
-    from boom_ml.timing.gemm import gemm_model_for, override_gemm
+    from boom_ml.timing.anchors import time_kernel_rows
+    from boom_ml.timing.gemm import gemm_model_for
     from boom_ml.timing.heads import load_model
 
-    spec = get_gpu(gpu)
     per_op = load_model(model)
-    pred = per_op.predict_rows(rows, spec)
     # GEMM rows: the tile/wave model (packaged one with the packaged heads; boom_ml/timing/gemm.py)
-    return override_gemm(rows, spec, pred, gemm_model_for(per_op))
+    return time_kernel_rows(rows, get_gpu(gpu), per_op, gemm_model_for(per_op))
 
 
 def empty_rows(rows: pd.DataFrame) -> np.ndarray:

@@ -62,10 +62,11 @@ def library_ms(rows: pd.DataFrame, gpu: GpuSpec, model: Any = None) -> float:
     """The call's time on ``gpu`` (ms): each row timed as ``predict_ops`` times kernel rows
     (the heads, GEMM rows by the tile/wave model), times its ``repeat``. ``model``: a
     PerOpModel (None: the packaged heads)."""
-    from boom_ml.timing.gemm import gemm_model_for, override_gemm
+    from boom_ml.timing.anchors import time_kernel_rows
+    from boom_ml.timing.gemm import gemm_model_for
     from boom_ml.timing.heads import load_model
 
     per_op = model if model is not None else load_model()
     base = rows.drop(columns=[REPEAT])
-    pred = override_gemm(base, gpu, per_op.predict_rows(base, gpu), gemm_model_for(per_op))
+    pred = time_kernel_rows(base, gpu, per_op, gemm_model_for(per_op))
     return float((pred["pred_ms"].to_numpy() * rows[REPEAT].to_numpy(dtype=float)).sum())

@@ -27,7 +27,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
-from boom_ml.timing.features import distinct_rows
+from boom_ml.timing.features import distinct_rows, kernel_features
 from boom_ml.timing.library_calls import REPEAT, is_rnn, rnn_method, rnn_rows
 from boom_ml.timing.size_floor import SizeFloor
 from boom_ml.timing.summary import summarise
@@ -339,8 +339,8 @@ def predict_nodes_many(
     :func:`predict_nodes` on each GPU, featurised and predicted in one call (features are
     per row, so batching does not change them). ``median_only``: p10/p90 repeat the median.
     ``channels_last``: the step's convolutions run on NHWC tensors (no layout transforms)."""
+    from boom_ml.timing import anchors
     from boom_ml.timing import gemm as gemm_tiles
-    from boom_ml.timing.features import kernel_features
     from boom_ml.timing.gemm import gemm_model_for, retime_gemm_many
     from boom_ml.timing.heads import load_model
 
@@ -357,17 +357,14 @@ def predict_nodes_many(
     # Every model here times a row from the row alone, so identical rows (a model's repeated
     # blocks: 4,383 kernel rows of a Llama-3-8B step, 101 distinct) are featurised and timed once.
     base, same = _UNIQUE_CACHE.get(rows, (), lambda: _distinct_rows(rows))
-    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
-
-    def features() -> tuple[pd.DataFrame, SizeFloor]:
-        frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
-        specs = dict(zip(keys, gpus, strict=True))
-        return kernel_features(frame, specs), SizeFloor.of(frame, specs)
-
     # Features do not depend on the heads: CV folds that swap heads reuse them.
-    feats, floor = _FEATS_CACHE.get(nodes, (Tf32.of(tf32), channels_last, *gpus), features)
+    feats, floor = _FEATS_CACHE.get(
+        nodes, (Tf32.of(tf32), channels_last, *gpus), lambda: _features(base, gpus)
+    )
     pred = floor.lift(model.predict_features(feats, median_only), model)  # size floor
     pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
+    # no slower than on a measured GPU this one beats on every spec number (anchors.py)
+    pred = anchors.cap(base, gpus, pred, model, lambda specs: _timed(base, specs, model, gemm))
     pos = rows["node_pos"].to_numpy()
     keep = _layout_gate(rows, gpus)
     if REPEAT in rows:  # kernels a node runs many times (an RNN's per-step GEMMs)
@@ -391,6 +388,23 @@ def predict_nodes_many(
         folded = pos[rows[FOLDED].eq(True).to_numpy() & own]
         method[:, folded] = [[f"{m} ({FOLDED_METHOD})" for m in row] for row in method[:, folded]]
     return {**out, "method": method}
+
+
+def _features(base: pd.DataFrame, gpus: list[GpuSpec]) -> tuple[pd.DataFrame, SizeFloor]:
+    """Features of ``base`` repeated once per GPU (GPU-major) and their size floor."""
+    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
+    frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
+    specs = dict(zip(keys, gpus, strict=True))
+    return kernel_features(frame, specs), SizeFloor.of(frame, specs)
+
+
+def _timed(base: pd.DataFrame, gpus: list[GpuSpec], model: Any, gemm: Any) -> pd.DataFrame:
+    """Median times of ``base`` on each of ``gpus`` (GPU-major), before the anchor cap."""
+    from boom_ml.timing.gemm import retime_gemm_many
+
+    feats, floor = _features(base, gpus)
+    pred = floor.lift(model.predict_features(feats, median_only=True), model)
+    return retime_gemm_many(base, gpus, pred, gemm)
 
 
 def _layout_gate(rows: pd.DataFrame, gpus: list[GpuSpec]) -> np.ndarray | float:
