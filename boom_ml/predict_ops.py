@@ -44,7 +44,8 @@ row is never timed faster than the same op on one element (one row) on the same 
 timed an fp32 ``add`` of 2^20 elements below one of a single element; a convolution is never
 timed faster than the same convolution on one image (the conv head had a batch-1 3x3 conv on a
 B200 at twice its batch-4 time). A row so raised says so in ``method`` (``per-op (one-element
-floor)``, ``per-op (one-image floor)``).
+floor)``, ``per-op (one-image floor)``). No row is timed slower than on a measured GPU that this
+one beats on every spec-sheet number (``boom_ml/timing/anchors.py``; ``... (capped at <gpu>)``).
 """
 
 from __future__ import annotations

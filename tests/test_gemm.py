@@ -99,6 +99,29 @@ def test_override_retimes_only_gemm_rows() -> None:
     assert override_gemm(rows, A100, pred, None) is pred
 
 
+def test_only_fp32_and_tf32_gemms_go_to_the_tile_model() -> None:
+    # fp16/bf16 GEMMs stay with the heads (TILE_DTYPES: the leave-one-GPU-out comparison)
+    from boom_ml.predict_ops import predict_canonical
+
+    rows = pd.DataFrame({"op": "linear", "family": "gemm", "direction": "forward", "b": 1,
+                         "m": 512, "n": 1024, "k": 1024,
+                         "dtype": ["float32", "tf32", "float16", "bfloat16"]})  # fmt: skip
+    out = predict_canonical(rows, "a100-40gb-pcie")  # a measured GPU: nothing capped
+    assert out["method"].tolist() == [METHOD, METHOD, "per-op", "per-op"]
+
+
+def test_routing_means_weigh_each_gpu_alike() -> None:
+    from training.gemm_routing import per_dtype
+
+    # a synthetic table: GPU a's two fp32 sources weigh by rows (10 x 1 % + 30 x 5 % = 4 %)
+    table = pd.DataFrame({"gpu": ["a", "a", "b", "b"], "dtype": ["float32", "float32", "float32", "float16"],
+                          "source": ["x", "y", "x", "x"], "rows": [10, 30, 5, 7],
+                          "head": [1.0, 5.0, 10.0, 20.0], "tiles": [2.0, 2.0, 4.0, 30.0]})  # fmt: skip
+    mean = per_dtype(table)
+    assert mean.loc["float32"].tolist() == [2, 7.0, 3.0, "tiles"]  # (4 + 10) / 2, (2 + 4) / 2
+    assert mean.loc["float16"].tolist() == [1, 20.0, 30.0, "head"]
+
+
 def _canonical(tmp_root: Path) -> Path:
     from data_collection.paths import canonical_data_dir, shared_data_dir
 

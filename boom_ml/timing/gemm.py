@@ -47,6 +47,14 @@ METHOD = "gemm-tiles"
 # without its GPU); turn it off only together with a retrain on the heads' GEMM times.
 # predict_ops (kernel rows, where the leave-one-GPU-out table applies) always uses it.
 STEP_TIMES = True
+# Dtypes whose GEMM rows this model times; fp16 and bf16 GEMMs go to the gemm head. Chosen on
+# the leave-one-GPU-out comparison of the two models on every GEMM row of each held-out GPU
+# (`python -m training.gemm_routing`, README "GEMMs: output tiles and waves"): on fp32 rows the
+# tile model is better (the table it was adopted on), on fp16 rows the head (GPU mean 19.2 %
+# against 28.0; the A40, whose fp16 GEMMs the tile model times 1.55x too slow, 10.2 against
+# 54.3). bf16 has no measured GEMM row and follows fp16, its tensor-core rate; TF32 none either
+# and stays with fp32, as before.
+TILE_DTYPES = frozenset({"float32", "tf32"})
 
 # Output tiles cuBLAS picks from. SIMT (fp32 without TF32): the tiles named by the kernels in
 # NeuSight's measured rows (``kernel_names``: ampere_sgemm_128x128_nn, volta_sgemm_128x64_nn,
@@ -308,17 +316,25 @@ def is_gemm_row(rows: pd.DataFrame) -> np.ndarray:
     return ok
 
 
+def is_tiled_row(rows: pd.DataFrame) -> np.ndarray:
+    """GEMM rows this model times in predictions: :func:`is_gemm_row` in a dtype of
+    :data:`TILE_DTYPES` (it is fit on every GEMM row, any dtype)."""
+    dtype = rows["dtype"].astype(str) if "dtype" in rows else pd.Series("float32", index=rows.index)
+    return is_gemm_row(rows) & dtype.isin(TILE_DTYPES).to_numpy()
+
+
 def override_gemm(
     rows: pd.DataFrame,
     gpus: Mapping[str, GpuSpec] | GpuSpec,
     pred: pd.DataFrame,
     model: GemmModel | None,
 ) -> pd.DataFrame:
-    """``pred`` (the heads' predictions for ``rows``, same order) with GEMM rows re-timed by
-    ``model``; ``method`` says ``gemm-tiles`` there. No model: ``pred`` unchanged."""
+    """``pred`` (the heads' predictions for ``rows``, same order) with GEMM rows of
+    :data:`TILE_DTYPES` re-timed by ``model``; ``method`` says ``gemm-tiles`` there. No model:
+    ``pred`` unchanged."""
     if model is None or rows.empty:
         return pred
-    sel = is_gemm_row(rows)
+    sel = is_tiled_row(rows)
     if not sel.any():
         return pred
     sub = rows.iloc[np.flatnonzero(sel)]
@@ -337,7 +353,7 @@ def retime_gemm_many(
 ) -> pd.DataFrame:
     """``pred`` for ``rows`` repeated once per GPU (GPU-major, as ``per_op`` builds it) with
     the GEMM rows re-timed by ``model``; unchanged when there is no model or no GEMM."""
-    sel = is_gemm_row(rows) if model is not None and not rows.empty else np.zeros(0, bool)
+    sel = is_tiled_row(rows) if model is not None and not rows.empty else np.zeros(0, bool)
     if not sel.any():
         return pred
     sub = rows.iloc[np.flatnonzero(sel)]
