@@ -18,7 +18,8 @@ case-insensitive); optional ``dtype`` (fp32 default; fp16, bf16, tf32) and ``dir
   mask, whose fused kernels do the kept pairs' share of the work, as in a traced step).
 
 The rows come back with ``pred_ms``, ``p10_ms``, ``p90_ms``, ``method`` and ``basis``.
-``method``: ``per-op`` (a learned head), ``gemm-tiles`` (the tile/wave GEMM model),
+``method``: ``per-op`` (a learned head; fp16/bf16 GEMMs too), ``gemm-tiles`` (the tile/wave
+GEMM model, fp32 and TF32 GEMMs),
 ``elementwise-head (bandwidth curve)`` (a ``fill``: a stream that writes and reads nothing,
 timed as a step times it), ``roofline-calibrated (proxy: X)`` (no head covers the op, e.g.
 ``sdpa``: its roofline scaled by head X's calibration) or ``empty`` (the output has no

@@ -10,6 +10,7 @@ import dataclasses
 
 import pandas as pd
 import pytest
+from test_train_ops import data_dir, small_kernels, small_model  # noqa: F401
 
 from boom_ml.gpus import get_gpu
 from boom_ml.specs import StepSpec
@@ -136,3 +137,17 @@ def test_a_step_is_no_slower_per_op_than_on_a_measured_gpu_it_dominates():
     h100 = estimate_per_op(graph, get_gpu("h100-sxm"))
     for anchor in ("a100-80gb-pcie", "a100-40gb-pcie", "v100-pcie-32gb"):
         assert h100.step_ms <= estimate_per_op(graph, get_gpu(anchor)).step_ms
+
+
+def test_the_check_scores_a_gpu_against_the_measured_gpus_it_dominates(small_kernels, small_model):  # noqa: F811
+    """training/anchor_check on a small real NeuSight subset (tests/test_train_ops.py's
+    fixtures; the model is fit on every GPU, so this is in-sample, and its heads measured the
+    A100-80GB itself, so nothing of it is capped)."""
+    from training.anchor_check import check
+
+    table = check(small_kernels, lambda _gpu: small_model, ["a100-80gb-pcie", "t4"])
+    assert set(table["gpu"]) == {"a100-80gb-pcie"}  # the T4 dominates no measured GPU
+    assert set(table["anchors"]) == {"a100-40gb-pcie,p100-pcie-16gb,v100-pcie-32gb"}
+    assert "all" in set(table["head"])
+    assert (table["lowered_pct"] == 0).all()
+    assert (table["mape_capped"] == table["mape_uncapped"]).all()
