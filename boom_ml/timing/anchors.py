@@ -140,9 +140,9 @@ def time_kernel_rows(rows: pd.DataFrame, gpu: GpuSpec, per_op: Any, gemm: Any) -
 
 
 def time_uncapped(rows: pd.DataFrame, gpus: list[GpuSpec], per_op: Any, gemm: Any) -> pd.DataFrame:
-    """``rows`` on each of ``gpus`` (GPU-major) as :func:`time_kernel_rows` times them,
-    before the cap."""
-    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]
+    """Median times of ``rows`` on each of ``gpus`` (GPU-major) as :func:`time_kernel_rows`
+    times them, before the cap (p10/p90 repeat the median)."""
+    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
     frame = pd.concat([rows.assign(gpu_id=key) for key in keys], ignore_index=True)
     specs = dict(zip(keys, gpus, strict=True))
-    return override_gemm(frame, specs, per_op.predict_rows(frame, specs), gemm)
+    return override_gemm(frame, specs, per_op.predict_rows(frame, specs, median_only=True), gemm)

@@ -103,11 +103,15 @@ class PerOpModel:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def predict_rows(
-        self, rows: pd.DataFrame, gpus: Mapping[str, GpuSpec] | GpuSpec
+        self,
+        rows: pd.DataFrame,
+        gpus: Mapping[str, GpuSpec] | GpuSpec,
+        median_only: bool = False,
     ) -> pd.DataFrame:
         """``pred_ms``, ``p10_ms``, ``p90_ms`` and ``method`` for canonical kernel rows, each
-        at least what the model gives the same op on one element (:mod:`size_floor`)."""
-        pred = self.predict_features(kernel_features(rows, gpus))
+        at least what the model gives the same op on one element (:mod:`size_floor`).
+        ``median_only``: p10/p90 repeat the median."""
+        pred = self.predict_features(kernel_features(rows, gpus), median_only)
         return SizeFloor.of(rows, gpus).lift(pred, self)
 
     def predict_features(self, feats: pd.DataFrame, median_only: bool = False) -> pd.DataFrame:

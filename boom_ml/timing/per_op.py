@@ -364,7 +364,9 @@ def predict_nodes_many(
     pred = floor.lift(model.predict_features(feats, median_only), model)  # size floor
     pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
     # no slower than on a measured GPU this one beats on every spec number (anchors.py)
-    pred = anchors.cap(base, gpus, pred, model, lambda specs: _timed(base, specs, model, gemm))
+    pred = anchors.cap(
+        base, gpus, pred, model, lambda specs: anchors.time_uncapped(base, specs, model, gemm)
+    )
     pos = rows["node_pos"].to_numpy()
     keep = _layout_gate(rows, gpus)
     if REPEAT in rows:  # kernels a node runs many times (an RNN's per-step GEMMs)
@@ -396,15 +398,6 @@ def _features(base: pd.DataFrame, gpus: list[GpuSpec]) -> tuple[pd.DataFrame, Si
     frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
     specs = dict(zip(keys, gpus, strict=True))
     return kernel_features(frame, specs), SizeFloor.of(frame, specs)
-
-
-def _timed(base: pd.DataFrame, gpus: list[GpuSpec], model: Any, gemm: Any) -> pd.DataFrame:
-    """Median times of ``base`` on each of ``gpus`` (GPU-major), before the anchor cap."""
-    from boom_ml.timing.gemm import retime_gemm_many
-
-    feats, floor = _features(base, gpus)
-    pred = floor.lift(model.predict_features(feats, median_only=True), model)
-    return retime_gemm_many(base, gpus, pred, gemm)
 
 
 def _layout_gate(rows: pd.DataFrame, gpus: list[GpuSpec]) -> np.ndarray | float:
