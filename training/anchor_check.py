@@ -13,18 +13,13 @@ capped and is left out. Nothing is fitted; this prints what the cap costs or gai
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.anchors import dominates, time_kernel_rows, time_uncapped
 from boom_ml.timing.features import heads_of
-from training.size_floor_check import ROW_COLUMNS, mape
-
-# the shape columns of GEMM rows beside the ones the size floor's check reads
-COLUMNS = [*ROW_COLUMNS, "b", "m", "n", "k", "heads", "head_dim", "seq_q", "seq_kv"]
+from training.kernel_checks import ROW_COLUMNS, entry, gpu_list, mape, parse_arguments
 
 
 def check(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> pd.DataFrame:
@@ -41,7 +36,7 @@ def check(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> p
         rows = kernels[kernels["gpu_id"].astype(str) == gpu]
         model = models_for(gpu)
         gemm = getattr(model, "gemm", None)
-        canon = rows[[c for c in COLUMNS if c in rows.columns]].reset_index(drop=True)
+        canon = rows[[c for c in ROW_COLUMNS if c in rows.columns]].reset_index(drop=True)
         plain = time_uncapped(canon, [specs[gpu]], model, gemm)["pred_ms"].to_numpy()
         capped = time_kernel_rows(canon, specs[gpu], model, gemm)["pred_ms"].to_numpy()
         measured_ms = rows["latency_ms"].to_numpy(dtype=float)
@@ -58,20 +53,10 @@ def check(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> p
 
 
 def main(argv: list[str]) -> None:
-    from boom_ml.errors import InvalidInputError
     from training.fold_heads import FoldHeads
 
-    gpus = None
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key != "gpus":
-            raise InvalidInputError(
-                f"unknown argument {arg!r}: python -m training.anchor_check [gpus=[a,b]] "
-                "(--help says what it does)"
-            )
-        gpus = [g.strip() for g in value.strip("[]").split(",") if g.strip()]
-    for gpu in gpus or []:
-        get_gpu(gpu)  # an unknown id is one line, not an empty table
+    args = parse_arguments(argv, "training.anchor_check [gpus=[a,b]]", ("gpus",))
+    gpus = gpu_list(args.get("gpus"))
     folds = FoldHeads.from_train_ops()
     table = check(folds.kernels, folds.without, gpus)
     print("\nkernel rows, each GPU's rows held out (its fold heads and GEMM model); MAPE % without")
@@ -80,10 +65,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from boom_ml.config_help import help_requested, one_line_errors
-
-    if help_requested(sys.argv[1:]):
-        print(__doc__.strip())
-    else:
-        with one_line_errors():
-            main(sys.argv[1:])
+    entry(__doc__, main)

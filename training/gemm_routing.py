@@ -11,15 +11,12 @@ times the dtypes where its mean is lower; the head the others).
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.features import heads_of
-from training.anchor_check import COLUMNS
-from training.size_floor_check import mape
+from training.kernel_checks import ROW_COLUMNS, entry, gpu_list, mape, parse_arguments
 
 
 def compare(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> pd.DataFrame:
@@ -35,7 +32,7 @@ def compare(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) ->
         if rows.empty or getattr(model, "gemm", None) is None:
             continue
         spec = get_gpu(gpu)
-        canon = rows[[c for c in COLUMNS if c in rows.columns]]
+        canon = rows[[c for c in ROW_COLUMNS if c in rows.columns]]
         head = model.predict_rows(canon, spec)["pred_ms"].to_numpy()
         tiles = model.gemm.predict_rows(canon, spec)["pred_ms"].to_numpy()
         measured = rows["latency_ms"].to_numpy(dtype=float)
@@ -65,20 +62,10 @@ def per_dtype(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str]) -> None:
-    from boom_ml.errors import InvalidInputError
     from training.fold_heads import FoldHeads
 
-    gpus = None
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key != "gpus":
-            raise InvalidInputError(
-                f"unknown argument {arg!r}: python -m training.gemm_routing [gpus=[a,b]] "
-                "(--help says what it does)"
-            )
-        gpus = [g.strip() for g in value.strip("[]").split(",") if g.strip()]
-    for gpu in gpus or []:
-        get_gpu(gpu)  # an unknown id is one line, not an empty table
+    args = parse_arguments(argv, "training.gemm_routing [gpus=[a,b]]", ("gpus",))
+    gpus = gpu_list(args.get("gpus"))
     folds = FoldHeads.from_train_ops()
     table = compare(folds.kernels, folds.without, gpus)
     print("\nGEMM kernel rows, each GPU's rows held out (its fold heads and GEMM model); MAPE %:")
@@ -88,10 +75,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from boom_ml.config_help import help_requested, one_line_errors
-
-    if help_requested(sys.argv[1:]):
-        print(__doc__.strip())
-    else:
-        with one_line_errors():
-            main(sys.argv[1:])
+    entry(__doc__, main)

@@ -15,25 +15,15 @@ prints what it costs or gains where a measurement says, for the README.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.features import heads_of, kernel_features
 from boom_ml.timing.size_floor import CONV_HEAD, SIZED_HEADS, Predictor, smallest_rows
+from training.kernel_checks import ROW_COLUMNS, entry, gpu_list, mape, parse_arguments
 
-# The columns a kernel row is featurised from: the rest (latency, versions, kernel names)
-# would make every row distinct, and the floor's copies with them.
-ROW_COLUMNS = ["source", "op", "family", "dtype", "direction", "grad_wrt", "numel", "rows",
-               "cols", "batch", "in_channels", "out_channels", "kernel_size", "kernel_w",
-               "input_h", "input_w", "stride", "stride_w", "padding", "padding_w", "groups"]  # fmt: skip
 FLOORED_HEADS = SIZED_HEADS | {CONV_HEAD}
-
-
-def mape(pred: np.ndarray, measured: np.ndarray) -> float:
-    return float(100 * np.mean(np.abs(pred - measured) / measured))
 
 
 def every_smaller_size(rows: pd.DataFrame, model: Predictor, spec) -> np.ndarray:
@@ -95,24 +85,14 @@ def check(kernels: pd.DataFrame, heads_for, gpus: list[str] | None = None) -> pd
 
 def main(argv: list[str]) -> None:
     from boom_ml.errors import InvalidInputError
-    from boom_ml.gpus import get_gpu
     from boom_ml.timing.heads import load_model
     from training.fold_heads import FoldHeads
 
-    gpus, packaged = None, False
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key == "gpus":
-            gpus = [g.strip() for g in value.strip("[]").split(",") if g.strip()]
-        elif key == "heads" and value in ("packaged", "folds"):
-            packaged = value == "packaged"
-        else:
-            raise InvalidInputError(
-                f"unknown argument {arg!r}: python -m training.size_floor_check "
-                "[gpus=[a,b]] [heads=folds|packaged] (--help says what it does)"
-            )
-    for gpu in gpus or []:
-        get_gpu(gpu)  # an unknown id is one line, not an empty table
+    usage = "training.size_floor_check [gpus=[a,b]] [heads=folds|packaged]"
+    args = parse_arguments(argv, usage, ("gpus", "heads"))
+    if args.get("heads", "folds") not in ("folds", "packaged"):
+        raise InvalidInputError(f"heads must be folds or packaged: python -m {usage}")
+    gpus, packaged = gpu_list(args.get("gpus")), args.get("heads") == "packaged"
     folds = FoldHeads.from_train_ops()
     table = check(folds.kernels, (lambda _g: load_model()) if packaged else folds.without, gpus)
     what = "the packaged heads on their own training rows" if packaged else (
@@ -124,10 +104,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from boom_ml.config_help import help_requested, one_line_errors
-
-    if help_requested(sys.argv[1:]):
-        print(__doc__.strip())
-    else:
-        with one_line_errors():
-            main(sys.argv[1:])
+    entry(__doc__, main)
