@@ -8,6 +8,7 @@ import json
 import math
 
 from boom_ml.timing.per_op import FOLDED, FOLDED_METHOD, node_rows
+from boom_ml.timing.size_floor import CONV_FLOOR_NOTE
 
 SYNTHETIC_VOLUME_MODEL = """
 import torch.nn as nn
@@ -44,7 +45,11 @@ def test_a_3d_convolution_is_timed_as_its_2d_implicit_gemm(tmp_path) -> None:
     conv = (graph.nodes["family"] == "conv").to_numpy()
     assert conv.sum() == 2  # forward and backward (the weight's gradient: x needs none)
     assert (out["ms"][0][conv] > 0).all()
-    assert all(m == f"per-op ({FOLDED_METHOD})" for m in out["method"][0][conv])
+    # the conv head (with the one-image floor's note where it binds), then the 3-D label
+    assert all(
+        m in (f"per-op ({FOLDED_METHOD})", f"per-op{CONV_FLOOR_NOTE} ({FOLDED_METHOD})")
+        for m in out["method"][0][conv]
+    )
     forward = graph.nodes[conv].iloc[0]
     assert json.loads(forward.input_shapes)[:2] == [[4, 3, 4, 16, 16], [8, 3, 3, 5, 5]]
     rows = node_rows(graph.nodes[conv]).query("op == 'conv2d'")
