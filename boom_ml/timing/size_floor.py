@@ -14,10 +14,10 @@ with a bandwidth. Nothing is fitted to make it.
 A convolution's floor is the same convolution on one image (batch 1, every other field kept):
 a kernel over N images does one image's work and more, so the fastest algorithm for N images
 is no faster than the fastest for one. The conv head learns a ratio over the roofline that
-falls from batch 1 to batch 4-8 (its fixed cost spread over more work), and on every GPU a
-batch-1 3x3 conv came out about twice as slow as the same conv at batch 4 (resnet50 bf16 on a
-B200: 16.3 ms at batch 1, 13.4 at batch 8). GEMM and attention heads are left alone: their
-shapes have several sizes and no one of them is the batch.
+falls from batch 1 to batch 4-8 (its fixed cost spread over more work): in bf16 a batch-1 3x3
+conv came out 1.7-2.2x slower than the same conv at batch 4 (B200, H100 SXM, A100-40GB PCIe),
+and resnet50 bf16 on a B200 took 16.9 ms at batch 1 and 14.1 at batch 8. GEMM and attention
+heads are left alone: their shapes have several sizes and no one of them is the batch.
 
 Why one element and not every smaller size: a floor at the most the model gives any smaller
 power of two makes a step monotone in size, but it is the maximum of some twenty noisy
