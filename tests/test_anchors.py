@@ -36,6 +36,22 @@ def test_dominance_on_the_packaged_table(gpu, other, expected):
     assert dominates(get_gpu(gpu), get_gpu(other)) is expected
 
 
+def test_a_user_spec_that_took_a_measured_gpus_id_is_capped_by_it():
+    # a YAML copy of the A100-40GB PCIe under its own id, twice the SMs: another GPU, which the
+    # heads never measured, so its rows are capped at the packaged card's
+    a100 = get_gpu("a100-40gb-pcie")
+    faster = dataclasses.replace(a100, sm_count=2 * a100.sm_count)
+    assert dominates(faster, a100) and not dominates(a100, a100)
+    rows, model, gemm = _kernel_rows(), load_model(), load_gemm_model()
+    theirs = time_uncapped(rows, [a100], model, gemm)["pred_ms"].to_numpy()
+    ours = time_kernel_rows(rows, faster, model, gemm)
+    measured = rows["family"].map(lambda f: "a100-40gb-pcie" in model.heads[f].gpus)
+    assert (ours["pred_ms"].to_numpy()[measured.to_numpy()] <= theirs[measured.to_numpy()]).all()
+    assert ours["method"].str.endswith("(capped at a100-40gb-pcie)").any()
+    # the packaged card itself keeps its own predictions
+    assert not time_kernel_rows(rows, a100, model, gemm)["method"].str.contains("capped").any()
+
+
 def test_a_blank_field_is_not_at_least_as_good():
     h100 = get_gpu("h100-sxm")
     assert not dominates(dataclasses.replace(h100, id="mine", l2_cache_mb=None), get_gpu("t4"))

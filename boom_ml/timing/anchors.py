@@ -41,8 +41,9 @@ CAP_NOTE = " (capped at {gpu})"  # appended to the method of a row the cap lower
 
 def dominates(a: GpuSpec, b: GpuSpec) -> bool:
     """``a`` is at least as good as ``b`` on every field of :data:`DOMINANCE_FIELDS` (and
-    is not ``b``)."""
-    if a.id == b.id:
+    is not ``b``: a user's spec that took a packaged GPU's id but changed a number is another
+    GPU)."""
+    if a == b:
         return False
     for name in DOMINANCE_FIELDS:
         theirs = getattr(b, name)
@@ -106,7 +107,9 @@ def cap(
     median = pred["pred_ms"].to_numpy(dtype=float).reshape(len(gpus), n)
     capped, by = median.copy(), np.full((len(gpus), n), -1)
     for k, gpu in enumerate(gpus):
-        own = np.array([gpu.id in m for m in measured])
+        # the packaged GPU the rows' model measured, not a user spec that took its id
+        packaged = gpu.id in specs and specs[gpu.id] == gpu
+        own = np.array([packaged and gpu.id in m for m in measured])
         for a in need[k]:
             j = used.index(a)
             lower = has[j] & ~own & (anchor_ms[j] < capped[k])
