@@ -27,9 +27,10 @@ import pandas as pd
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.bandwidth import METHOD as CURVE_METHOD
-from boom_ml.timing.features import heads_of
+from boom_ml.timing.features import heads_of, per_gpu
 from boom_ml.timing.gemm import METHOD as GEMM_METHOD
 from boom_ml.timing.gemm import override_gemm
+from boom_ml.timing.size_floor import with_median
 
 # Spec-sheet numbers where more is never slower (the fields the models read, and the peaks
 # of every dtype); the architecture (sm_version) is compared the same way.
@@ -116,23 +117,8 @@ def cap(
             capped[k, lower], by[k, lower] = anchor_ms[j, lower], j
     if (by < 0).all():
         return pred
-    out = pred.copy()
-    flat_med, flat_cap = median.ravel(), capped.ravel()
-    ratio = np.where(flat_med > 0, flat_cap / np.where(flat_med > 0, flat_med, 1), 1)
-    out["pred_ms"] = flat_cap
-    for side in ("p10_ms", "p90_ms"):
-        if side in out.columns:
-            out[side] = out[side].to_numpy(dtype=float) * ratio
-    if "p10_ms" in out.columns:  # each side kept on its side where the product rounds across
-        out["p10_ms"] = np.minimum(out["p10_ms"], flat_cap)
-        out["p90_ms"] = np.maximum(out["p90_ms"], flat_cap)
-    if "method" in out.columns:
-        lowered = np.flatnonzero(by.ravel() >= 0)
-        notes = [CAP_NOTE.format(gpu=used[j]) for j in by.ravel()[lowered]]
-        method = out["method"].to_numpy(dtype=object).copy()
-        method[lowered] = [f"{m}{note}" for m, note in zip(method[lowered], notes, strict=True)]
-        out["method"] = method
-    return out
+    notes = np.array([CAP_NOTE.format(gpu=used[j]) if j >= 0 else "" for j in by.ravel()])
+    return with_median(pred, capped.ravel(), notes)
 
 
 def time_kernel_rows(rows: pd.DataFrame, gpu: GpuSpec, per_op: Any, gemm: Any) -> pd.DataFrame:
@@ -145,7 +131,5 @@ def time_kernel_rows(rows: pd.DataFrame, gpu: GpuSpec, per_op: Any, gemm: Any) -
 def time_uncapped(rows: pd.DataFrame, gpus: list[GpuSpec], per_op: Any, gemm: Any) -> pd.DataFrame:
     """Median times of ``rows`` on each of ``gpus`` (GPU-major) as :func:`time_kernel_rows`
     times them, before the cap (p10/p90 repeat the median)."""
-    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
-    frame = pd.concat([rows.assign(gpu_id=key) for key in keys], ignore_index=True)
-    specs = dict(zip(keys, gpus, strict=True))
+    frame, specs = per_gpu(rows, gpus)
     return override_gemm(frame, specs, per_op.predict_rows(frame, specs, median_only=True), gemm)

@@ -142,6 +142,14 @@ def distinct_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return rows.iloc[first].reset_index(drop=True), codes
 
 
+def per_gpu(rows: pd.DataFrame, gpus: list[GpuSpec]) -> tuple[pd.DataFrame, dict[str, GpuSpec]]:
+    """``rows`` repeated once per GPU (GPU-major), each copy's ``gpu_id`` a key of the mapping
+    returned with it (``k:id``: a GPU may appear twice), as :func:`kernel_features` takes them."""
+    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]
+    frame = pd.concat([rows.assign(gpu_id=key) for key in keys], ignore_index=True)
+    return frame, dict(zip(keys, gpus, strict=True))
+
+
 def heads_of(rows: pd.DataFrame) -> np.ndarray:
     """The head that times each kernel row, by its family (elementwise when unknown)."""
     return rows["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise").to_numpy()

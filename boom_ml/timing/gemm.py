@@ -30,7 +30,7 @@ import pandas as pd
 
 from boom_ml.errors import ArtifactError
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.features import BMM_OPS, DTYPE_BYTES, KERNEL_ONLY_SOURCES
+from boom_ml.timing.features import BMM_OPS, DTYPE_BYTES, KERNEL_ONLY_SOURCES, per_gpu
 from boom_ml.timing.roofline import LAUNCH_MS
 from boom_ml.timing.spec_sheet import gpu_table
 
@@ -357,9 +357,7 @@ def retime_gemm_many(
     if not sel.any():
         return pred
     sub = rows.iloc[np.flatnonzero(sel)]
-    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]
-    frame = pd.concat([sub.assign(gpu_id=key) for key in keys], ignore_index=True)
-    new = model.predict_rows(frame, dict(zip(keys, gpus, strict=True)))
+    new = model.predict_rows(*per_gpu(sub, gpus))
     at = (np.arange(len(gpus))[:, None] * len(rows) + np.flatnonzero(sel)[None, :]).ravel()
     pred = pred.copy()
     for col in ("pred_ms", "p10_ms", "p90_ms"):

@@ -27,7 +27,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.identity_cache import IdentityCache
 from boom_ml.timing import conv_layout
 from boom_ml.timing.bandwidth import CURVE_FAMILIES, stream_row
-from boom_ml.timing.features import distinct_rows, kernel_features
+from boom_ml.timing.features import distinct_rows, kernel_features, per_gpu
 from boom_ml.timing.library_calls import REPEAT, is_rnn, rnn_method, rnn_rows
 from boom_ml.timing.size_floor import SizeFloor
 from boom_ml.timing.summary import summarise
@@ -283,8 +283,9 @@ def _elementwise_row(op: str, shapes, outs) -> dict[str, Any]:
 # node_rows depends on the graph only, not the GPU: one prediction over many GPUs parses
 # the node shapes once.
 _ROWS_CACHE: IdentityCache[pd.DataFrame] = IdentityCache(400)  # a dataset holds ~240 graphs
-# one per (graph, GPUs): the features and the size floor's one-element copies
-_FEATS_CACHE: IdentityCache[tuple[pd.DataFrame, SizeFloor]] = IdentityCache(400)
+# one per (graph, GPUs): the features and the size floor's one-element copies; a graph has
+# two, its GPUs' and their anchors' (anchors.py)
+_FEATS_CACHE: IdentityCache[tuple[pd.DataFrame, SizeFloor]] = IdentityCache(800)
 
 
 _UNIQUE_CACHE: IdentityCache[tuple[pd.DataFrame, np.ndarray]] = IdentityCache(400)
@@ -357,16 +358,17 @@ def predict_nodes_many(
     # Every model here times a row from the row alone, so identical rows (a model's repeated
     # blocks: 4,383 kernel rows of a Llama-3-8B step, 101 distinct) are featurised and timed once.
     base, same = _UNIQUE_CACHE.get(rows, (), lambda: _distinct_rows(rows))
-    # Features do not depend on the heads: CV folds that swap heads reuse them.
-    feats, floor = _FEATS_CACHE.get(
-        nodes, (Tf32.of(tf32), channels_last, *gpus), lambda: _features(base, gpus)
-    )
-    pred = floor.lift(model.predict_features(feats, median_only), model)  # size floor
-    pred = retime_gemm_many(base, gpus, pred, gemm)  # GEMM rows: tile/wave model, if any
+
+    def timed(specs: list[GpuSpec], median_only: bool) -> pd.DataFrame:
+        # Features do not depend on the heads: CV folds that swap heads reuse them.
+        feats, floor = _FEATS_CACHE.get(
+            nodes, (Tf32.of(tf32), channels_last, *specs), lambda: _features(base, specs)
+        )
+        pred = floor.lift(model.predict_features(feats, median_only), model)  # size floor
+        return retime_gemm_many(base, specs, pred, gemm)  # GEMM rows: tile/wave model, if any
+
     # no slower than on a measured GPU this one beats on every spec number (anchors.py)
-    pred = anchors.cap(
-        base, gpus, pred, model, lambda specs: anchors.time_uncapped(base, specs, model, gemm)
-    )
+    pred = anchors.cap(base, gpus, timed(gpus, median_only), model, lambda a: timed(a, True))
     pos = rows["node_pos"].to_numpy()
     keep = _layout_gate(rows, gpus)
     if REPEAT in rows:  # kernels a node runs many times (an RNN's per-step GEMMs)
@@ -394,9 +396,7 @@ def predict_nodes_many(
 
 def _features(base: pd.DataFrame, gpus: list[GpuSpec]) -> tuple[pd.DataFrame, SizeFloor]:
     """Features of ``base`` repeated once per GPU (GPU-major) and their size floor."""
-    keys = [f"{k}:{g.id}" for k, g in enumerate(gpus)]  # a GPU may appear twice
-    frame = pd.concat([base.assign(gpu_id=key) for key in keys], ignore_index=True)
-    specs = dict(zip(keys, gpus, strict=True))
+    frame, specs = per_gpu(base, gpus)
     return kernel_features(frame, specs), SizeFloor.of(frame, specs)
 
 

@@ -139,15 +139,26 @@ class SizeFloor:
         floor[self.source] = small_ms[self.codes]
         median = pred["pred_ms"].to_numpy(dtype=float)
         lifted = np.maximum(median, floor)
-        raise_by = np.where(median > 0, lifted / np.where(median > 0, median, 1), 1)
-        out = pred.copy()
-        # the floor itself as the median, not a product that rounds below it, and each side
-        # of the interval kept on its side where the product rounds across
-        out["pred_ms"] = lifted
-        if "method" in out.columns:
-            raised = lifted > median
-            note = np.where(self.conv[raised], CONV_FLOOR_NOTE, FLOOR_NOTE)
-            out.loc[raised, "method"] = out.loc[raised, "method"].astype(str) + note
-        out["p10_ms"] = np.minimum(pred["p10_ms"].to_numpy(dtype=float) * raise_by, lifted)
-        out["p90_ms"] = np.maximum(pred["p90_ms"].to_numpy(dtype=float) * raise_by, lifted)
-        return out
+        notes = np.where(self.conv, CONV_FLOOR_NOTE, FLOOR_NOTE)
+        return with_median(pred, lifted, np.where(lifted > median, notes, ""))
+
+
+def with_median(pred: pd.DataFrame, median: np.ndarray, notes: np.ndarray) -> pd.DataFrame:
+    """``pred`` with its ``pred_ms`` moved to ``median``: the interval moves with it, keeping
+    its width in ratio, and each row's ``method`` gets its note ('' for none). Shared by the
+    size floor and the anchor cap (``anchors.py``)."""
+    old = pred["pred_ms"].to_numpy(dtype=float)
+    ratio = np.where(old > 0, median / np.where(old > 0, old, 1), 1)
+    out = pred.copy()
+    # the new median itself, not a product that rounds off it, and each side of the interval
+    # kept on its side where the product rounds across
+    out["pred_ms"] = median
+    if "p10_ms" in out.columns:
+        out["p10_ms"] = np.minimum(pred["p10_ms"].to_numpy(dtype=float) * ratio, median)
+        out["p90_ms"] = np.maximum(pred["p90_ms"].to_numpy(dtype=float) * ratio, median)
+    if "method" in out.columns:
+        changed = notes != ""
+        method = out["method"].to_numpy(dtype=object).copy()
+        method[changed] = [f"{m}{n}" for m, n in zip(method[changed], notes[changed], strict=True)]
+        out["method"] = method
+    return out
