@@ -19,7 +19,7 @@ import pandas as pd
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.anchors import dominates, time_kernel_rows, time_uncapped
 from boom_ml.timing.features import heads_of
-from training.kernel_checks import ROW_COLUMNS, entry, gpu_list, mape, parse_arguments
+from training.kernel_checks import ROW_COLUMNS, entry, held_out_table, mape
 
 
 def check(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> pd.DataFrame:
@@ -53,12 +53,7 @@ def check(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> p
 
 
 def main(argv: list[str]) -> None:
-    from training.fold_heads import FoldHeads
-
-    args = parse_arguments(argv, "training.anchor_check [gpus=[a,b]]", ("gpus",))
-    gpus = gpu_list(args.get("gpus"))
-    folds = FoldHeads.from_train_ops()
-    table = check(folds.kernels, folds.without, gpus)
+    table = held_out_table(argv, "training.anchor_check [gpus=[a,b]]", check)
     print("\nkernel rows, each GPU's rows held out (its fold heads and GEMM model); MAPE % without")
     print("and with the anchor cap, and % of rows it lowered:")
     print(table.to_string(index=False))

@@ -16,7 +16,7 @@ import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.timing.features import heads_of
-from training.kernel_checks import ROW_COLUMNS, entry, gpu_list, mape, parse_arguments
+from training.kernel_checks import ROW_COLUMNS, entry, held_out_table, mape
 
 
 def compare(kernels: pd.DataFrame, models_for, gpus: list[str] | None = None) -> pd.DataFrame:
@@ -62,12 +62,7 @@ def per_dtype(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str]) -> None:
-    from training.fold_heads import FoldHeads
-
-    args = parse_arguments(argv, "training.gemm_routing [gpus=[a,b]]", ("gpus",))
-    gpus = gpu_list(args.get("gpus"))
-    folds = FoldHeads.from_train_ops()
-    table = compare(folds.kernels, folds.without, gpus)
+    table = held_out_table(argv, "training.gemm_routing [gpus=[a,b]]", compare)
     print("\nGEMM kernel rows, each GPU's rows held out (its fold heads and GEMM model); MAPE %:")
     print(table.to_string(index=False))
     print("\nmean over GPUs per dtype (each GPU's rows of that dtype, GPUs weighed alike):")

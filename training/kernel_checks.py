@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Collection
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,16 @@ def gpu_list(value: str | None) -> list[str] | None:
     if value is None:
         return None
     return [g.strip() for g in value.strip("[]").split(",") if g.strip()]
+
+
+def held_out_table(argv: list[str], usage: str, score: Callable[..., Any]) -> Any:
+    """``score(kernels, models_for, gpus)`` on the training kernel rows, each GPU scored by its
+    fold models (``training/fold_heads.py``), for a check whose one argument is ``gpus``."""
+    from training.fold_heads import FoldHeads
+
+    gpus = gpu_list(parse_arguments(argv, usage, ("gpus",)).get("gpus"))
+    folds = FoldHeads.from_train_ops()
+    return score(folds.kernels, folds.without, gpus)
 
 
 def entry(doc: str | None, main: Callable[[list[str]], None]) -> None:
