@@ -20,6 +20,7 @@ from boom_ml.parallel.layout import (
     as_one_gpu,
     check_checkpoint_every,
     for_parallel_step,
+    unread_cluster_keys,
 )
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
@@ -150,6 +151,9 @@ def predict(
     layout = for_parallel_step(layout, grad_accum=grad_accum,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
+    unread = unread_cluster_keys(layout, nodes, advice)
+    if unread:
+        raise InvalidInputError(unread)
     if not layout.is_single:
         check_checkpoint_every(step.checkpointing, step.checkpointing_every)
     if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace

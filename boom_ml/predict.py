@@ -28,7 +28,13 @@ from boom_ml import config_help
 from boom_ml.errors import BoomError, InvalidInputError, suggest
 from boom_ml.estimates import finite
 from boom_ml.gpus import parse_gpu_list
-from boom_ml.parallel.layout import Cluster, Layout, as_one_gpu, for_parallel_step
+from boom_ml.parallel.layout import (
+    Cluster,
+    Layout,
+    as_one_gpu,
+    for_parallel_step,
+    unread_cluster_keys,
+)
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
@@ -226,11 +232,11 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         grad_accum=grad_accum,
         max_batch_on=options.get("max_batch") == "on",
     )
-    check_layout(
-        layout,
-        Cluster(**(options.get("cluster") or {})),
-        finetune_method=options.get("finetune_method"),
-    )
+    cluster = Cluster(**(options.get("cluster") or {}))
+    check_layout(layout, cluster, finetune_method=options.get("finetune_method"))
+    unread = unread_cluster_keys(layout, cluster, bool(options.get("advice", True)))
+    if unread:
+        raise InvalidInputError(unread)
     plot = options.get("plot")
     if plot is not None:
         check_plot_dir(plot)  # a non-path or unwritable directory fails here, not after the trace

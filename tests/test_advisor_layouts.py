@@ -312,17 +312,18 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
     near = found["closest"]
     assert not near["fits"] and near["p90_bytes"] > near["capacity_bytes"] == gpu.capacity_bytes
     raw, step = load_raw(model), StepSpec(**STEP, checkpointing="full")
-    for lay in (Layout(dp=64, sharding="fsdp"), Layout(dp=8, tp=8, sharding="fsdp"),
-                Layout(dp=2, tp=8, pp=4, sharding="fsdp", microbatches=16)):  # fmt: skip
+    for lay in (Layout(dp=64, sharding="fsdp"), Layout(tp=4), Layout(dp=8, tp=4, sharding="fsdp"),
+                Layout(dp=4, tp=4, pp=4, sharding="fsdp", microbatches=16)):  # fmt: skip
         other = predict_raw(raw, [gpu], step, lay, Cluster())[0]["memory"]["p90_bytes"]
         assert near["p90_bytes"] <= other
-    assert near["layout"] == {"dp": 1, "tp": 8, "pp": 1, "sharding": "none", "microbatches": 1}
+    # tp stops at the model's 4 key/value heads
+    assert near["layout"] == {"dp": 16, "tp": 4, "pp": 1, "sharding": "fsdp", "microbatches": 1}
     text = advice_lines(p)
     at = next(i for i, line in enumerate(text) if "no layout of up to" in line)
     assert "consider sharding" not in text[at - 1]  # it was: no layout fits
     assert text[at] == (f"    no layout of up to 64 GPUs fits, with checkpointing=full or without "
                         f"({found['searched']} searched); the closest, with checkpointing=full:")  # fmt: skip
-    assert text[at + 1] == (f"      tp=8: 8 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
+    assert text[at + 1] == (f"      dp=16 tp=4 fsdp: 64 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
                             f"of 0.1 GiB usable")  # fmt: skip
 
 

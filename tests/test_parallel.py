@@ -60,6 +60,12 @@ def tiny_memory(tmp_path_factory):
     [
         (Layout(tp=3), Cluster(), {"heads": 4}, "does not divide the model's 4 attention heads"),
         (Layout(tp=4), Cluster(), {"heads": 8, "hidden": 66}, "hidden size 66"),
+        (
+            Layout(tp=16),
+            Cluster(gpus_per_node=16),
+            {"heads": 32, "kv_heads": 8},
+            "does not divide the model's 8 key/value heads",
+        ),
         (Layout(pp=4), Cluster(), {"layers": 2}, "exceeds the model's 2 layers"),
         (Layout(dp=12), Cluster(gpus_per_node=8), {}, "not a multiple of cluster.gpus_per_node=8"),
         (Layout(dp=2), Cluster(), {"global_batch": 7, "batch_size": 1}, "not divisible"),
@@ -98,6 +104,7 @@ def test_bad_values_raise_one_line(make, words):
 def test_good_layouts_pass_and_fsdp_is_zero3():
     validate(Layout(dp=4, tp=8, pp=2), Cluster(gpus_per_node=8), heads=64, hidden=8192, layers=80)
     validate(Layout(dp=3), Cluster(gpus_per_node=8))  # 3 GPUs on one node
+    validate(Layout(tp=8), Cluster(gpus_per_node=8), heads=32, kv_heads=8)  # one KV head each
     assert Layout(sharding="fsdp").zero_stage == Layout(sharding="zero3").zero_stage == 3
 
 
@@ -441,3 +448,19 @@ def test_time_profiles_read_the_steps_tf32_switches():
     t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
     nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
     assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
+
+
+@pytest.mark.parametrize(("recipe", "width"), [({"amp": "bf16"}, 4), ({"params_dtype": "bf16"}, 2)])
+def test_pipeline_sends_carry_the_residual_stream(recipe, width):
+    """A stage sends its last layer's output, the residual stream: autocast leaves it in the
+    parameters' dtype (fp32 + a bf16 attention output is fp32), pure bf16 keeps it in bf16."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.parallel.predict import predict_raw
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, seq_len=32, **recipe)
+    out = predict_raw(SYNTHETIC_TINY_LLAMA, [get_gpu("h100-sxm")], step,
+                      Layout(pp=2, microbatches=2), Cluster(), memory=False)  # fmt: skip
+    sends = [c for c in out[0]["time"]["collectives"] if c["op"] == "send_recv"]
+    hidden = SYNTHETIC_TINY_LLAMA["hidden_size"]
+    assert sends and {c["bytes"] for c in sends} == {2 * 32 * hidden * width}

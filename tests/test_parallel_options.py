@@ -393,6 +393,26 @@ def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
     validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read or {**parallel, "microbatches": 2}})
 
 
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [({"cluster": {"gpus_per_node": 4}}, "cluster.gpus_per_node=4: for a multi-GPU layout"),
+     ({"parallel": {"dp": 8}, "cluster": {"inter": "eth-25g"}},
+      "cluster.inter=eth-25g: this layout does not read it (its 8 GPUs fit in one node")],
+)  # fmt: skip
+def test_cluster_keys_nothing_reads_are_refused(options, words) -> None:
+    """A hunt: cluster.* ran with exit 0 where nothing read it (one GPU; a layout within one
+    node and an inter-node link). advice=true reads them: its layout search places ranks."""
+    from boom_ml.predict import validate
+
+    base = {"model": "hf:gpt2", "gpu": "l4", "advice": False}
+    with pytest.raises(InvalidInputError) as err:
+        validate({**base, **options})
+    assert str(err.value).startswith(words) and "\n" not in str(err.value)
+    validate({**base, **options, "advice": True})
+    if "parallel" in options:  # two nodes of 8 cross the link
+        validate({**base, **options, "parallel": {"dp": 16}})
+
+
 def test_a_group_across_a_node_boundary_runs_on_the_network() -> None:
     """A hunt: tp=4 on 6-GPU nodes was timed on NVLink, though its second group (ranks 4-7)
     spans two nodes, and dp's ranks {0, 4, 8} were said to span 3 nodes (they span 2). Where

@@ -148,6 +148,23 @@ def unread_keys(layout: Layout) -> str:
     return ""
 
 
+def unread_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> str:
+    """One line naming the ``cluster.*`` keys set away from their defaults that a prediction
+    does not read ('' if none): one GPU's step reads none unless ``advice`` searches layouts,
+    and a layout within one node crosses no inter-node link."""
+    default = Cluster()
+    changed = [f"cluster.{k}={v}" for k, v in asdict(cluster).items() if v != getattr(default, k)]
+    if advice or not changed:
+        return ""
+    if layout.is_single:
+        return (f"{', '.join(changed)}: for a multi-GPU layout, or advice=true (which searches"
+                " layouts); one GPU's step does not read it")  # fmt: skip
+    if cluster.inter != default.inter and layout.world <= cluster.gpus_per_node:
+        return (f"cluster.inter={cluster.inter}: this layout does not read it (its {layout.world}"
+                f" GPUs fit in one node of cluster.gpus_per_node={cluster.gpus_per_node})")  # fmt: skip
+    return ""
+
+
 def validate(
     layout: Layout,
     cluster: Cluster,
@@ -215,10 +232,13 @@ def validate(
         raise InvalidInputError(
             f"parallel.tp={layout.tp} does not divide the model's {heads} attention heads"
         )
-    if kv_heads is not None and kv_heads % layout.tp and layout.tp % kv_heads:
+    if kv_heads is not None and kv_heads % layout.tp:
+        # Megatron-core's Attention: num_query_groups_per_partition = divide(num_query_groups,
+        # tp), which asserts; torchtitan's column-wise k/v would cut a head in parts.
         raise InvalidInputError(
-            f"parallel.tp={layout.tp} neither divides nor is a multiple of the model's "
-            f"{kv_heads} key/value heads"
+            f"parallel.tp={layout.tp} does not divide the model's {kv_heads} key/value heads"
+            " (each tensor-parallel rank holds whole key/value heads, as Megatron-core splits"
+            " them)"
         )
     if hidden is not None and hidden % layout.tp:
         raise InvalidInputError(

@@ -80,6 +80,7 @@ def predict_raw(
         seq_len=_seq_len(raw, step),
         hidden=int(facts["hidden"]),
         act_bytes=2 if half else 4,
+        residual_bytes=4 if step.params_dtype == "fp32" else 2,
         checkpointing=step.checkpointing != "none",
         params_layer=counts["layers"],
         params_first=counts["first"],

@@ -131,8 +131,7 @@ def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     out.setdefault("head_dim", raw.get("head_dim") or hidden // heads)
     out[hkey] = heads // tp
     kv = raw.get("num_key_value_heads") or heads
-    # Megatron replicates key/value heads when there are fewer than tp of them.
-    out["num_key_value_heads"] = max(kv // tp, 1)
+    out["num_key_value_heads"] = kv // tp  # layout.validate: tp divides them
     for ikey in INTERMEDIATE_KEYS:
         if raw.get(ikey):
             out[ikey] = math.ceil(raw[ikey] / tp)

@@ -88,6 +88,9 @@ class Shape:
     # all-reduces of the residual stream's gradients) and the (not autocast) embedding output
     grad_bytes: int = 4
     param_bytes: int = 4  # bytes per parameter element all-gathered (ZeRO-3 / FSDP)
+    # bytes per element of the residual stream a pipeline stage sends: the parameters' dtype
+    # (autocast leaves the embedding and the residual adds alone: fp32 + bf16 is fp32)
+    residual_bytes: int = 4
     overlap_grad_reduce: bool = True  # DDP buckets overlap backward (False: one reduce at the end)
     full_recompute: bool = False  # Megatron's checkpoint recomputes the whole layer (2 more AR)
     # of params_layer / _first / _last, those with gradients (None: all; fewer under LoRA)
@@ -153,7 +156,7 @@ def pp_collectives(
     """
     if group.size <= 1:
         return []
-    act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
+    act = shape.batch_size * shape.seq_len * shape.hidden * shape.residual_bytes
     # per chunk: fwd out + grad in, fwd in + grad out; none before the first or after the last
     sends = 4 * chunks - (2 if last else 0) - (2 if first else 0)
     ms = send_ms(act, group) * sends / 2  # a send and its matching receive overlap
@@ -335,7 +338,7 @@ def step_time(
                        "collectives": colls, "first": first, "last": last})  # fmt: skip
     p2p = 0.0
     if pp > 1:
-        act = shape.batch_size * shape.seq_len * shape.hidden * shape.act_bytes
+        act = shape.batch_size * shape.seq_len * shape.hidden * shape.residual_bytes
         p2p = send_ms(act, groups["pp"])
         run = simulate(fwd_ms, bwd_ms, m, layout.schedule, pp=pp, p2p_ms=p2p)
         pipe_ms, bubble_ms = run.total_ms, run.bubble_ms

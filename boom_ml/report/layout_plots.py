@@ -84,7 +84,7 @@ def _timeline(ax: Any, entry: dict[str, Any]) -> None:
     ]
     ax.legend(handles, ["forward", "backward (+ gradient adds)", "optimizer step",
                         "exposed data-parallel communication"], loc="upper left",
-              fontsize=7, ncols=4, bbox_to_anchor=(0, -0.12))  # fmt: skip
+              fontsize=7, ncols=4, bbox_to_anchor=(0, -0.16))  # fmt: skip
 
 
 def _memory(ax: Any, entry: dict[str, Any]) -> None:
@@ -111,4 +111,5 @@ def _memory(ax: Any, entry: dict[str, Any]) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("GiB per rank")
     ax.set_title(f"rank memory by category (worst {mem['total_bytes'] / GIB:.2f} GiB)", fontsize=9)
-    ax.legend(fontsize=6, ncols=4, loc="lower right")
+    # below the axis, as the timeline's: inside, it covered the last stage's bars
+    ax.legend(fontsize=6, ncols=9, loc="upper left", bbox_to_anchor=(0, -0.22))
