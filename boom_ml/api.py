@@ -243,7 +243,7 @@ def predict(
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,
             # what the zoo says of the model it built (hub code it did not run)
-            "model_notes": graph.meta.get("model_notes", []),
+            "model_notes": graph.meta.get("model_notes", []) + _layout_notes(graph, step),
             # the attention implementation the hf model was built with (None: not an hf model)
             "attention": graph.meta.get("attention"),
         },
@@ -261,6 +261,21 @@ def predict(
             )
         ]
     return prediction
+
+
+def _layout_notes(graph: Any, step: StepSpec) -> list[str]:
+    """channels_last=true on a step whose convolutions are all fp32 (TF32): the same time and
+    memory as NCHW, where only fp16/bf16 tensor-core ones lose transforms (timing/conv_layout)."""
+    convs = graph.nodes[graph.nodes["family"].eq("conv")]
+    if not step.channels_last or convs.empty:
+        return []
+    if convs["input_dtypes"].astype(str).str.contains("float16").any():
+        return []
+    return [
+        "channels_last=true changes nothing here: the step's convolutions are fp32 (TF32),"
+        " timed without layout transforms in either layout; it saves the transforms around"
+        " fp16/bf16 tensor-core convolutions (amp=bf16 or fp16)"
+    ]
 
 
 def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:

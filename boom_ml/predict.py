@@ -175,6 +175,26 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
             raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
         if value.strip() not in ("", "null") and not value.lstrip().startswith("{"):
             check_group(key, value, config_name)
+    _check_grammar(overrides)
+
+
+def _check_grammar(overrides: list[str]) -> None:
+    """A value Hydra's override grammar cannot read (``gpu=[l4``, ``model=a=b``): one line,
+    where Hydra prints its parser's lines and a pointer to its docs and exits 1."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for arg in overrides:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException as err:
+            why = str(err).strip().splitlines()[0] if str(err).strip() else "unreadable"
+            raise InvalidInputError(
+                f"{arg!r} does not parse ({why}): close its brackets and braces, and quote a"
+                " value that holds = or spaces for Hydra inside the shell's quotes:"
+                " \"key='a=b'\""
+            ) from err
 
 
 def check_group(key: str, value: Any, config_name: str = "predict") -> None:

@@ -65,6 +65,9 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ("plot=", "error: plot= needs a directory (plot=figures, plot=. for this one)"),
         ("stack.torch=1.2", "error: unknown stack.torch '1.2'; known releases: 1.12,"),
         ("optimizer.impl=fusd", "error: unknown optimizer.impl 'fusd'; choose one of: auto,"),
+        # Hydra's grammar: its parser's lines, a pointer to its docs and exit 1 before
+        ("gpu=[l4", "error: 'gpu=[l4' does not parse (no viable alternative at input '[l4')"),
+        ("model=timm:vit=x", "error: 'model=timm:vit=x' does not parse (mismatched input '='"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_before_torch(arg, words):

@@ -422,3 +422,24 @@ def test_an_architecture_without_sdpa_says_it_is_traced_eager(tmp_path: Path) ->
     asked = trace(f"hf:{path}", {"attn_implementation": "eager"})
     assert asked.meta["attention"] == "eager"
     assert not any(n.startswith("attention=") for n in asked.meta["model_notes"])
+
+
+def test_lora_on_a_conv1d_and_a_tied_head_says_nothing_of_peft(tmp_path: Path) -> None:
+    """GPT-2's c_attn (Conv1D) with its tied lm_head (nn.Linear) as targets: peft flips
+    fan_in_fan_out for each and warns of merging a tied adapter, twice per prediction on the
+    user's terminal; neither changes the step. The head still gets its adapter."""
+    import warnings
+
+    from boom_ml.zoo.finetune import apply_recipe
+
+    path = tmp_path / "gpt2.json"
+    path.write_text(json.dumps(TINY_OTHERS["gpt2"]))
+    module = build_model(f"hf:{path}").module
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        facts = apply_recipe(
+            module, StepSpec(finetune_method="lora", lora_targets=["c_attn", "lm_head"])
+        )
+    assert [str(w.message)[:60] for w in caught] == []
+    assert facts["lora_targets"] == ["c_attn", "lm_head"]
+    assert hasattr(module.lm_head, "lora_A")

@@ -323,6 +323,21 @@ def test_yaml_minimal_fills_defaults(tmp_path: Path):
     assert str(path) in spec.source
 
 
+def test_a_spec_without_a_clock_takes_the_one_its_fp32_rate_implies(tmp_path: Path):
+    """An A100 given by SMs, bandwidth and fp32 rate alone: its tensor-core rates are the
+    A100's (the fp32 rate implies its 1410 MHz), not those of Ampere's median clock."""
+    a100 = get_gpu("a100-80gb-sxm")
+    path = tmp_path / "a100_like.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "A100-like", "architecture": "ampere", "compute_capability": "8.0",
+        "sm_count": a100.sm_count, "memory_gb": 80, "memory_bandwidth_gbs": 2039,
+        "fp32_tflops": a100.fp32_tflops}))  # fmt: skip
+    spec = get_gpu(str(path))
+    assert spec.boost_clock_mhz is None
+    assert (spec.tf32_tflops, spec.fp16_tflops, spec.bf16_tflops) == (
+        a100.tf32_tflops, a100.fp16_tflops, a100.bf16_tflops)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -226,6 +226,15 @@ def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
     adapters = one["graph"]["num_trainable_parameters"]
     assert one["graph"]["num_parameters"] == held + adapters
     assert ranks["parallel"][0]["memory"]["parameters"] == held + adapters
+    # the layout says what it trains, as one GPU's recipe line does (it had said nothing)
+    assert ranks["parallel"][0]["memory"]["trainable_parameters"] == adapters
+    from boom_ml.report.table import render_table
+
+    text = render_table(api.predict(f"hf:{path}", parallel={"dp": 2}, **kw))
+    assert "  ft=qlora  params=bf16  dp=2 tp=1 pp=1" in text
+    assert (f"Recipe: qlora adapters r=8, alpha=16, targets peft's defaults for the model; the"
+            f" worst rank trains {adapters / 1e6:.1f} M of its {(held + adapters) / 1e6:.1f} M"
+            " parameters.") in text  # fmt: skip
 
 
 def test_fsdp_holds_no_gathered_parameters_at_the_optimizer_step():

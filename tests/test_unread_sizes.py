@@ -72,6 +72,13 @@ def test_channels_last_on_a_model_without_convolutions_says_it_was_not_used() ->
     cnn = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
                           channels_last=True, advice=False, max_batch="off")  # fmt: skip
     assert cnn.graph["unread"] == {}
+    # its fp32 convolutions are timed alike in either layout: said so (it had been silent)
+    note = "channels_last=true changes nothing here: the step's convolutions are fp32 (TF32)"
+    assert any(n.startswith(note) for n in cnn.graph["model_notes"])
+    assert f"Note: {note}" in render_table(cnn)
+    half = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+                           channels_last=True, amp="bf16", advice=False, max_batch="off")  # fmt: skip
+    assert not any(n.startswith(note) for n in half.graph["model_notes"])
 
 
 def test_checkpointing_every_without_checkpointing_says_it_was_not_used() -> None:

@@ -369,7 +369,8 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     sets the others by the ratio those GPUs show (bf16 = fp16 and tf32 = fp16 / 2 on every packaged Ampere to
     Blackwell GPU that lists both: a file with fp16 alone had its bf16 filled above it); else
     the median of rate / (SMs x boost MHz), times the spec's SMs and boost clock (a GPU
-    without one counts at its architecture's median clock), and on tensor cores never below
+    without one counts at the clock its fp32 rate implies on those SMs, else at its
+    architecture's median clock), and on tensor cores never below
     the spec's fp32 rate: fp16 so, where the spec gives no rate, and the others from it by
     the ratios. A rate none of them lists (bf16 before Ampere, fp16 tensor cores on
     a GTX 1080 Ti's SM) stays unknown. Without this, an A100 spec with fp32_tflops alone timed
@@ -382,7 +383,15 @@ def _fill_tensor_rates(values: dict[str, Any]) -> list[str]:
     pool = same_sm or same_major or arch
     clocks = [float(g.boost_clock_mhz) for g in arch if g.boost_clock_mhz]
     arch_clock = statistics.median(clocks) if clocks else None
-    clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else arch_clock
+    clock = values["boost_clock_mhz"] if (values["boost_clock_mhz"] or 0) > 0 else None
+    # fp32 = SMs x lanes x 2 x clock: without a clock, the one the spec's fp32 rate implies
+    # at its SM's lanes (an A100 spec without one had counted at Ampere's median 1695 MHz,
+    # not 1410, and its tensor rates came out 1.2x the A100's)
+    lanes = [g.fp32_tflops / (g.sm_count * g.boost_clock_mhz) for g in pool
+             if g.fp32_tflops and g.boost_clock_mhz]  # fmt: skip
+    if clock is None and lanes and (values["fp32_tflops"] or 0) > 0:
+        clock = values["fp32_tflops"] / (values["sm_count"] * statistics.median(lanes))
+    clock = clock or arch_clock
     tensor_cores = float(values["compute_capability"]) >= 7.0  # Volta on
     given = [f for f in TENSOR_RATES if (values[f] or 0) > 0]
     filled = []

@@ -269,6 +269,7 @@ def _stage_at(
         "stage": stage,
         "layers": layers,
         "parameters": int(_held(prof.logical or prof.params, layers, first, last, pp)[0]),
+        "trainable_parameters": int(held_t),
         "total_bytes": total_b,
         "p10_bytes": p10,
         "p90_bytes": p90,

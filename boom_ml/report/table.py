@@ -33,6 +33,7 @@ def _title(prediction: Prediction) -> str:
             if (attn := prediction.graph.get("attention")) not in (None, "sdpa")
             else ""
         )
+        + (f"  ft={ft}" if (ft := step.get("finetune_method", "full")) != "full" else "")
         + (f"  params={step['params_dtype']}" if step.get("params_dtype", "fp32") != "fp32" else "")
         + ("+fp32 master" if step.get("master_weights") else "")
         + _tf32_label(step)
@@ -215,6 +216,20 @@ def parallel_table(prediction: Prediction) -> Table:
     return table
 
 
+def layout_recipe_line(prediction: Prediction) -> str:
+    """LoRA / QLoRA in a layout: its adapters and what the worst rank trains ('' for full)."""
+    step = prediction.step
+    if step.get("finetune_method", "full") == "full":
+        return ""
+    mem = prediction.parallel[0].get("memory") or {}
+    targets = ",".join(step.get("lora_targets") or []) or "peft's defaults for the model"
+    trained = (f"; the worst rank trains {mem['trainable_parameters'] / 1e6:.1f} M of its"
+               f" {mem['parameters'] / 1e6:.1f} M parameters" if "trainable_parameters" in mem
+               else "")  # fmt: skip
+    return (f"Recipe: {step['finetune_method']} adapters r={step['lora_r']}, alpha="
+            f"{step['lora_alpha']:g}, targets {targets}{trained}.")  # fmt: skip
+
+
 def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
     lines = []
     for g in prediction.parallel:
@@ -248,6 +263,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         lines += stack_missing_lines(
             [(g["gpu"], g.get("stack_missing")) for g in prediction.parallel]
         )
+        lines.append(layout_recipe_line(prediction))
         asked = layout_name(prediction.parallel[0]["parallel"])
         for gpu, found in prediction.layout_advice.items():
             lines += [f"{gpu}: {asked} does not fit", *layout_lines(found)]

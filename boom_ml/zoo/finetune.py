@@ -114,8 +114,12 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
                 message="`is_gradient_checkpointing` is deprecated",
                 category=FutureWarning,
             )
-            # GPT-2's Conv1D: peft sets fan_in_fan_out itself, as a GPT-2 recipe would
-            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to False")
+            # GPT-2's Conv1D: peft sets fan_in_fan_out itself, as a GPT-2 recipe would (and
+            # back for an nn.Linear target beside them, lm_head)
+            warnings.filterwarnings("ignore", message="fan_in_fan_out is set to (False|True)")
+            # a tied head as a target: peft warns of merging and exporting the adapter, which
+            # change neither the step's memory nor its time
+            warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True`")
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
