@@ -80,6 +80,9 @@ class TimeEstimate:
     # a step in bf16 (autocast or parameters) on a GPU without bf16 tensor cores (before
     # Ampere): False, its bf16 matmuls timed at the fp32 rate; None for steps without bf16
     bf16_tensor_cores: bool | None = None
+    # True where the step with TF32 allowed came out slower than in strict fp32, and is timed
+    # as that (timing/estimate.py: TF32 never runs below the fp32 rate)
+    tf32_capped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -347,6 +347,15 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             highlight=False,
             soft_wrap=True,
         )
+    capped = [g.gpu for g in prediction.gpus if g.time and g.time.tf32_capped]
+    if capped:
+        console.print(
+            f"TF32 on {', '.join(capped)}: the step with TF32 allowed came out slower than in "
+            "strict fp32, so it is timed as in strict fp32 (TF32 tensor cores run at least "
+            "the fp32 rate on the same bytes, and cuDNN keeps its fp32 algorithms to pick).",
+            highlight=False,
+            soft_wrap=True,
+        )
     recipe = recipe_line(graph.get("recipe") or {})
     if recipe:
         console.print(recipe, highlight=False, soft_wrap=True)
