@@ -65,7 +65,8 @@ def test_every_packaged_gpu_passes_the_checks_a_yaml_copy_gets(tmp_path) -> None
     for the tensor-core rates the table leaves blank, which a user spec has filled)."""
     import yaml
 
-    from boom_ml.gpus import TENSOR_RATES, all_gpus
+    from boom_ml.gpus import all_gpus
+    from boom_ml.gpus.tensor_rates import TENSOR_RATES
 
     for gpu in all_gpus():
         path = tmp_path / f"{gpu.id}.yaml"
