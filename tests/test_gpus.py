@@ -208,6 +208,12 @@ def test_unknown_gpu_suggests_close_match():
         get_gpu("h100-sxn")
     with pytest.raises(UnknownGpuError, match=r"h100-pcie"):
         resolve_gpu_id("h100")  # ambiguous prefix lists every H100
+    # a typo after a known prefix: the ids that prefix starts first (difflib had offered
+    # a10, a10g, h100-sxm for a100x)
+    a100s = sorted(g.id for g in all_gpus() if g.id.startswith("a100"))
+    with pytest.raises(UnknownGpuError) as err:
+        resolve_gpu_id("a100x")
+    assert str(err.value).startswith(f"unknown GPU 'a100x' (did you mean: {', '.join(a100s)}, ")
     with pytest.raises(UnknownGpuError) as err:
         resolve_gpu_id("totally-not-a-gpu-zzz")
     assert isinstance(err.value, BoomError)

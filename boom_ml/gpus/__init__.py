@@ -28,6 +28,7 @@ Names are matched case-insensitively with spaces, underscores and hyphens ignore
 from __future__ import annotations
 
 import csv
+import difflib
 import functools
 import io
 import math
@@ -193,7 +194,13 @@ def _unknown(name: str) -> UnknownGpuError:
     key = _norm(name)
     # "h100" should point at every H100, which difflib's similarity ratio misses.
     prefixed = [i for i in ids if key and _norm(i).startswith(key)]
-    hint = f" (did you mean: {', '.join(prefixed[:6])}?)" if prefixed else suggest(name, ids)
+    if not prefixed:  # "a100x": the ids its longest known prefix starts (every A100) first,
+        # then difflib's (which offered a10, a10g, h100-sxm)
+        near = next((found for n in range(len(key) - 1, 2, -1)
+                     if (found := [i for i in ids if _norm(i).startswith(key[:n])])), [])  # fmt: skip
+        close = difflib.get_close_matches(name.lower(), ids, n=3, cutoff=0.5)
+        prefixed = list(dict.fromkeys(near[:4] + close))
+    hint = f" (did you mean: {', '.join(prefixed[:6])}?)" if prefixed else ""
     return UnknownGpuError(
         f"unknown GPU '{name}'{hint}; `python -m boom_ml.gpus` lists known GPUs, "
         "or pass a .yaml file describing your own"
