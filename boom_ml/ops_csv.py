@@ -176,7 +176,11 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
     )
     direction = direction.fillna("forward").astype(str).str.strip().str.lower()
     if not direction.isin(["forward", "backward"]).all():
-        raise InvalidInputError(f"{where}: direction must be forward or backward")
+        k = int(np.flatnonzero(~direction.isin(["forward", "backward"]).to_numpy())[0])
+        raise InvalidInputError(
+            f"{where}: direction must be forward or backward (row {k + 1}: "
+            f"{df['direction'].iat[k]!r})"
+        )
     conv_backward = (fam == "conv") & (direction == "backward")
     grad = pd.Series(None, index=df.index, dtype=object)
     if "grad_wrt" in df.columns:  # which gradient a backward convolution computes

@@ -30,7 +30,11 @@ rows in the model's training data; empty for a model that does not record them).
 A GEMM row is one GEMM kernel, forward or backward alike: a linear layer's backward is two
 GEMMs (input and weight gradients), each a row of its own shape. A GEMM with ``N`` 0 (nothing
 to sum over) only zero-fills its output, so it is timed as a ``fill`` of ``B*M*K`` elements.
-Other ops are ``empty`` only forward (a backward can fill a gradient that has elements).
+Norms, softmax and elementwise ops are ``empty`` either way (their gradient is shaped as
+their input); convolution, attention and embedding rows only forward (a backward can fill a
+gradient that has elements, a weight's). No backward kernel of a norm, softmax or elementwise
+op was measured: a backward row of one is timed as the forward kernel of its shape, and a note
+on stderr says so (``gelu_backward`` and the like are ops of their own).
 ``numel`` given with ``rows`` and ``cols`` must be their product. A ``latency_ms`` column, if
 given, is passed through (handy to score the predictions). bf16 matrix rows on a GPU without
 bf16 tensor cores (before Ampere) are timed at its fp32 rate, and a note on stderr says so.
@@ -84,10 +88,21 @@ def predict_canonical(rows: pd.DataFrame, gpu: str, model: str | None = None) ->
     return time_kernel_rows(rows, get_gpu(gpu), per_op, gemm_model_for(per_op))
 
 
+# Families whose backward writes a gradient of its input's shape: no elements in, none out.
+SHAPED_GRADIENT = ("norm", "softmax", "elementwise")
+# Families no kernel row measured backward (NeuSight's and DeepBench's are forward kernels):
+# their heads time a backward row as the forward kernel of the shape (an embedding's backward,
+# a scatter-add, goes to the calibrated roofline instead).
+FORWARD_ONLY = ("norm", "softmax", "elementwise")
+
+
 def empty_rows(rows: pd.DataFrame) -> np.ndarray:
     """Canonical rows whose output has no elements (backward ones only for GEMMs, which time
-    one GEMM kernel either way: another op's backward can fill a gradient with elements)."""
-    forward = (rows["direction"] == "forward").to_numpy()
+    one GEMM kernel either way, and for the families whose gradient is shaped as their input:
+    another op's backward can fill a gradient with elements, a conv's or embedding's weight's)."""
+    forward = (rows["direction"] == "forward").to_numpy() | rows["family"].isin(
+        SHAPED_GRADIENT
+    ).to_numpy()
     out = np.zeros(len(rows), dtype=bool)
     for family, columns in EMPTY_IF_ZERO.items():
         zero = np.zeros(len(rows), dtype=bool)
@@ -168,6 +183,22 @@ def predict_ops(
     return out
 
 
+def backward_note(table: pd.DataFrame) -> str | None:
+    """What to tell the user of backward rows of families no kernel row measured backward."""
+    rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
+    sel = (rows["direction"] == "backward") & rows["family"].isin(FORWARD_ONLY)
+    sel &= ~empty_rows(rows)
+    if not sel.any():
+        return None
+    ops = ", ".join(sorted(set(rows.loc[sel, "op"].astype(str))))
+    return (
+        f"note: {int(sel.sum())} backward row(s) of {ops}: no backward kernel of these ops was"
+        " measured (NeuSight's and DeepBench's rows are forward kernels), so each is timed as"
+        " the forward kernel of its shape; a backward op of its own (gelu_backward,"
+        " silu_backward, ...) may be given as a forward row"
+    )
+
+
 def bf16_note(table: pd.DataFrame, gpu: str) -> str | None:
     """What to tell the user when bf16 matrix rows are timed on a GPU without bf16 tensor
     cores (they run at its fp32 rate, as ``predict``'s table also says)."""
@@ -194,9 +225,11 @@ def run(cfg: Any) -> str | None:
     from omegaconf import OmegaConf
 
     o = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    if not o.get("input") or not o.get("gpu"):
+    missing = [key for key in ("input", "gpu") if not o.get(key)]
+    if missing:
         raise InvalidInputError(
-            "usage: python -m boom_ml.predict_ops input=<csv> gpu=<id> [output=<csv>]"
+            f"{' and '.join(missing)} not given; usage: python -m boom_ml.predict_ops"
+            " input=<csv> gpu=<id> [output=<csv>]"
         )
     if isinstance(o["gpu"], (list, tuple)):
         raise InvalidInputError(
@@ -225,9 +258,9 @@ def run(cfg: Any) -> str | None:
 
     lightgbm_alone()  # scikit-learn, which lightgbm would import, costs ~1 s
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
-    note = bf16_note(table, str(o["gpu"]))
-    if note:  # stderr: the CSV on stdout stays a CSV
-        print(note, file=sys.stderr)
+    for note in (bf16_note(table, str(o["gpu"])), backward_note(table)):
+        if note:  # stderr: the CSV on stdout stays a CSV
+            print(note, file=sys.stderr)
     if target is not None:
         try:
             result.to_csv(target, index=False)

@@ -199,7 +199,7 @@ def resolve_stack(options: dict[str, Any] | None = None) -> Stack:
     cudnn = str(opts.get("cudnn", row.cudnn))
     if "cudnn" in opts and cudnn not in {r.cudnn for r in rows}:
         raise InvalidInputError(
-            f"unknown stack.cudnn {cudnn!r}; known: {', '.join(sorted({r.cudnn for r in rows}))}"
+            f"unknown stack.cudnn {cudnn!r}; known: {', '.join(sorted({r.cudnn for r in rows}, key=version_tuple))}"
         )
     # a wheel links one cuDNN major (libcudnn.so.8 or .9): a newer minor of it can be
     # installed beside it, another major cannot be loaded

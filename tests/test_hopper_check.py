@@ -138,3 +138,6 @@ def test_main_says_what_to_do_without_measurements(
 ) -> None:
     assert hopper_check.main([str(tmp_path)]) == 1
     assert "run the device sweep first" in capsys.readouterr().out
+    # a folder that does not exist is said so, not "no Hopper measurements in" it
+    assert hopper_check.main([str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr().err == f"error: no such folder: {tmp_path / 'absent'}\n"

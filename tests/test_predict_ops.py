@@ -369,3 +369,43 @@ def test_a_causal_sdpa_row_is_timed_as_the_step_times_it() -> None:
                        ({"op": "add", "numel": 8, "causal": 1}, "attention \\(sdpa\\) rows only")):  # fmt: skip
         with pytest.raises(InvalidInputError, match=words):
             canonical_rows(pd.DataFrame([bad]))
+
+
+@pytest.mark.skipif(not PACKAGED.exists(), reason="no packaged per-op model")
+def test_backward_rows_of_forward_only_families_are_said_and_empty_ones_empty(tmp_path):
+    """A hunt: gelu / softmax / layer_norm backward rows came back as the forward kernel's time
+    without a word, and a softmax backward over 0 rows took 0.033 ms; an embedding's backward
+    over 0 lookups still fills its weight gradient."""
+    from boom_ml.predict_ops import backward_note
+
+    table = pd.DataFrame({
+        "op": ["gelu", "gelu", "softmax", "gelu", "layer_norm", "embedding"],
+        "rows": [64, 64, 0, 0, 64, 0], "cols": [256, 256, 16, 16, 256, 64],
+        "direction": ["forward", "backward", "backward", "backward", "backward", "backward"],
+    })  # fmt: skip
+    out = predict_ops(table, "a100-80gb-sxm")
+    assert list(out["method"].iloc[2:4]) == ["empty", "empty"]
+    assert out["method"].iloc[5] != "empty" and out["pred_ms"].iloc[5] > 0
+    assert out["pred_ms"].iloc[0] == out["pred_ms"].iloc[1]  # the forward kernel's time
+    assert backward_note(table).startswith(
+        "note: 2 backward row(s) of gelu, layer_norm: no backward kernel of these ops was measured"
+    )
+    path = tmp_path / "ops.csv"
+    table.to_csv(path, index=False)
+    done = subprocess.run([sys.executable, "-m", "boom_ml.predict_ops", f"input={path}",
+                           "gpu=a100-80gb-sxm"], cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0 and "note: 2 backward row(s)" in done.stderr
+
+
+def test_missing_keys_and_bad_directions_are_named():
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.predict_ops import run
+
+    with pytest.raises(InvalidInputError, match="^gpu not given; usage: python -m boom_ml"):
+        run({"input": "ops.csv"})
+    table = pd.DataFrame({"op": ["gelu", "gelu"], "numel": [4, 4],
+                          "direction": ["forward", "forwards"]})  # fmt: skip
+    with pytest.raises(
+        InvalidInputError, match=r"direction must be forward or backward \(row 2: 'forwards'\)"
+    ):
+        predict_ops(table, "l4")

@@ -74,3 +74,39 @@ def test_a_pasted_torch_version_names_its_cuda_wheel() -> None:
                            ({"torch": "2.6.0+cu118", "cuda": "12.4"}, "is a CUDA 11.8 wheel")):  # fmt: skip
         with pytest.raises(InvalidInputError, match=words):
             resolve_stack(options)
+
+
+def test_a_release_takes_its_pypi_cuda_variant_where_one_is_sourced() -> None:
+    """torch 2.4 from PyPI is the CUDA 12.1 wheel (2.5 moved PyPI to 12.4 "rather than 12.1");
+    the table had no default for it and took its first row, 11.8. Where no source says (1.12,
+    2.3), the first row stays and the row's source says so."""
+    assert (resolve_stack({"torch": "2.4"}).cuda, resolve_stack({"torch": "2.5"}).cuda) == (
+        "12.1",
+        "12.4",
+    )
+    assert resolve_stack({"torch": "2.3"}).cuda == "11.8"
+
+
+def test_a_1x_stack_says_which_zero_grad_the_step_used() -> None:
+    """torch 1.13's zero_grad() zeroed in place; a hunt found a 1.13 stack silently timed with
+    2.x's set_to_none. Said once, and not where the step zeroes in place or runs 2.x."""
+    import boom_ml
+    from boom_ml.report.table import render_table
+
+    kw = dict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+              advice=False, max_batch="off")  # fmt: skip
+    note = "Note: zero_grad=set_to_none, PyTorch 2.x's default; torch 1.13's zero_grad() zeroes"
+    assert note in render_table(boom_ml.predict(stack={"torch": "1.13"}, **kw))
+    assert note not in render_table(
+        boom_ml.predict(stack={"torch": "1.13"}, zero_grad="zero", **kw)
+    )
+    assert "Note: zero_grad=" not in render_table(boom_ml.predict(**kw))
+
+
+def test_an_unknown_cudnn_lists_the_known_ones_in_version_order() -> None:
+    from boom_ml.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError) as err:
+        resolve_stack({"cudnn": "1.0"})
+    text = str(err.value)  # 9.5 before 9.10 (it had sorted them as text)
+    assert text.index("9.5.1.17") < text.index("9.7.1.26") < text.index("9.10.2.21")

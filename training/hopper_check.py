@@ -152,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     root = measurements_dir()
     folders = [Path(a) for a in args] or sorted(p for p in root.glob("*") if p.is_dir())
+    missing = [str(f) for f in folders if not f.is_dir()]
+    if missing:  # it had said "no Hopper measurements in" a folder that does not exist
+        print(f"error: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
     steps, kernels = load_held_out("steps", folders), load_held_out("kernels", folders)
     if steps.empty and kernels.empty:
         print(f"no Hopper measurements in {', '.join(map(str, folders)) or root}: "

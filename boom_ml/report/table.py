@@ -179,6 +179,18 @@ def stack_label(stack: dict) -> str:
     )
 
 
+def zero_grad_line(stack: dict, step: dict) -> str:
+    """torch 1.x's zero_grad() zeroed gradients in place (set_to_none became its default in
+    2.0); a 1.x stack with the 2.x default says which one the step used ('' otherwise)."""
+    major = str(stack.get("torch", "2")).split(".")[0]
+    if major != "1" or step.get("zero_grad") != "set_to_none":
+        return ""
+    return (
+        f"Note: zero_grad=set_to_none, PyTorch 2.x's default; torch {stack['torch']}'s"
+        " zero_grad() zeroes gradients in place (zero_grad=zero)."
+    )
+
+
 def parallel_table(prediction: Prediction) -> Table:
     """One row per GPU of a multi-GPU layout: worst rank's memory, step time and its terms."""
     first = prediction.parallel[0]["parallel"]
@@ -362,6 +374,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     stack = prediction.gpus[0].memory.stack
     if stack:
         console.print(f"Stack: {stack_label(stack)}", highlight=False, soft_wrap=True)
+        zero = zero_grad_line(stack, prediction.step)
+        if zero:
+            console.print(zero, highlight=False, soft_wrap=True)
     for line in advice_lines(prediction):
         console.print(line, highlight=False, soft_wrap=True)
     if explain:
