@@ -10,8 +10,11 @@ argument, is unwrapped with ``.item()`` before the checks; nothing else changes.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+from boom_ml.errors import InvalidInputError, suggest
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,10 +32,20 @@ def plain(value: Any) -> Any:
 
 
 def plain_arguments(func: F) -> F:
-    """``func`` called with :func:`plain` of each of its arguments."""
+    """``func`` called with :func:`plain` of each of its arguments; a keyword it does not take
+    is an InvalidInputError with a did-you-mean, as the CLI's unknown key is (it was Python's
+    TypeError, which an ``except BoomError`` missed)."""
+    params = inspect.signature(func).parameters
+    names = list(params)
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        unknown = [] if open_ended else sorted(set(kwargs) - set(names))
+        if unknown:
+            raise InvalidInputError(
+                f"{func.__name__}() takes no argument {unknown[0]!r}{suggest(unknown[0], names)}"
+            )
         return func(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
 
     return wrapper  # type: ignore[return-value]

@@ -16,10 +16,11 @@ from typing import Any
 
 from boom_ml import progress
 from boom_ml.estimates import GpuPrediction, TimeEstimate
+from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
-from boom_ml.specs import ModelSpec, StepSpec, check_model_syntax
+from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax
 from boom_ml.stack import Stack, resolve_stack, stack_missing
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
@@ -45,7 +46,8 @@ class Session:
         self.model = ModelSpec(model.strip(), dict(options or {}))
         # The model is built on the first cache miss (an unknown model fails there, before
         # any trace): a graph from the on-disk cache needs no model library at all.
-        self._cache = TraceCache() if cache else None
+        # "off" / "false" as predict reads them (any non-empty string had kept it on)
+        self._cache = TraceCache() if cache_setting(cache) else None
         self._pool = shared_pool(self.model)  # None: every trace runs in this process
         self._graphs: dict[StepSpec, OpGraph] = {}
         # step (sdpa_group None) -> the attention group evaluate() traced it for first, and
@@ -160,6 +162,8 @@ class Session:
         The trace does not depend on ``grad_accum``: accumulation is a replay option.
         """
         stack = stack if stack is not None else resolve_stack()
+        # ids and aliases too, as predict takes them (one result per item, in order)
+        gpus = [g if isinstance(g, GpuSpec) else get_gpu(g) for g in _as_list(gpus)]
         traced = replace(step, grad_accum=1, sdpa_group=None)
         # One trace per attention architecture group in the list whose kernels differ (only
         # one when the model calls no SDPA); results stay in the user's order.
@@ -235,6 +239,10 @@ class Session:
                 )
             )
         return results
+
+
+def _as_list(gpus: Any) -> list[Any]:
+    return [gpus] if isinstance(gpus, (str, GpuSpec)) else list(gpus)
 
 
 def _serves(graph: OpGraph, group: str) -> bool:

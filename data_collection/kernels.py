@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from boom_ml.errors import InvalidInputError
 from data_collection import environment as env
 from data_collection import schema
 from data_collection.kernel_ops import DTYPES, REGISTRY, OpDef, Run
@@ -48,7 +49,7 @@ def expand(cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool) -> list[tuple[str
     (tf32 on a non-matmul op or a CPU, which would repeat its fp32 row; backward of a
     cast; flash attention in fp32 on CUDA) are dropped here rather than failing later.
     """
-    cap = int(cfg.get("dry_run_cap", 16)) if cfg.get("dry_run") else None
+    cap = int(cfg.get("dry_run_cap", 16)) if dry_run(cfg) else None
     only = set(cfg.get("only_ops") or [])
     seen: dict[str, dict[str, Any]] = {}
     for group in cfg["groups"]:
@@ -217,12 +218,20 @@ def _time_case(
     return times, kernel_names(fn, dev) if profile else None
 
 
+def dry_run(cfg: Mapping[str, Any]) -> bool:
+    """``dry_run``: true or false (any other word had counted as true: ``dry_run=no``)."""
+    value = cfg.get("dry_run", False)
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise InvalidInputError(f"dry_run must be true or false, got {value!r}")
+
+
 def run_kernel_sweep(cfg: Mapping[str, Any]) -> str:
     """Run the kernel sweep ``cfg`` (see configs/collect/kernels.yaml); returns the shard root."""
     dev = env.resolve_device(str(cfg.get("device", "cuda")))
     info = env.device_info(dev)
     torch.manual_seed(int(cfg.get("seed", 0)))
-    dry = bool(cfg.get("dry_run"))
+    dry = dry_run(cfg)
     warmup = min(int(cfg["warmup"]), 1) if dry else int(cfg["warmup"])
     repeats = min(int(cfg["repeats"]), 3) if dry else int(cfg["repeats"])
     configs = [

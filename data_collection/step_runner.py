@@ -24,7 +24,7 @@ from boom_ml.trace.optimizers import make_optimizer
 from boom_ml.zoo import build_model
 from data_collection import environment as env
 from data_collection import schema
-from data_collection.kernels import Timer, spread
+from data_collection.kernels import Timer, dry_run, spread
 from data_collection.op_profiles import no_mark, profile_rows
 from data_collection.shards import config_key
 
@@ -58,7 +58,7 @@ def expand(
     the i-th entry the i-th combination of amp x checkpointing x optimizer x tf32 (cycling),
     so a handful of configurations still runs every option value; ``all`` runs every one.
     """
-    dry = bool(cfg.get("dry_run"))
+    dry = dry_run(cfg)
     one_per_model = dry and str(cfg.get("dry_run_configs", "per_model")) == "per_model"
     mode = str(cfg.get("profile_ops", "first"))
     seen: dict[str, dict[str, Any]] = {}
@@ -260,7 +260,7 @@ def _release(dev: torch.device) -> None:
 
 def sweep_settings(cfg: Mapping[str, Any]) -> tuple[int, int, int, int]:
     """(warm-up steps, timed steps, shards, shard index); a dry run caps the steps at 1 and 2."""
-    dry = bool(cfg.get("dry_run"))
+    dry = dry_run(cfg)
     warmup = min(int(cfg["warmup"]), 1) if dry else int(cfg["warmup"])
     iterations = min(int(cfg["iterations"]), 2) if dry else int(cfg["iterations"])
     return warmup, iterations, int(cfg.get("num_shards", 1)), int(cfg.get("shard_index", 0))

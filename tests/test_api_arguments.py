@@ -67,3 +67,45 @@ def test_a_factory_error_of_several_lines_is_one_line(tmp_path) -> None:
     with pytest.raises(InvalidInputError) as err:
         boom_ml.predict(f"file:{path}:boom", gpu="l4", image_size=32)
     assert "\n" not in str(err.value) and str(err.value).endswith("RuntimeError: second line")
+
+
+def test_a_misspelt_keyword_is_a_boom_error_with_a_suggestion() -> None:
+    """It was Python's TypeError, which an ``except BoomError`` around predict missed."""
+    with pytest.raises(InvalidInputError) as err:
+        boom_ml.predict(model="hf:gpt2", gpu="l4", bacth_size=8)
+    assert str(err.value).startswith(
+        "predict() takes no argument 'bacth_size' (did you mean: batch_size"
+    )
+
+
+def test_session_takes_gpu_ids_and_reads_cache_words() -> None:
+    """A hunt: Session.evaluate(step, ["l4"]) failed deep inside ('str' has no sm_version), and
+    Session(model, cache="off") kept the on-disk cache on."""
+    from boom_ml.specs import StepSpec
+
+    step = StepSpec(batch_size=2, image_size=32)
+    session = boom_ml.Session("torchvision:resnet18", cache="off")
+    assert session._cache is None
+    by_id = session.evaluate(step, ["l4", "t4", "l4"])
+    by_spec = session.evaluate(step, [get_gpu("l4"), get_gpu("t4"), get_gpu("l4")])
+    assert [g.gpu for g in by_id] == ["l4", "t4", "l4"]  # one result per item, in order
+    assert [g.time.step_ms for g in by_id] == [g.time.step_ms for g in by_spec]
+
+
+def test_to_dict_holds_plain_str_keys() -> None:
+    """numpy's str_ keys (the peak's categories by module, temporaries by phase) broke
+    yaml.safe_dump of to_dict(); json.dumps took them as the str subclass they are."""
+    out = boom_ml.predict(model="torchvision:resnet18", gpu="l4", batch_size=2, image_size=32,
+                          advice=False, max_batch="off").to_dict()  # fmt: skip
+
+    def keys(value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from keys(v)
+
+    found = list(keys(out))
+    assert found and all(type(k) is str for k in found)

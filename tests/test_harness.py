@@ -267,3 +267,16 @@ def test_nvml_delta_keeps_the_baseline_the_process_took_first(
     used["bytes"] = 900
     assert later.read() == 800 and later.method == "nvml-device-delta"
     env.nvml_baseline.cache_clear()
+
+
+def test_dry_run_is_true_or_false() -> None:
+    """A hunt: dry_run=maybe (or dry_run=no) ran a dry run with exit 0: any word was true."""
+    from boom_ml.errors import InvalidInputError
+
+    assert [kernels.dry_run(c) for c in ({"dry_run": True}, {"dry_run": False}, {})] == [
+        True,
+        False,
+        False,
+    ]
+    with pytest.raises(InvalidInputError, match="^dry_run must be true or false, got 'no'$"):
+        kernels.dry_run({"dry_run": "no"})

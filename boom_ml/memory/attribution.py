@@ -80,9 +80,11 @@ def attribute_peak(
                 module = "(parameters, gradients, optimizer state)"
             else:
                 module = str(node_module[nid]) if 0 <= nid < len(node_module) else ""
+        cat = str(cat)  # numpy's str_ from the event table: to_dict() holds plain str keys
         by_cat[cat] = by_cat.get(cat, 0) + size
         if cat == "temporary" and src >= 0:
-            temporary_by_phase[phases[src]] = temporary_by_phase.get(phases[src], 0) + size
+            phase = str(phases[src])
+            temporary_by_phase[phase] = temporary_by_phase.get(phase, 0) + size
         entry = by_mod.setdefault(module or "(top level)", {})
         entry[cat] = entry.get(cat, 0) + size
     by_cat["fragmentation"] = max(peak_reserved - sum(by_cat.values()), 0)

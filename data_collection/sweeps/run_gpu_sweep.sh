@@ -5,7 +5,7 @@
 # A rerun with the same OUTDIR resumes: configurations already in its shards are skipped.
 set -euo pipefail
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then  # --help is no OUTDIR (mkdir printed its own help)
-  echo "usage: $0 OUTDIR [--budget-min M] [--device cuda|cpu] [--dry-run]" >&2
+  echo "usage: $0 OUTDIR [--budget-min M] [--margin-min M] [--sweep KIND=FILE ...] [--device cuda|cpu] [--dry-run]" >&2
   [ $# -ge 1 ] && [[ "$1" == "-h" || "$1" == "--help" ]] && exit 0
   exit 2
 fi
