@@ -1,9 +1,9 @@
-"""Step options under a parallel layout: accumulation is the layout's micro-batches, outputs
-made for one GPU are refused in one line, and no collective is exposed beyond its own time."""
+"""Step options under a parallel layout: accumulation is the layout's micro-batches, explain
+and plots, build options, and no collective exposed beyond its own time (what a layout refuses:
+test_parallel_refusals.py)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -65,27 +65,6 @@ def test_advice_for_one_gpus_micro_batches_keeps_the_users_key() -> None:
     split = [a for a in items if "grad_accum" in a.settings]
     assert split and all("grad_accum" not in a.options for a in items)
     assert all(a.options["parallel.microbatches"] == a.settings["grad_accum"] for a in split)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "words"),
-    [
-        ({"max_batch_on": True}, "max_batch=on"),
-    ],  # fmt: skip
-)
-def test_single_gpu_outputs_are_refused_for_a_layout(kwargs, words) -> None:
-    with pytest.raises(InvalidInputError) as err:
-        for_parallel_step(Layout(dp=2), **kwargs)
-    assert words in str(err.value) and "\n" not in str(err.value)
-    for_parallel_step(Layout(), **kwargs)  # one GPU produces them
-
-
-def test_the_cli_refuses_them_before_importing_torch() -> None:
-    from boom_ml.predict import validate
-
-    with pytest.raises(InvalidInputError, match="max_batch=on"):
-        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"dp": 2}, "max_batch": "on"})
-    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {"dp": 2}, "explain": True})
 
 
 def test_explain_adds_up_a_layouts_step_and_its_worst_rank(tmp_path) -> None:
@@ -173,50 +152,6 @@ def test_build_options_reach_the_rank_model() -> None:
     assert [op for op in ops["sdpa"] if "attention" in op]
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "words"),
-    [
-        ({"parallel": {"dpp": 2}}, "unknown parallel option(s): dpp"),
-        ({"cluster": {"gpu_per_node": 2}}, "unknown cluster option(s): gpu_per_node"),
-        ({"moe": {"imbalanse": 3}}, "unknown moe option(s): imbalanse"),
-        ({"moe": {"imbalance": 0.5}}, "moe.imbalance must be a number >= 1.0"),
-        # the CLI's checks, from Python: a string is not a switch, a number not a mapping
-        ({"tf32": "false"}, "tf32 must be true or false"),
-        ({"tf32_matmul": "no"}, "tf32_matmul must be true or false"),
-        ({"advice": "no"}, "advice must be true or false"),
-        ({"cache": "offf"}, "cache must be on or off"),
-        ({"moe": 2}, "moe must be a mapping of its options"),
-        ({"parallel": 2}, "parallel must be a mapping of its options"),
-        ({"finetune": "lora"}, "finetune must be a mapping of its options"),
-        ({"plot": 5}, "plot must be a directory path"),
-        ({"plot": ""}, "plot= needs a directory"),  # Path("") was the working directory
-        ({"batch_size": 2**36}, "is above 2147483648 (2^31)"),  # a pandas overflow traceback
-    ],  # fmt: skip
-)
-def test_the_api_names_bad_keys_in_one_line(kwargs, words) -> None:
-    import boom_ml
-
-    with pytest.raises(InvalidInputError) as err:
-        boom_ml.predict("hf:gpt2", gpu="l4", **kwargs)
-    assert words in str(err.value) and "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize(
-    ("model", "words"),
-    [(123, "model must be a name such as torchvision:resnet50, got 123"),
-     (None, "got None"), ("torchvison:resnet50", "(did you mean: torchvision?)")],
-)  # fmt: skip
-def test_the_api_checks_the_model_name_as_the_cli_does(model, words) -> None:
-    import boom_ml
-    from boom_ml.errors import UnknownModelError
-
-    with pytest.raises(UnknownModelError) as err:
-        boom_ml.predict(model, gpu="l4")
-    assert words in str(err.value) and "\n" not in str(err.value)
-    with pytest.raises(UnknownModelError, match=re.escape(words)):
-        boom_ml.Session(model)  # public too
-
-
 def _fake_parallel(record: dict):
     """A stand-in for predict_parallel: one entry per GPU that does not fit, and where the
     call looked for its cache."""
@@ -294,35 +229,6 @@ def test_cache_off_under_a_layout_keeps_nothing(monkeypatch, tmp_path) -> None:
     assert seen["cache"] == tmp_path / "parallel"
 
 
-def test_a_link_a_gpu_lacks_is_refused_before_any_trace(monkeypatch) -> None:
-    import boom_ml
-    import boom_ml.parallel.predict as parallel_predict
-
-    monkeypatch.setattr(parallel_predict, "predict_parallel", None)  # a call would fail
-    with pytest.raises(InvalidInputError, match="t4 has no NVLink"):
-        boom_ml.predict("hf:gpt2", gpu=["h100-sxm", "t4"], parallel={"dp": 2},
-                        cluster={"intra": "nvlink"})  # fmt: skip
-
-
-def test_an_encoder_decoder_is_refused_in_one_line() -> None:
-    from boom_ml.parallel.shard import check_model, load_raw
-
-    with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder") as err:
-        check_model(load_raw("hf:t5-small"), Layout(dp=2))
-    assert "\n" not in str(err.value)
-
-
-def test_the_layout_search_says_why_it_cannot_cut_an_encoder_decoder() -> None:
-    """The advisor's search raises the one line (its reason) before any trace, where each
-    layout's refusal was swallowed and the advice came out empty."""
-    from boom_ml.gpus import get_gpu
-    from boom_ml.parallel.search import search_layouts_many
-    from boom_ml.specs import StepSpec
-
-    with pytest.raises(InvalidInputError, match="'t5' is an encoder-decoder"):
-        search_layouts_many("hf:t5-small", [get_gpu("l4")], StepSpec(batch_size=2))
-
-
 def test_pipeline_stages_step_only_their_own_ends() -> None:
     """The optimizer step of the ends (embedding; final norm and head) goes to the stage that
     holds them, by their parameters (``_shape``: V*H first, V*H + H last), not to both; a tied
@@ -372,45 +278,6 @@ def test_a_layouts_plot_replays_its_pipeline(tmp_path) -> None:
     stem = f"hf_{str(path).replace(':', '_').replace('/', '_')}"
     assert out.plots == [str(tmp_path / "figs" / f"{stem}_layout_{fastest}.png")]
     assert Path(out.plots[0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.parametrize(
-    ("parallel", "words"),
-    [({"dp": 2, "schedule": "gpipe"}, "parallel.schedule=gpipe: this layout does not read it"),
-     ({"dp": 2, "sharding": "zero1", "bucket_view": True}, "parallel.bucket_view=true: this"),
-     ({"dp": 2, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: this")],
-)  # fmt: skip
-def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
-    """A hunt: parallel.schedule=gpipe without a pipeline ran as 1F1B with exit 0, where one
-    GPU's step refuses the same key; every key a layout would not read is one line now."""
-    from boom_ml.predict import validate
-
-    with pytest.raises(InvalidInputError) as err:
-        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": parallel})
-    assert str(err.value).startswith(words) and "\n" not in str(err.value)
-    read = {**parallel, "pp": 2} if "schedule" in parallel else None
-    read = read or ({**parallel, "sharding": "none"} if "bucket_view" in parallel else None)
-    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read or {**parallel, "microbatches": 2}})
-
-
-@pytest.mark.parametrize(
-    ("options", "words"),
-    [({"cluster": {"gpus_per_node": 4}}, "cluster.gpus_per_node=4: for a multi-GPU layout"),
-     ({"parallel": {"dp": 8}, "cluster": {"inter": "eth-25g"}},
-      "cluster.inter=eth-25g: this layout does not read it (its 8 GPUs fit in one node")],
-)  # fmt: skip
-def test_cluster_keys_nothing_reads_are_refused(options, words) -> None:
-    """A hunt: cluster.* ran with exit 0 where nothing read it (one GPU; a layout within one
-    node and an inter-node link). advice=true reads them: its layout search places ranks."""
-    from boom_ml.predict import validate
-
-    base = {"model": "hf:gpt2", "gpu": "l4", "advice": False}
-    with pytest.raises(InvalidInputError) as err:
-        validate({**base, **options})
-    assert str(err.value).startswith(words) and "\n" not in str(err.value)
-    validate({**base, **options, "advice": True})
-    if "parallel" in options:  # two nodes of 8 cross the link
-        validate({**base, **options, "parallel": {"dp": 16}})
 
 
 def test_a_group_across_a_node_boundary_runs_on_the_network() -> None:
