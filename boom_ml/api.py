@@ -19,8 +19,8 @@ from boom_ml.parallel.layout import (
     Layout,
     as_one_gpu,
     check_checkpoint_every,
+    check_cluster_keys,
     for_parallel_step,
-    unread_cluster_keys,
 )
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
@@ -44,6 +44,7 @@ from boom_ml.specs import (
     search_max_batch,
 )
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
+from boom_ml.timing.conv_layout import TENSOR_CORE_SM
 
 __all__ = ["Session", "finetune_fields", "predict"]
 
@@ -151,9 +152,7 @@ def predict(
     layout = for_parallel_step(layout, grad_accum=grad_accum,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
     validate_layout(layout, nodes, finetune_method=step.finetune_method)
-    unread = unread_cluster_keys(layout, nodes, advice)
-    if unread:
-        raise InvalidInputError(unread)
+    check_cluster_keys(layout, nodes, advice)
     if not layout.is_single:
         check_checkpoint_every(step.checkpointing, step.checkpointing_every)
     if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace
@@ -269,7 +268,8 @@ def _layout_notes(graph: Any, step: StepSpec) -> list[str]:
     convs = graph.nodes[graph.nodes["family"].eq("conv")]
     if not step.channels_last or convs.empty:
         return []
-    if convs["input_dtypes"].astype(str).str.contains("float16").any():
+    dtypes = convs["input_dtypes"].astype(str)
+    if any(dtypes.str.contains(f'"{d}"', regex=False).any() for d in TENSOR_CORE_SM):
         return []
     return [
         "channels_last=true changes nothing here: the step's convolutions are fp32 (TF32),"

@@ -32,9 +32,14 @@ class ArtifactError(BoomError):
     """A packaged or user-supplied model artifact is missing or corrupt."""
 
 
+def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``choices`` close to ``name`` (difflib's ratio, case-blind), closest first."""
+    return difflib.get_close_matches(name.lower(), sorted(set(choices)), n=n, cutoff=0.5)
+
+
 def suggest(name: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ' (did you mean: a, b?)' for close matches of ``name`` in ``choices``, or ''."""
-    close = difflib.get_close_matches(name.lower(), sorted(set(choices)), n=n, cutoff=0.5)
+    close = close_matches(name, choices, n)
     return f" (did you mean: {', '.join(close)}?)" if close else ""
 
 

@@ -32,8 +32,8 @@ from boom_ml.parallel.layout import (
     Cluster,
     Layout,
     as_one_gpu,
+    check_cluster_keys,
     for_parallel_step,
-    unread_cluster_keys,
 )
 from boom_ml.parallel.layout import validate as check_layout
 from boom_ml.report.plot_dir import check_plot_dir
@@ -254,9 +254,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     )
     cluster = Cluster(**(options.get("cluster") or {}))
     check_layout(layout, cluster, finetune_method=options.get("finetune_method"))
-    unread = unread_cluster_keys(layout, cluster, bool(options.get("advice", True)))
-    if unread:
-        raise InvalidInputError(unread)
+    check_cluster_keys(layout, cluster, bool(options.get("advice", True)))
     plot = options.get("plot")
     if plot is not None:
         check_plot_dir(plot)  # a non-path or unwritable directory fails here, not after the trace

@@ -183,11 +183,17 @@ def predict_ops(
     return out
 
 
-def backward_note(table: pd.DataFrame) -> str | None:
-    """What to tell the user of backward rows of families no kernel row measured backward."""
+def notes(table: pd.DataFrame, gpu: str) -> list[str]:
+    """What to tell the user of ``table``'s rows on ``gpu`` (stderr: the CSV stays a CSV):
+    bf16 matrix rows on a GPU without bf16 tensor cores, backward rows of families no kernel row
+    measured backward. Empty rows run nothing and need no note."""
     rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
-    sel = (rows["direction"] == "backward") & rows["family"].isin(FORWARD_ONLY)
-    sel &= ~empty_rows(rows)
+    timed = ~empty_rows(rows)
+    return [n for n in (_bf16_note(rows, timed, gpu), _backward_note(rows, timed)) if n]
+
+
+def _backward_note(rows: pd.DataFrame, timed: np.ndarray) -> str | None:
+    sel = (rows["direction"] == "backward") & rows["family"].isin(FORWARD_ONLY) & timed
     if not sel.any():
         return None
     ops = ", ".join(sorted(set(rows.loc[sel, "op"].astype(str))))
@@ -199,17 +205,16 @@ def backward_note(table: pd.DataFrame) -> str | None:
     )
 
 
-def bf16_note(table: pd.DataFrame, gpu: str) -> str | None:
-    """What to tell the user when bf16 matrix rows are timed on a GPU without bf16 tensor
-    cores (they run at its fp32 rate, as ``predict``'s table also says)."""
+def _bf16_note(rows: pd.DataFrame, timed: np.ndarray, gpu: str) -> str | None:
+    """bf16 matrix rows on a GPU without bf16 tensor cores run at its fp32 rate, as
+    ``predict``'s table also says."""
     from boom_ml.gpus import get_gpu
 
     spec = get_gpu(gpu)
     if spec.bf16_tensor_cores:
         return None
-    rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
     matrix = rows["family"].isin(["gemm", "conv", "attention"]) & (rows["dtype"] == "bfloat16")
-    matrix &= ~empty_rows(rows)  # an output without elements runs nothing (method "empty")
+    matrix &= timed
     if not matrix.any():
         return None
     return (
@@ -258,9 +263,8 @@ def run(cfg: Any) -> str | None:
 
     lightgbm_alone()  # scikit-learn, which lightgbm would import, costs ~1 s
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
-    for note in (bf16_note(table, str(o["gpu"])), backward_note(table)):
-        if note:  # stderr: the CSV on stdout stays a CSV
-            print(note, file=sys.stderr)
+    for note in notes(table, str(o["gpu"])):
+        print(note, file=sys.stderr)  # stderr: the CSV on stdout stays a CSV
     if target is not None:
         try:
             result.to_csv(target, index=False)

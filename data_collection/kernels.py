@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from boom_ml.errors import InvalidInputError
+from boom_ml.specs import check_bool
 from data_collection import environment as env
 from data_collection import schema
 from data_collection.kernel_ops import DTYPES, REGISTRY, OpDef, Run
@@ -220,10 +220,10 @@ def _time_case(
 
 def dry_run(cfg: Mapping[str, Any]) -> bool:
     """``dry_run``: true or false (any other word had counted as true: ``dry_run=no``)."""
-    value = cfg.get("dry_run", False)
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    raise InvalidInputError(f"dry_run must be true or false, got {value!r}")
+    value = cfg.get("dry_run")
+    value = False if value is None else value
+    check_bool("dry_run", value)
+    return value
 
 
 def run_kernel_sweep(cfg: Mapping[str, Any]) -> str:

@@ -376,7 +376,7 @@ def test_backward_rows_of_forward_only_families_are_said_and_empty_ones_empty(tm
     """A hunt: gelu / softmax / layer_norm backward rows came back as the forward kernel's time
     without a word, and a softmax backward over 0 rows took 0.033 ms; an embedding's backward
     over 0 lookups still fills its weight gradient."""
-    from boom_ml.predict_ops import backward_note
+    from boom_ml.predict_ops import notes
 
     table = pd.DataFrame({
         "op": ["gelu", "gelu", "softmax", "gelu", "layer_norm", "embedding"],
@@ -387,7 +387,8 @@ def test_backward_rows_of_forward_only_families_are_said_and_empty_ones_empty(tm
     assert list(out["method"].iloc[2:4]) == ["empty", "empty"]
     assert out["method"].iloc[5] != "empty" and out["pred_ms"].iloc[5] > 0
     assert out["pred_ms"].iloc[0] == out["pred_ms"].iloc[1]  # the forward kernel's time
-    assert backward_note(table).startswith(
+    (note,) = notes(table, "a100-80gb-sxm")
+    assert note.startswith(
         "note: 2 backward row(s) of gelu, layer_norm: no backward kernel of these ops was measured"
     )
     path = tmp_path / "ops.csv"

@@ -28,7 +28,6 @@ Names are matched case-insensitively with spaces, underscores and hyphens ignore
 from __future__ import annotations
 
 import csv
-import difflib
 import functools
 import io
 import math
@@ -39,7 +38,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from boom_ml.errors import InvalidInputError, UnknownGpuError, suggest
+from boom_ml.errors import InvalidInputError, UnknownGpuError, close_matches, suggest
 from boom_ml.gpus.spec import ARCHITECTURES, GIB, GpuSpec
 from boom_ml.gpus.tensor_rates import fill_tensor_rates
 from boom_ml.gpus.user_checks import check_ranges
@@ -198,8 +197,7 @@ def _unknown(name: str) -> UnknownGpuError:
         # then difflib's (which offered a10, a10g, h100-sxm)
         near = next((found for n in range(len(key) - 1, 2, -1)
                      if (found := [i for i in ids if _norm(i).startswith(key[:n])])), [])  # fmt: skip
-        close = difflib.get_close_matches(name.lower(), ids, n=3, cutoff=0.5)
-        prefixed = list(dict.fromkeys(near[:4] + close))
+        prefixed = list(dict.fromkeys(near[:4] + close_matches(name, ids)))
     hint = f" (did you mean: {', '.join(prefixed[:6])}?)" if prefixed else ""
     return UnknownGpuError(
         f"unknown GPU '{name}'{hint}; `python -m boom_ml.gpus` lists known GPUs, "

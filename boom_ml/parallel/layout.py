@@ -148,21 +148,25 @@ def unread_keys(layout: Layout) -> str:
     return ""
 
 
-def unread_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> str:
+def check_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> None:
     """One line naming the ``cluster.*`` keys set away from their defaults that a prediction
-    does not read ('' if none): one GPU's step reads none unless ``advice`` searches layouts,
-    and a layout within one node crosses no inter-node link."""
+    does not read: one GPU's step reads none unless ``advice`` searches layouts, and a layout
+    within one node crosses no inter-node link. (Not in :func:`validate`, which the layout
+    search calls with the user's cluster on every candidate.)"""
     default = Cluster()
     changed = [f"cluster.{k}={v}" for k, v in asdict(cluster).items() if v != getattr(default, k)]
     if advice or not changed:
-        return ""
+        return
     if layout.is_single:
-        return (f"{', '.join(changed)}: for a multi-GPU layout, or advice=true (which searches"
-                " layouts); one GPU's step does not read it")  # fmt: skip
+        raise InvalidInputError(
+            f"{', '.join(changed)}: for a multi-GPU layout, or advice=true (which searches"
+            " layouts); one GPU's step does not read it"
+        )
     if cluster.inter != default.inter and layout.world <= cluster.gpus_per_node:
-        return (f"cluster.inter={cluster.inter}: this layout does not read it (its {layout.world}"
-                f" GPUs fit in one node of cluster.gpus_per_node={cluster.gpus_per_node})")  # fmt: skip
-    return ""
+        raise InvalidInputError(
+            f"cluster.inter={cluster.inter}: this layout does not read it (its {layout.world}"
+            f" GPUs fit in one node of cluster.gpus_per_node={cluster.gpus_per_node})"
+        )
 
 
 def validate(
