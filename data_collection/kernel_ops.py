@@ -48,6 +48,7 @@ class OpDef:
     tf32: bool = False  # TF32 changes its arithmetic (matmuls, convolutions)
     half_only_cuda: bool = False  # flash attention has no fp32 kernel on CUDA
     numel_params: tuple[str, ...] = ()  # capped at cap**2 in a dry run, not at cap
+    row_op: str = ""  # the op its rows name, where another entry's op (default: its own key)
 
 
 def _t(
@@ -74,9 +75,11 @@ def _gemm(kind: str) -> Builder:
 
 
 def _conv(p: dict[str, int], dt: torch.dtype, dev: torch.device) -> Case:
+    groups = p.get("groups", 1)  # each output channel reads in_channels / groups inputs
     x = _t((p["batch"], p["in_channels"], p["input_h"], p["input_w"]), dt, dev)
-    w = _t((p["out_channels"], p["in_channels"], p["kernel_size"], p["kernel_size"]), dt, dev)
-    return Case(lambda: F.conv2d(x, w, None, p["stride"], p["padding"]), (x, w))
+    k = p["kernel_size"]
+    w = _t((p["out_channels"], p["in_channels"] // groups, k, k), dt, dev)
+    return Case(lambda: F.conv2d(x, w, None, p["stride"], p["padding"], 1, groups), (x, w))
 
 
 def _sdpa(backend: str) -> Builder:
@@ -225,6 +228,9 @@ REGISTRY: dict[str, OpDef] = {
     "bmm": _op(aten.bmm, "b m n k", _gemm("bmm"), tf32=True),
     "linear": _op(aten.addmm, "b m n k", _gemm("linear"), tf32=True),
     "conv2d": _op(aten.convolution, _CONV, _conv, tf32=True),
+    # depthwise (groups = in = out channels) and grouped convolutions: rows of op conv2d
+    "conv2d_grouped": _op(aten.convolution, f"{_CONV} groups", _conv, tf32=True,
+                          row_op="conv2d"),
     "sdpa_flash": _op(aten._scaled_dot_product_flash_attention, _SDPA, _sdpa("flash"), _ATTN,
                       half_only_cuda=True),
     # The math backend launches GEMMs and a softmax; its row stands for the attention call.

@@ -63,6 +63,14 @@ def expand(cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool) -> list[tuple[str
                 if len(shape) != len(opdef.params):
                     raise ValueError(f"{op}: shape {list(shape)} needs {opdef.params}")
                 params = {n: int(v) for n, v in zip(opdef.params, shape, strict=True)}
+                groups = params.get("groups", 1)
+                if (
+                    groups < 1
+                    or params.get("in_channels", 0) % groups
+                    or params.get("out_channels", 0) % groups
+                ):
+                    raise ValueError(f"{op}: shape {list(shape)}: groups must divide "
+                                     "in_channels and out_channels")  # fmt: skip
                 if cap is not None:  # tiny sizes, same code path
                     params = {
                         n: min(v, cap**2 if n in opdef.numel_params else cap)
@@ -178,7 +186,7 @@ def measure_kernel(
     row: dict[str, Any] = {c: None for c in schema.columns("kernels")}
     row.update(base)
     row.update(
-        op=op,
+        op=opdef.row_op or op,
         family=opdef.family,
         dtype=dtype,
         direction=config["direction"],

@@ -90,6 +90,7 @@ KERNEL_COLUMNS: tuple[Col, ...] = (
     *(_i(c) for c in ("b", "m", "n", "k")),
     *(_i(c) for c in ("batch", "in_channels", "out_channels", "kernel_size", "kernel_w")),
     *(_i(c) for c in ("input_h", "input_w", "stride", "stride_w", "padding", "padding_w")),
+    _i("groups", minimum=1),  # a grouped convolution's groups (null: 1, a dense one)
     *(_i(c) for c in ("numel", "rows", "cols", "heads", "head_dim", "seq_q", "seq_kv")),
     _pos("latency_ms", True),
     _s("latency_stat", True),
@@ -149,7 +150,8 @@ STEP_COLUMNS: tuple[Col, ...] = (
 # Nullable columns added after datasets were written: absent in an older file, they read as
 # null instead of failing validation (every other missing column is an error).
 LATE_COLUMNS = {"steps": ("rank", "dp", "tp", "pp", "sharding", "microbatches", "stage",
-                          "schedule", "virtual_stages")}  # fmt: skip
+                          "schedule", "virtual_stages"),
+                "kernels": ("groups",)}  # fmt: skip
 
 _ESTIMATORS = ("xmem", "dnnmem", "schedtune", "llmem")
 MEMORY_COLUMNS: tuple[Col, ...] = (

@@ -63,7 +63,7 @@ def test_kernel_harness_every_op_on_cpu(tmp_path: Path) -> None:
     kernels.run_kernel_sweep(cfg)
     df = read_shards(tmp_path, "kernels")
     schema.validate(df, "kernels", "test")
-    assert set(df["op"]) == set(kernels.REGISTRY)
+    assert set(df["op"]) == {d.row_op or op for op, d in kernels.REGISTRY.items()}
     assert set(df["device_kind"]) == {"cpu"} and set(df["gpu_id"]) == {"cpu"}
     assert set(df["direction"]) == {"forward", "backward"}
     assert (df["latency_ms"] > 0).all() and (df["n_repeats"] == 3).all()
@@ -72,6 +72,18 @@ def test_kernel_harness_every_op_on_cpu(tmp_path: Path) -> None:
     assert not ((df["family"] == "copy") & (df["direction"] == "backward")).any()
     mm = df[(df["op"] == "mm")].iloc[0]
     assert (mm["b"], mm["m"], mm["n"], mm["k"]) == (1, 4, 4, 4)
+    # conv2d_grouped's rows are conv2d rows with their groups (4 of 4 channels: depthwise)
+    convs = df[df["op"] == "conv2d"]
+    assert sorted(convs["groups"].fillna(1).unique()) == [1, 4]
+
+
+def test_grouped_convolution_sweep_refuses_groups_that_do_not_divide(tmp_path: Path) -> None:
+    bad = [{"ops": ["conv2d_grouped"], "shapes": [[8, 96, 96, 3, 56, 56, 1, 1, 64]]}]
+    cfg = kernel_cfg(tmp_path, groups=bad, dry_run=False)
+    with pytest.raises(
+        ValueError, match=r"conv2d_grouped: shape \[8, 96, 96, 3, 56, 56, 1, 1, 64\]: groups"
+    ):
+        kernels.expand(cfg, "cpu", on_cuda=False)
 
 
 def test_kernel_sweep_killed_midway_resumes(tmp_path: Path) -> None:
