@@ -77,6 +77,9 @@ class TimeEstimate:
     # How near the kernel measurements behind it come to this GPU (boom_ml/timing/basis.py):
     # measured | architecture measured | architecture not measured; None without heads.
     basis: str | None = None
+    # the step's half-precision kernels that no GPU of this one's architecture had measured in
+    # fp16 ("fp16/bf16 GEMMs", "fp16/bf16 convolutions"; timing/basis.py: unmeasured_half)
+    unmeasured_kernels: list[str] = field(default_factory=list)
     # a step in bf16 (autocast or parameters) on a GPU without bf16 tensor cores (before
     # Ampere): False, its bf16 matmuls timed at the fp32 rate; None for steps without bf16
     bf16_tensor_cores: bool | None = None

@@ -67,23 +67,29 @@ def config_keys(config_name: str = "predict") -> frozenset[str]:
     return frozenset(_keys_in_order(config_name))
 
 
-@functools.lru_cache(maxsize=4)
 def _keys_in_order(config_name: str) -> tuple[str, ...]:
+    return tuple(_config_tree(config_name))
+
+
+@functools.lru_cache(maxsize=8)
+def _config_tree(config_name: str) -> dict[str, bool]:
+    """Every key of ``configs/<config_name>.yaml`` in order, nested ones dotted: whether its
+    value is a mapping (``+data.exclude_gpus.a40=why`` adds a key to one)."""
     import yaml  # PyYAML: a few ms, and Hydra needs it anyway
 
     data = yaml.safe_load((Path(CONFIG_DIR) / f"{config_name}.yaml").read_text()) or {}
-    keys: list[str] = []
+    keys: dict[str, bool] = {}
 
     def walk(mapping: Mapping[str, Any], prefix: str) -> None:
         for key, value in mapping.items():
             if prefix == "" and key in ("defaults", "hydra"):
                 continue  # Hydra's own; `hydra.*` overrides are passed through
-            keys.append(prefix + str(key))
+            keys[prefix + str(key)] = isinstance(value, Mapping)
             if isinstance(value, Mapping):
                 walk(value, f"{prefix}{key}.")
 
     walk(data, "")
-    return tuple(keys)
+    return keys
 
 
 def rewrite_aliases(argv: list[str]) -> list[str]:
@@ -171,11 +177,21 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
         seen[key] = value
         if key == "hydra" or key.startswith(("hydra.", "hydra/")):
             continue
-        if key not in known and not key.startswith(OPEN_GROUP + "."):
+        added = arg.startswith("+") and _config_tree(config_name).get(key.rpartition(".")[0])
+        if key not in known and not key.startswith(OPEN_GROUP + ".") and not added:
             raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
         if value.strip() not in ("", "null") and not value.lstrip().startswith("{"):
             check_group(key, value, config_name)
     _check_grammar(overrides)
+
+
+def exit_on_bad_overrides(argv: list[str], config_name: str) -> None:
+    """:func:`check_override_keys` for an entry point: its error in one line on stderr, and
+    exit 2, before Hydra answers in lines (the training and predict_ops entries)."""
+    try:
+        check_override_keys(argv, config_name)
+    except BoomError as err:
+        _fail(err)
 
 
 def _check_grammar(overrides: list[str]) -> None:

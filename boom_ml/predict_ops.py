@@ -284,13 +284,9 @@ def main() -> None:
         sys.exit(err.exit_code)
     if print_help_if_asked(__doc__, "predict_ops"):
         return
-    from boom_ml.predict import check_override_keys, rewrite_aliases
+    from boom_ml.predict import exit_on_bad_overrides, rewrite_aliases
 
-    try:  # one line for a misspelled key, not Hydra's three
-        check_override_keys(sys.argv[1:], "predict_ops")
-    except BoomError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+    exit_on_bad_overrides(sys.argv[1:], "predict_ops")  # one line, not Hydra's three
     # predict's rewrite: gpu=l4,t4 as the list it means (Hydra stops a bare comma list with
     # lines of "Ambiguous value"), so run() says in one line that one GPU is timed
     sys.argv[1:] = rewrite_aliases(sys.argv[1:])

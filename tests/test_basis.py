@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from boom_ml.gpus import get_gpu
 from boom_ml.report.table import basis_line
 from boom_ml.specs import StepSpec
@@ -85,3 +87,53 @@ def test_a_yaml_spec_that_takes_a_measured_gpus_id_is_not_measured(tmp_path) -> 
                     "memory_bandwidth_gbs: 100\nfp32_tflops: 1\n")  # fmt: skip
     assert basis(lookup("a100-80gb-pcie"), measured) == MEASURED
     assert basis(lookup(str(spec)), measured) == ARCHITECTURE
+
+
+def test_half_precision_kernels_no_gpu_of_the_architecture_measured() -> None:
+    """A step's fp16/bf16 GEMMs and convolutions, named per GPU where no GPU of its
+    architecture had them measured in fp16 (the packaged heads: fp16 GEMMs on Pascal, Volta,
+    Turing and Ampere GPUs; fp16 convolutions on Pascal, Volta and Turing only)."""
+    from boom_ml.report.table import half_line
+    from boom_ml.timing.basis import half_coverage, half_kinds, unmeasured_half
+
+    coverage = half_coverage()
+    assert coverage["gemm"] == {"a100-80gb-pcie", "a40", "p100-pcie-16gb", "t4", "v100-sxm2-16gb"}
+    assert coverage["conv"] == {"p100-pcie-16gb", "t4", "v100-sxm2-16gb"}
+    both = ["gemm", "conv"]
+    assert unmeasured_half(get_gpu("rtx-4090"), both, coverage) == [
+        "fp16/bf16 GEMMs", "fp16/bf16 convolutions"]  # fmt: skip
+    assert unmeasured_half(get_gpu("a100-80gb-sxm"), both, coverage) == ["fp16/bf16 convolutions"]
+    assert unmeasured_half(get_gpu("rtx-2080-ti"), both, coverage) == []  # Turing, as the T4
+    assert unmeasured_half(get_gpu("rtx-4090"), both, {}) == []  # a model without the record
+    # SYNTHETIC node tables: an AMP conv (fp16 inputs), an fp32 GEMM, a bf16 GEMM
+    conv = {"family": "conv", "input_dtypes": '["float16", "float16"]'}
+    fp32 = {"family": "gemm", "input_dtypes": '["float32", "float32"]'}
+    bf16 = {"family": "gemm", "input_dtypes": '["bfloat16", "bfloat16"]'}
+    assert half_kinds(pd.DataFrame([conv, fp32])) == ["conv"]
+    assert half_kinds(pd.DataFrame([fp32, bf16, conv])) == ["gemm", "conv"]
+    assert half_kinds(pd.DataFrame([fp32])) == []
+    line = half_line([("rtx-4090", ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"]),
+                      ("a100-80gb-sxm", ["fp16/bf16 convolutions"]), ("t4", [])])  # fmt: skip
+    assert line.startswith(
+        "Half-precision kernels extrapolate: rtx-4090's fp16/bf16 GEMMs and convolutions, "
+        "a100-80gb-sxm's fp16/bf16 convolutions had no GPU of the same architecture measured"
+    )
+    assert half_line([("t4", []), ("h100-sxm", None)]) == ""
+
+
+def test_an_amp_prediction_names_its_unmeasured_half_precision_kernels() -> None:
+    """End to end: an AMP CNN step on an RTX 4090, an A100 and an H100 (the H100's whole
+    architecture is unmeasured: the basis line says so, not this one)."""
+    from boom_ml import api
+    from boom_ml.report.table import render_table
+
+    kw = {"batch_size": 2, "image_size": 32, "advice": False, "cache": False, "max_batch": False}
+    p = api.predict("torchvision:resnet18", gpu=["rtx-4090", "a100-80gb-sxm", "h100-sxm"],
+                    amp="fp16", **kw)  # fmt: skip
+    assert [g.time.unmeasured_kernels for g in p.gpus] == [
+        ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"], ["fp16/bf16 convolutions"], []]  # fmt: skip
+    assert p.to_dict()["gpus"][1]["time"]["unmeasured_kernels"] == ["fp16/bf16 convolutions"]
+    assert "extrapolate: rtx-4090's fp16/bf16 GEMMs and convolutions, a100-80gb-sxm's" in (
+        render_table(p))  # fmt: skip
+    fp32 = api.predict("torchvision:resnet18", gpu=["rtx-4090"], **kw)
+    assert fp32.gpus[0].time.unmeasured_kernels == []

@@ -76,3 +76,34 @@ def test_a_training_check_on_a_fresh_clone_says_to_import_in_one_line(module, tm
     assert done.stderr.strip().splitlines() == [
         f"error: no {kind} datasets in {tmp_path / kind}; run `python -m data_collection.import_public`"
     ]
+
+
+@pytest.mark.parametrize(("module", "entry", "config"), ENTRIES[:4])
+def test_a_misspelt_key_is_one_line_and_exit_2_before_hydra(
+    module: str, entry: str, config: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Hydra answers an unknown key in five lines with exit 1; the entries answer first."""
+
+    def must_not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a bad key reached the Hydra entry")
+
+    monkeypatch.setattr(hydra, "main", must_not_run)
+    monkeypatch.setattr(sys, "argv", [module, "bogus_key=1"])
+    with pytest.raises(SystemExit) as exited:
+        getattr(importlib.import_module(module), entry)()
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown option 'bogus_key'")
+
+
+def test_a_plus_key_may_add_to_a_mapping_of_the_config_only() -> None:
+    """``+data.exclude_gpus.<gpu>=why`` (README, the GEMM model's diagnosis) adds a key to a
+    mapping; ``+`` on a scalar's child, or a new key without ``+``, stays an error."""
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.predict import check_override_keys
+
+    check_override_keys(["+data.exclude_gpus.p100-pcie-16gb=diagnostic"], "train_gemm")
+    with pytest.raises(InvalidInputError, match="unknown option 'data.exclude_gpus.p100'"):
+        check_override_keys(["data.exclude_gpus.p100=why"], "train_gemm")
+    with pytest.raises(InvalidInputError, match="unknown option 'seed.x'"):
+        check_override_keys(["+seed.x=1"], "train_gemm")

@@ -114,3 +114,20 @@ def test_train_ops_run_logs_cv_registers_and_round_trips_mlflow(data_dir, tmp_pa
     assert manifest["version"] == 1 and manifest["heads"] == ["gemm", "softmax"]
     assert "neusight_train" in manifest["data_sources"] and manifest["cv_tables"]
     assert "p4" in manifest["excluded_gpus"]
+
+
+def test_rows_per_head_dtype_counts_per_head_dtype_and_gpu() -> None:
+    from training.train_ops import rows_per_head_dtype
+
+    # SYNTHETIC kernel rows: families map to heads as features.FAMILY_HEAD does (pooling is
+    # timed by the elementwise head)
+    kernels = pd.DataFrame({
+        "family": ["gemm", "gemm", "gemm", "conv", "pooling"],
+        "dtype": ["float16", "float16", "float32", "float16", "float32"],
+        "gpu_id": ["a40", "a40", "l4", "t4", "t4"],
+    })  # fmt: skip
+    assert rows_per_head_dtype(kernels) == {
+        "gemm": {"float16": {"a40": 2}, "float32": {"l4": 1}},
+        "conv": {"float16": {"t4": 1}},
+        "elementwise": {"float32": {"t4": 1}},
+    }

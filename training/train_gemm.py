@@ -275,6 +275,9 @@ def run(o: dict, log: Any = print) -> dict[str, Any]:
 def main() -> None:
     if print_help_if_asked(__doc__, "train_gemm"):
         return
+    from boom_ml.predict import exit_on_bad_overrides
+
+    exit_on_bad_overrides(sys.argv[1:], "train_gemm")  # one line, not Hydra's
     import hydra
     from omegaconf import OmegaConf
 

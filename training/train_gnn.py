@@ -15,6 +15,7 @@ manifest that says, per model family, whether the predictor should use it.
 
 from __future__ import annotations
 
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -337,6 +338,9 @@ def _pyg_version() -> str:
 def main() -> None:
     if print_help_if_asked(__doc__, "train_gnn"):
         return
+    from boom_ml.predict import exit_on_bad_overrides
+
+    exit_on_bad_overrides(sys.argv[1:], "train_gnn")  # one line, not Hydra's
 
     def _entry(cfg: DictConfig) -> None:
         with one_line_errors():

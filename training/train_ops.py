@@ -164,6 +164,20 @@ def _git_commit() -> str | None:
         return None
 
 
+def rows_per_head_dtype(kernels: pd.DataFrame) -> dict[str, dict[str, dict[str, int]]]:
+    """Training rows per head, dtype and GPU: which architectures each head measured in each
+    dtype (``boom_ml/timing/basis.py`` names the half-precision kernels a step runs without)."""
+    from boom_ml.timing.features import FAMILY_HEAD
+
+    heads = kernels["family"].astype(str).map(FAMILY_HEAD).fillna("elementwise")
+    counts = kernels.groupby([heads.rename("head"), kernels["dtype"].astype(str),
+                              kernels["gpu_id"].astype(str)]).size()  # fmt: skip
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for (head, dtype, gpu), n in counts.items():
+        out.setdefault(str(head), {}).setdefault(str(dtype), {})[str(gpu)] = int(n)
+    return out
+
+
 def _meta(o: dict, kernels: pd.DataFrame, result: dict) -> dict[str, Any]:
     from training.cv import gemm_table, mape_table
 
@@ -172,6 +186,7 @@ def _meta(o: dict, kernels: pd.DataFrame, result: dict) -> dict[str, Any]:
         "git_commit": _git_commit(),
         "data_sources": {str(k): int(v) for k, v in kernels["source"].value_counts().items()},
         "rows_per_gpu": {str(k): int(v) for k, v in kernels["gpu_id"].value_counts().items()},
+        "rows_per_head_dtype": rows_per_head_dtype(kernels),
         "excluded_gpus": {k: " ".join(str(v).split()) for k, v in (o["data"].get("exclude_gpus") or {}).items()},
         "train_seconds_total": round(result["train_seconds"], 1),
     }  # fmt: skip
@@ -236,6 +251,9 @@ def package(model: Any, folder: str | Path | None, result: dict[str, Any]) -> Pa
 def main() -> None:
     if print_help_if_asked(__doc__, "train_ops"):
         return
+    from boom_ml.predict import exit_on_bad_overrides
+
+    exit_on_bad_overrides(sys.argv[1:], "train_ops")  # one line, not Hydra's
     import hydra
 
     @hydra.main(config_path=CONFIG_DIR, config_name="train_ops", version_base="1.3")

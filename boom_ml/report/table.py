@@ -127,6 +127,21 @@ def basis_line(bases: list[tuple[str, str | None]]) -> str:
     )
 
 
+def half_line(gaps: list[tuple[str, list[str] | None]]) -> str:
+    """A note naming, per GPU, the step's half-precision kernels that no GPU of its
+    architecture had measured in fp16 ("" if none)."""
+    prefix = "fp16/bf16 "
+    by_gpu = [f"{gpu}'s {prefix}{' and '.join(k.removeprefix(prefix) for k in kinds)}"
+              for gpu, kinds in gaps if kinds]  # fmt: skip
+    if not by_gpu:
+        return ""
+    return (
+        f"Half-precision kernels extrapolate: {', '.join(by_gpu)} had no GPU of the same "
+        "architecture measured, and where that was checked the per-op sum came out too slow "
+        "(README, 'Forward passes on GPUs nobody measured a kernel on')."
+    )
+
+
 def recipe_line(recipe: dict) -> str:
     """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
     nbytes = recipe.get("bytes") or {}
@@ -270,6 +285,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(parallel_table(prediction))
         lines = collective_lines(prediction)
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
+        lines.append(
+            half_line(
+                [(g["gpu"], g["time"].get("unmeasured_kernels")) for g in prediction.parallel]
+            )
+        )
         notes = dict.fromkeys(n for g in prediction.parallel for n in g.get("notes") or [])
         lines += [f"Note: {note}." for note in notes]
         lines += stack_missing_lines(
@@ -348,8 +368,12 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for line in stack_missing_lines([(g.gpu, g.stack_missing) for g in prediction.gpus]):
         console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
-    if basis:
-        console.print(basis, highlight=False, soft_wrap=True)
+    half = half_line(
+        [(g.gpu, g.time.unmeasured_kernels if g.time else None) for g in prediction.gpus]
+    )
+    for line in (basis, half):
+        if line:
+            console.print(line, highlight=False, soft_wrap=True)
     slow = [g.gpu for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
     if slow:
         console.print(

@@ -10,10 +10,18 @@ measured" check puts a number on that case; the report says which case a predict
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+
+import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
+
+# Tensor-core heads whose half-precision rows cover few architectures (the manifest's
+# rows_per_head_dtype): fp16 GEMMs Pascal, Volta, Turing and Ampere; fp16 convolutions
+# Pascal, Volta and Turing only. bf16 was never measured: the heads time it from fp16 rows.
+HALF_KINDS = {"gemm": "GEMMs", "conv": "convolutions"}
+HALF_DTYPES = ('"float16"', '"bfloat16"')
 
 MEASURED = "measured"  # the GPU's own kernels are in the training data
 ARCHITECTURE = "architecture measured"  # another GPU of its architecture's are
@@ -44,3 +52,37 @@ def basis(gpu: GpuSpec, measured: Collection[str]) -> str:
 def _architectures(measured: tuple[str, ...]) -> frozenset[str]:
     """The architectures of the measured GPUs (a layout search asks for every candidate)."""
     return frozenset(get_gpu(g).architecture for g in measured)
+
+
+def half_coverage(model: str | None = None) -> dict[str, frozenset[str]]:
+    """Per head of :data:`HALF_KINDS`, the GPU ids whose fp16 rows trained it ({} when the
+    model does not record them: a model packaged before the record)."""
+    from boom_ml.errors import ArtifactError
+    from boom_ml.timing.heads import load_model
+
+    try:
+        rows = load_model(model).meta.get("rows_per_head_dtype") or {}
+    except (ArtifactError, FileNotFoundError, OSError):
+        return {}
+    return {head: frozenset((rows.get(head) or {}).get("float16") or {}) for head in HALF_KINDS
+            if rows}  # fmt: skip
+
+
+def half_kinds(nodes: pd.DataFrame) -> list[str]:
+    """The heads of :data:`HALF_KINDS` whose nodes in ``nodes`` take fp16 or bf16 inputs."""
+    found = []
+    for head in HALF_KINDS:
+        dtypes = nodes.loc[nodes["family"] == head, "input_dtypes"].astype(str)
+        if any(dtypes.str.contains(d, regex=False).any() for d in HALF_DTYPES):
+            found.append(head)
+    return found
+
+
+def unmeasured_half(
+    gpu: GpuSpec, kinds: Collection[str], coverage: Mapping[str, frozenset[str]]
+) -> list[str]:
+    """Of the half-precision ``kinds`` a step runs, those no GPU of ``gpu``'s architecture had
+    measured in fp16 ("fp16/bf16 GEMMs", "fp16/bf16 convolutions"): the heads time them from
+    other silicon. Empty without a coverage record."""
+    return [f"fp16/bf16 {HALF_KINDS[k]}" for k in kinds if k in coverage
+            and gpu.architecture not in _architectures(tuple(sorted(coverage[k])))]  # fmt: skip

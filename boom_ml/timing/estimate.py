@@ -17,7 +17,14 @@ from typing import Any
 from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.timing.basis import basis, measured_gpus
+from boom_ml.timing.basis import (
+    UNMEASURED,
+    basis,
+    half_coverage,
+    half_kinds,
+    measured_gpus,
+    unmeasured_half,
+)
 from boom_ml.timing.gnn_artifact import interval_for, load_weights, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
 from boom_ml.timing.gnn_inference import predict_graph_many
@@ -51,8 +58,12 @@ def estimate_times(
     estimates = _estimate_times(graph, gpus, flags, top_n)
     estimates = _no_slower_than_fp32(graph, gpus, flags, top_n, estimates)
     measured = measured_gpus() if estimates else []
+    kinds = half_kinds(graph.nodes) if estimates else []
+    coverage = half_coverage() if kinds else {}
     for gpu, est in zip(gpus, estimates, strict=True):
         est.basis = basis(gpu, measured) if measured else None
+        if est.basis != UNMEASURED:  # an unmeasured architecture's note says it all
+            est.unmeasured_kernels = unmeasured_half(gpu, kinds, coverage)
     return estimates
 
 
