@@ -112,28 +112,53 @@ def test_half_precision_kernels_no_gpu_of_the_architecture_measured() -> None:
     assert half_kinds(pd.DataFrame([conv, fp32])) == ["conv"]
     assert half_kinds(pd.DataFrame([fp32, bf16, conv])) == ["gemm", "conv"]
     assert half_kinds(pd.DataFrame([fp32])) == []
-    line = half_line([("rtx-4090", ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"]),
-                      ("a100-80gb-sxm", ["fp16/bf16 convolutions"]), ("t4", [])])  # fmt: skip
+    assert unmeasured_half(get_gpu("h100-sxm"), both, coverage) == [
+        "fp16/bf16 GEMMs", "fp16/bf16 convolutions"]  # fmt: skip
+    gemm_conv, conv = ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"], ["fp16/bf16 convolutions"]
+    line = half_line([("rtx-4090", gemm_conv, ARCHITECTURE), ("a100-80gb-sxm", conv, ARCHITECTURE),
+                      ("l4", gemm_conv, MEASURED), ("t4", [], MEASURED),
+                      ("h100-sxm", gemm_conv, UNMEASURED)])  # fmt: skip
     assert line.startswith(
-        "Half-precision kernels extrapolate: rtx-4090's fp16/bf16 GEMMs and convolutions, "
-        "a100-80gb-sxm's fp16/bf16 convolutions had no GPU of the same architecture measured"
+        "No GPU of the same architecture was measured running these in fp16: fp16/bf16 GEMMs and "
+        "convolutions on rtx-4090, l4; convolutions on a100-80gb-sxm. Their times come from other "
+        "GPUs' kernels and are likely too high"
     )
-    assert half_line([("t4", []), ("h100-sxm", None)]) == ""
+    assert half_line([("t4", [], MEASURED), ("h100-sxm", gemm_conv, UNMEASURED)]) == ""
 
 
 def test_an_amp_prediction_names_its_unmeasured_half_precision_kernels() -> None:
     """End to end: an AMP CNN step on an RTX 4090, an A100 and an H100 (the H100's whole
-    architecture is unmeasured: the basis line says so, not this one)."""
+    architecture is unmeasured: its JSON lists both kinds, and the basis line says it)."""
     from boom_ml import api
     from boom_ml.report.table import render_table
 
     kw = {"batch_size": 2, "image_size": 32, "advice": False, "cache": False, "max_batch": False}
     p = api.predict("torchvision:resnet18", gpu=["rtx-4090", "a100-80gb-sxm", "h100-sxm"],
                     amp="fp16", **kw)  # fmt: skip
-    assert [g.time.unmeasured_kernels for g in p.gpus] == [
-        ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"], ["fp16/bf16 convolutions"], []]  # fmt: skip
+    both = ["fp16/bf16 GEMMs", "fp16/bf16 convolutions"]
+    assert [g.time.unmeasured_kernels for g in p.gpus] == [both, both[1:], both]
     assert p.to_dict()["gpus"][1]["time"]["unmeasured_kernels"] == ["fp16/bf16 convolutions"]
-    assert "extrapolate: rtx-4090's fp16/bf16 GEMMs and convolutions, a100-80gb-sxm's" in (
-        render_table(p))  # fmt: skip
+    text = render_table(p)
+    assert (
+        "in fp16: fp16/bf16 GEMMs and convolutions on rtx-4090; convolutions on a100-80gb-sxm."
+    ) in text  # the H100: "Time on h100-sxm extrapolates" says it for every kernel
+    assert "Time on h100-sxm extrapolates" in text
     fp32 = api.predict("torchvision:resnet18", gpu=["rtx-4090"], **kw)
     assert fp32.gpus[0].time.unmeasured_kernels == []
+
+
+def test_a_layout_names_a_vits_patch_convolution_too() -> None:
+    """A multi-GPU layout times 1- and 2-layer traces: their half-precision gaps are the
+    estimate's, so a ViT's patch convolution counts as it does on one GPU (a helper found the
+    layout had assumed GEMMs only)."""
+    import json
+
+    from boom_ml.predict import run
+
+    base = {"model": "hf:google/vit-base-patch16-224", "gpu": ["rtx-4090", "a100-80gb-sxm"],
+            "batch_size": 4, "amp": "fp16", "advice": False, "cache": False}  # fmt: skip
+    one = json.loads(run({**base, "output": "json"}))
+    two = json.loads(run({**base, "output": "json", "parallel": {"dp": 2}}))
+    kinds = [g["time"]["unmeasured_kernels"] for g in one["gpus"]]
+    assert kinds == [["fp16/bf16 GEMMs", "fp16/bf16 convolutions"], ["fp16/bf16 convolutions"]]
+    assert [g["time"]["unmeasured_kernels"] for g in two["parallel"]] == kinds

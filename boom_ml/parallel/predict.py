@@ -25,7 +25,7 @@ from boom_ml.parallel.shard import (
 )
 from boom_ml.parallel.time import DISPATCH_US, Shape, step_time
 from boom_ml.specs import StepSpec
-from boom_ml.timing.basis import UNMEASURED, basis, half_coverage, measured_gpus, unmeasured_half
+from boom_ml.timing.basis import basis, measured_gpus
 from boom_ml.trace.cudnn_from_flash import trace_order
 from boom_ml.trace.sdpa_select import sdpa_group
 
@@ -102,7 +102,6 @@ def predict_raw(
         profiles.update(zip((g.id for g in members), timed, strict=True))
     group_of = {gpu.id: group for group, members in groups_of.items() for gpu in members}
     measured = measured_gpus()
-    coverage = half_coverage() if half else {}
     for gpu in gpus:
         tprof = profiles[gpu.id]
         intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
@@ -123,9 +122,7 @@ def predict_raw(
         time["global_batch"] = global_batch
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
         time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
-        # a layout's layers are transformer blocks: their half-precision kernels are GEMMs
-        gaps = unmeasured_half(gpu, ["gemm"] if half else [], coverage)
-        time["unmeasured_kernels"] = gaps if time["basis"] != UNMEASURED else []
+        time["unmeasured_kernels"] = list(tprof.unmeasured_kernels)  # as a one-GPU estimate's
         entry: dict[str, Any] = {
             "gpu": gpu.id,
             "name": gpu.name,

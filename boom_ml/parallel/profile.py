@@ -14,7 +14,7 @@ import functools
 import json
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from boom_ml.errors import InvalidInputError
@@ -58,6 +58,9 @@ class TimeProfile:
     # outside the layers (embedding, final norm, head)
     accumulate_layer_ms: float = 0.0
     accumulate_ends_ms: float = 0.0
+    # the 1-layer trace's half-precision kernels no GPU of this one's architecture had
+    # measured in fp16 (TimeEstimate.unmeasured_kernels): a ViT's patch convolution too
+    unmeasured_kernels: list[str] = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=64)
@@ -188,6 +191,7 @@ def _parts(graph: Any, est: Any) -> dict[str, Any]:
         "method": est.method,
         "ops": ops,
         "matrix": sum(float(est.by_family.get(f, 0.0)) for f in MATRIX_FAMILIES),
+        "unmeasured": list(est.unmeasured_kernels),
     }
 
 
@@ -246,6 +250,7 @@ def _profile(one: dict[str, Any], two: dict[str, Any]) -> TimeProfile:
         # the embedding runs no matrix kernel: the ends' GEMMs are the LM head's (last stage)
         layer_matrix_ms=two["matrix"] - one["matrix"],
         last_matrix_ms=max(2 * one["matrix"] - two["matrix"], 0.0),
+        unmeasured_kernels=one["unmeasured"],
     )
 
 

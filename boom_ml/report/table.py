@@ -127,18 +127,26 @@ def basis_line(bases: list[tuple[str, str | None]]) -> str:
     )
 
 
-def half_line(gaps: list[tuple[str, list[str] | None]]) -> str:
-    """A note naming, per GPU, the step's half-precision kernels that no GPU of its
-    architecture had measured in fp16 ("" if none)."""
+def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
+    """A note naming the step's half-precision kernels that no GPU of the target's
+    architecture had measured in fp16, GPUs with the same gaps together ("" if none). GPUs of
+    an unmeasured architecture are left to :func:`basis_line`: nothing of theirs was measured.
+    ``gaps``: (GPU id, its estimate's ``unmeasured_kernels``, its ``basis``)."""
+    from boom_ml.timing.basis import UNMEASURED
+
     prefix = "fp16/bf16 "
-    by_gpu = [f"{gpu}'s {prefix}{' and '.join(k.removeprefix(prefix) for k in kinds)}"
-              for gpu, kinds in gaps if kinds]  # fmt: skip
-    if not by_gpu:
+    by_kinds: dict[str, list[str]] = {}
+    for gpu, kinds, basis in gaps:
+        if kinds and basis != UNMEASURED:
+            text = " and ".join(k.removeprefix(prefix) for k in kinds)
+            by_kinds.setdefault(text, []).append(gpu)
+    if not by_kinds:
         return ""
+    parts = "; ".join(f"{kinds} on {', '.join(ids)}" for kinds, ids in by_kinds.items())
     return (
-        f"Half-precision kernels extrapolate: {', '.join(by_gpu)} had no GPU of the same "
-        "architecture measured, and where that was checked the per-op sum came out too slow "
-        "(README, 'Forward passes on GPUs nobody measured a kernel on')."
+        f"No GPU of the same architecture was measured running these in fp16: {prefix}{parts}. "
+        "Their times come from other GPUs' kernels and are likely too high (README, 'Forward "
+        "passes on GPUs nobody measured a kernel on')."
     )
 
 
@@ -287,7 +295,10 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
         lines.append(
             half_line(
-                [(g["gpu"], g["time"].get("unmeasured_kernels")) for g in prediction.parallel]
+                [
+                    (g["gpu"], g["time"].get("unmeasured_kernels"), g["time"].get("basis"))
+                    for g in prediction.parallel
+                ]
             )
         )
         notes = dict.fromkeys(n for g in prediction.parallel for n in g.get("notes") or [])
@@ -369,7 +380,10 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
     half = half_line(
-        [(g.gpu, g.time.unmeasured_kernels if g.time else None) for g in prediction.gpus]
+        [
+            (g.gpu, g.time.unmeasured_kernels, g.time.basis) if g.time else (g.gpu, None, None)
+            for g in prediction.gpus
+        ]
     )
     for line in (basis, half):
         if line:

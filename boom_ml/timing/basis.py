@@ -82,7 +82,8 @@ def unmeasured_half(
     gpu: GpuSpec, kinds: Collection[str], coverage: Mapping[str, frozenset[str]]
 ) -> list[str]:
     """Of the half-precision ``kinds`` a step runs, those no GPU of ``gpu``'s architecture had
-    measured in fp16 ("fp16/bf16 GEMMs", "fp16/bf16 convolutions"): the heads time them from
-    other silicon. Empty without a coverage record."""
+    measured in fp16 ("fp16/bf16 GEMMs", "fp16/bf16 convolutions"; all of them on an
+    architecture nobody measured): the heads time them from other silicon. Empty without a
+    coverage record."""
     return [f"fp16/bf16 {HALF_KINDS[k]}" for k in kinds if k in coverage
             and gpu.architecture not in _architectures(tuple(sorted(coverage[k])))]  # fmt: skip

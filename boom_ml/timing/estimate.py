@@ -18,7 +18,6 @@ from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.timing.basis import (
-    UNMEASURED,
     basis,
     half_coverage,
     half_kinds,
@@ -62,8 +61,7 @@ def estimate_times(
     coverage = half_coverage() if kinds else {}
     for gpu, est in zip(gpus, estimates, strict=True):
         est.basis = basis(gpu, measured) if measured else None
-        if est.basis != UNMEASURED:  # an unmeasured architecture's note says it all
-            est.unmeasured_kernels = unmeasured_half(gpu, kinds, coverage)
+        est.unmeasured_kernels = unmeasured_half(gpu, kinds, coverage)
     return estimates
 
 
