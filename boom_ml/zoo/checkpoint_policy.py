@@ -26,7 +26,7 @@ from torch.utils.checkpoint import (
 )
 
 from boom_ml.errors import InvalidInputError
-from boom_ml.zoo.checkpointing import _FLAG, CONTEXT_FN, SKIP_FLAG
+from boom_ml.zoo.checkpointing import _FLAG, CONTEXT_FN, PER_BLOCK_FALLBACK, SKIP_FLAG
 
 aten = torch.ops.aten
 
@@ -110,6 +110,10 @@ def configure(module: nn.Module, mode: str, every: int, what: str) -> int:
     is asked of a model whose checkpointing this cannot reach (timm's own ``checkpoint_seq``).
     """
     units = checkpointed_units(module)
+    fallback = getattr(module, PER_BLOCK_FALLBACK, None)
+    if not units and (mode != "full" or every != 1) and fallback is not None:
+        fallback()  # timm: its checkpoint_seq off, the blocks wrapped one by one
+        units = checkpointed_units(module)
     if not units:
         if mode == "full" and every == 1:
             return 0  # the model's own switch did it (timm, segmented stages)

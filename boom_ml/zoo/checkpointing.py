@@ -27,6 +27,10 @@ _POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d
 _FLAG = "_boom_checkpointed"
 SKIP_FLAG = "_boom_checkpoint_skip"  # set by checkpoint_policy: run this block plainly
 CONTEXT_FN = "_boom_checkpoint_context_fn"  # set by checkpoint_policy: checkpoint's context_fn
+# A model whose own checkpointing switch (timm's checkpoint_seq) cannot be told which blocks
+# or how: a callable that turns it off and wraps the blocks one by one instead, for
+# checkpointing=selective and checkpointing.every > 1 (checkpoint_policy.configure).
+PER_BLOCK_FALLBACK = "_boom_per_block_fallback"
 
 
 def _has_params(m: nn.Module) -> bool:

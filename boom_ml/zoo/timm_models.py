@@ -11,7 +11,7 @@ from torch import nn
 from boom_ml.errors import InvalidInputError, UnknownModelError
 from boom_ml.specs import ModelSpec, StepSpec
 from boom_ml.zoo.base import BuiltModel
-from boom_ml.zoo.checkpointing import enable_generic
+from boom_ml.zoo.checkpointing import PER_BLOCK_FALLBACK, enable_generic
 from boom_ml.zoo.common import (
     build_with_options,
     classification_loss,
@@ -106,6 +106,13 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             # Some timm models (vgg, dla, hrnet, twins, ...) assert it is unsupported;
             # fall back to wrapping their blocks like any other module.
             enable_generic(m, what)
+            return
+
+        def per_block() -> None:  # selective, or every K-th block: ours, block by block
+            m.set_grad_checkpointing(False)
+            enable_generic(m, what)
+
+        setattr(m, PER_BLOCK_FALLBACK, per_block)
 
     return BuiltModel(
         spec=spec,
