@@ -157,7 +157,8 @@ def predict(
         check_checkpoint_every(step.checkpointing, step.checkpointing_every)
     if not layout.is_single:  # the links each GPU needs (cluster.intra=nvlink), before a trace
         for spec in gpus:
-            intra_link(nodes, spec.id, spec.name, spec.architecture)
+            intra_link(nodes, spec.id, spec.name, spec.architecture,
+                       min(layout.world, nodes.gpus_per_node))  # fmt: skip
     options = {**dict(model_options or {}), "attn_implementation": attention,
                "moe_imbalance": _moe_imbalance(moe)}  # fmt: skip
     if plot is not None:

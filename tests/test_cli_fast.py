@@ -282,3 +282,11 @@ def test_cost_column_tells_cheap_gpus_apart() -> None:
                                  1.4e-5, 0.0)]  # fmt: skip
     assert got == ["0.0289", "0.0260", "0.0256", "0.685", "1.29", "12.3", "100", "1234",
                    "0.0000140", "0"]  # fmt: skip
+
+
+def test_samples_per_second_keep_three_figures_below_ten():
+    """A QLoRA step of 86 s on a T4 printed 0.0 samples/s (a helper's hunt)."""
+    from boom_ml.estimates import rate_text
+
+    got = [rate_text(x) for x in (0.046312, 5.234, 9.96, 10.0, 1284.64)]
+    assert got == ["0.0463", "5.23", "10.0", "10.0", "1284.6"]

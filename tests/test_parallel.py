@@ -137,8 +137,34 @@ def test_auto_link_is_the_gpus_own(gpu_id, link):
 def test_nvlink_on_a_pcie_card_is_an_error_and_every_link_is_sourced():
     with pytest.raises(InvalidInputError, match="l4 has no NVLink"):
         intra_link(Cluster(intra="nvlink"), "l4", "NVIDIA L4", "ada")
-    assert len(links()) == 12
+    assert len(links()) == 13
     assert all(link.source and link.busbw_gbs <= link.line_gbs for link in links().values())
+
+
+def test_nvlink_bridges_join_pairs_of_pcie_cards():
+    """The A100 PCIe (NVLink Bridge for 2 GPUs, 600 GB/s: the SXM4 rate), the GA102 cards
+    (RTX 3090, RTX A6000, A40: 112.5 GB/s bidirectional) and the H100 NVL take a bridge
+    between two cards: cluster.intra=nvlink is theirs for a layout of two per node, not more;
+    auto stays PCIe (a bridge is an option); the RTX 4090 has none."""
+    from boom_ml.gpus import get_gpu
+
+    nvlink = Cluster(intra="nvlink")
+    for gpu_id, link, line in (("a100-80gb-pcie", "nvlink3", 300), ("rtx-3090", "nvlink3_ga102",
+                               56.25), ("rtx-a6000", "nvlink3_ga102", 56.25)):  # fmt: skip
+        gpu = get_gpu(gpu_id)
+        paired = intra_link(nvlink, gpu.id, gpu.name, gpu.architecture, node_gpus=2)
+        assert (paired.name, paired.line_gbs, paired.nvls_busbw_gbs) == (link, line, 0.0)
+        assert intra_link(Cluster(), gpu.id, gpu.name, gpu.architecture).name == "pcie4"
+        with pytest.raises(InvalidInputError, match=f"{gpu_id}'s NVLink is a bridge between two"):
+            intra_link(nvlink, gpu.id, gpu.name, gpu.architecture, node_gpus=4)
+    with pytest.raises(InvalidInputError, match="rtx-4090 has no NVLink"):
+        intra_link(nvlink, "rtx-4090", "NVIDIA GeForce RTX 4090", "ada", node_gpus=2)
+    with pytest.raises(
+        InvalidInputError, match="a bridge between two cards, and the layout puts 8"
+    ):
+        import boom_ml
+
+        boom_ml.predict("hf:gpt2", gpu="h100-nvl", parallel={"dp": 8}, cluster={"intra": "nvlink"})
 
 
 # --- memory: shard sizes under each sharding mode --------------------------------------

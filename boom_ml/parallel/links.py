@@ -8,9 +8,11 @@
 * any other card -> PCIe of its host-interface generation (pascal/volta/turing gen3,
   ampere/ada gen4, hopper/blackwell gen5).
 
-``cluster.intra=nvlink`` on a card without NVLink is an error (one line). NVLink SHARP (NVLS)
-comes with the link (``links.csv`` ``nvls_busbw_gbs``) unless ``gpu_links.csv`` says ``nvls=no``
-(NVLink bridges between pairs of cards: no NVSwitch).
+``cluster.intra=nvlink`` on a card without NVLink is an error (one line), and so is one on a
+PCIe card whose NVLink is a bridge (``gpu_links.csv``: intra PCIe, ``nvls=no``) with more than
+two of them in a node: a bridge joins a pair. NVLink SHARP (NVLS) comes with the link
+(``links.csv`` ``nvls_busbw_gbs``) unless ``gpu_links.csv`` says ``nvls=no`` (NVLink bridges
+between pairs of cards: no NVSwitch).
 ``cluster.inter=auto`` means InfiniBand NDR400 for Hopper and later, HDR200 before (the NICs of
 the DGX generation that shipped with each GPU).
 """
@@ -109,7 +111,11 @@ def own_links(gpu_id: str, name: str, architecture: str) -> tuple[str, str | Non
     return PCIE_BY_ARCH.get(arch, "pcie3"), None
 
 
-def intra_link(cluster: Cluster, gpu_id: str, name: str, architecture: str) -> Link:
+def intra_link(
+    cluster: Cluster, gpu_id: str, name: str, architecture: str, node_gpus: int | None = None
+) -> Link:
+    """The link between GPUs of one node; ``node_gpus``: how many of a node's GPUs the layout
+    uses (checked against a bridge's pair)."""
     own, nvlink = own_links(gpu_id, name, architecture)
     if cluster.intra == "auto":
         link = links()[own]
@@ -117,6 +123,14 @@ def intra_link(cluster: Cluster, gpu_id: str, name: str, architecture: str) -> L
         if nvlink is None:
             raise InvalidInputError(
                 f"cluster.intra=nvlink but {gpu_id} has no NVLink; use cluster.intra=auto or pcie"
+            )
+        row = _exceptions().get(gpu_id) or {}
+        bridge = row.get("nvls") == "no" and own.startswith("pcie")
+        if bridge and node_gpus is not None and node_gpus > 2:
+            raise InvalidInputError(
+                f"cluster.intra=nvlink: {gpu_id}'s NVLink is a bridge between two cards, and the "
+                f"layout puts {node_gpus} in a node; use cluster.gpus_per_node=2 (pairs joined "
+                "by bridges, the pairs over the inter-node link) or cluster.intra=pcie"
             )
         link = links()[nvlink]
     else:

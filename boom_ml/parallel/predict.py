@@ -104,7 +104,8 @@ def predict_raw(
     measured = measured_gpus()
     for gpu in gpus:
         tprof = profiles[gpu.id]
-        intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture)
+        node_gpus = min(layout.world, cluster.gpus_per_node)
+        intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture, node_gpus)
         inter = inter_link(cluster, gpu.architecture)
         groups = make_groups(layout, cluster, intra, inter)
         time = step_time(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boom_ml.estimates import Prediction
+from boom_ml.estimates import Prediction, rate_text
 from boom_ml.report.advisor import Advice, is_adapters, is_bf16_true, nothing_fits
 from boom_ml.report.explain import GIB
 from boom_ml.report.levers import BF16_TRUE
@@ -71,7 +71,7 @@ def _with_p90(a: Advice) -> str:
 def _advice_line(a: Advice) -> str:
     return (
         f"    {a.change}: {_with_p90(a)} / {a.capacity_bytes / GIB:.1f} GiB, "
-        f"{a.step_ms:.1f} ms per step, {a.samples_per_s:.1f} samples/s"
+        f"{a.step_ms:.1f} ms per step, {rate_text(a.samples_per_s)} samples/s"
     )
 
 

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.table import Table
 
-from boom_ml.estimates import MemoryEstimate, Prediction, usd_text
+from boom_ml.estimates import MemoryEstimate, Prediction, rate_text, usd_text
 from boom_ml.report.advice_text import advice_lines, layout_lines, layout_name
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.report.explain_layout import layout_explain_lines
@@ -85,7 +85,7 @@ def gpu_table(prediction: Prediction) -> Table:
             FIT_STYLE.get(m.fit, "yes" if g.fits else "[red]no[/red]"),
             _peak(m),
             f"{t.step_ms:.1f}{interval}",
-            f"{rate:.1f}" if (rate := prediction.samples_per_s(g)) is not None else "-",
+            rate_text(rate) if (rate := prediction.samples_per_s(g)) is not None else "-",
             usd_text(cost) if cost is not None else "-",
             _max_batch(m),
         )
@@ -246,7 +246,7 @@ def parallel_table(prediction: Prediction) -> Table:
             f"{t['compute_ms']:.1f}",
             f"{t['exposed_comm_ms']:.1f}",
             f"{t['bubble_ms']:.1f}",
-            f"{t['samples_per_s']:.1f}",
+            rate_text(t["samples_per_s"]),
         )
     return table
 
