@@ -216,9 +216,12 @@ def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
     # a stride of 0 was timed as inf ms, a kernel of 0 as three times a 3x3 one (a hunt); a
     # zero batch or size is an empty tensor, which launches nothing (timed 0)
     zero = (np.vstack([s[k] for k in ("kh", "kw", "sh", "sw")]) < 1).any(axis=0)
-    split = (groups == 0) | (s["c"] % groups != 0) | (s["o"] % groups != 0)
+    none = groups < 1
+    some = np.where(none, 1, groups)  # no remainder by 0 (numpy warns on the terminal)
+    split = ~none & ((s["c"] % some != 0) | (s["o"] % some != 0))
     empty = (s["h"] + 2 * s["ph"] < s["kh"]) | (s["w"] + 2 * s["pw"] < s["kw"])
     for bad, why in ((zero, "kernel size and stride must be at least 1"),
+                     (none, "groups must be at least 1"),
                      (split, "groups must divide in_channels and out_channels"),
                      (empty, "kernel larger than the padded input")):  # fmt: skip
         if bad.any():

@@ -189,7 +189,42 @@ def notes(table: pd.DataFrame, gpu: str) -> list[str]:
     measured backward. Empty rows run nothing and need no note."""
     rows = canonical_rows(table.astype(object).where(table.notna(), np.nan))
     timed = ~empty_rows(rows)
-    return [n for n in (_bf16_note(rows, timed, gpu), _backward_note(rows, timed)) if n]
+    found = (_bf16_note(rows, timed, gpu), _backward_note(rows, timed), _grouped_note(rows, timed),
+             _half_note(rows, timed, gpu))  # fmt: skip
+    return [n for n in found if n]
+
+
+def _grouped_note(rows: pd.DataFrame, timed: np.ndarray) -> str | None:
+    """No kernel table has a grouped convolution: the conv head extrapolates on each."""
+    groups = pd.to_numeric(rows.get("groups"), errors="coerce") if "groups" in rows else None
+    if groups is None:
+        return None
+    sel = (rows["family"] == "conv") & (groups.fillna(1) > 1) & timed
+    if not sel.any():
+        return None
+    return (
+        f"note: {int(sel.sum())} grouped or depthwise convolution row(s): no kernel table measured"
+        " one (NeuSight's and DeepBench's convolutions are dense), so the conv head extrapolates"
+        " on them; their times are likely too high (depthwise networks' were, where checked)"
+    )
+
+
+def _half_note(rows: pd.DataFrame, timed: np.ndarray, gpu: str) -> str | None:
+    """fp16/bf16 GEMM and convolution rows on a GPU of an architecture that no fp16 kernel
+    of theirs was measured on, as ``predict``'s table says (``timing/basis.py``)."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.timing.basis import HALF_KINDS, half_coverage, unmeasured_half
+
+    half = rows["family"].isin(list(HALF_KINDS)) & rows["dtype"].isin(["float16", "bfloat16"])
+    kinds = [k for k in HALF_KINDS if (half & timed & (rows["family"] == k)).any()]
+    gaps = unmeasured_half(get_gpu(gpu), kinds, half_coverage()) if kinds else []
+    if not gaps:
+        return None
+    return (
+        f"note: no GPU of {gpu}'s architecture had {' or '.join(gaps)} measured: those rows are"
+        " timed from other GPUs' kernels, and their times are likely too high (README,"
+        " 'Forward passes on GPUs nobody measured a kernel on')"
+    )
 
 
 def _backward_note(rows: pd.DataFrame, timed: np.ndarray) -> str | None:

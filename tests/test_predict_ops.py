@@ -94,9 +94,13 @@ def test_rows_pytorch_could_not_run_are_refused(tmp_path):
     for change, why in (({"out_channels": [63], "groups": [2]}, "groups must divide"),
                         ({"kernel_size": [7], "input_h": [5], "padding": [0]}, "kernel larger"),
                         # a hunt: a stride of 0 was timed inf ms, a kernel of 0 3x a 3x3
-                        ({"stride": [0]}, at_least), ({"kernel_size": [0]}, at_least)):  # fmt: skip
-        with pytest.raises(InvalidInputError, match=f"convolution row 1: {why}"):
-            canonical_rows(pd.DataFrame({**conv, **change}))
+                        ({"stride": [0]}, at_least), ({"kernel_size": [0]}, at_least),
+                        # a hunt: groups=0 printed numpy's warning before the error
+                        ({"groups": [0]}, "groups must be at least 1")):  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no RuntimeWarning on the way
+            with pytest.raises(InvalidInputError, match=f"convolution row 1: {why}"):
+                canonical_rows(pd.DataFrame({**conv, **change}))
     (tmp_path / "ops.csv").write_text("op,B,M,N,K\nbmm,1,64,64,64\n")
     with pytest.raises(InvalidInputError, match="not a file in an existing directory"):
         run(
@@ -410,3 +414,23 @@ def test_missing_keys_and_bad_directions_are_named():
         InvalidInputError, match=r"direction must be forward or backward \(row 2: 'forwards'\)"
     ):
         predict_ops(table, "l4")
+
+
+def test_grouped_and_unmeasured_half_precision_rows_are_noted() -> None:
+    """As predict's table says: a depthwise row extrapolates the conv head (no table has one),
+    and fp16 convolutions on an Ada or Hopper GPU no fp16 convolution of theirs was measured
+    on; a T4's (Turing, DeepBench) fp16 convolution needs no such note."""
+    from boom_ml.predict_ops import notes
+
+    table = pd.DataFrame({"op": ["conv2d", "conv2d"], "batch": [32, 32], "in_channels": [96, 96],
+                          "out_channels": [96, 96], "kernel_size": [3, 3], "input_h": [112, 112],
+                          "groups": [96, 1], "dtype": ["fp16", "fp32"]})  # fmt: skip
+    grouped = "note: 1 grouped or depthwise convolution row(s): no kernel table measured one"
+    t4 = notes(table, "t4")
+    assert len(t4) == 1 and t4[0].startswith(grouped)
+    ada = notes(table, "rtx-4090")
+    assert ada[0].startswith(grouped)
+    assert ada[1].startswith(
+        "note: no GPU of rtx-4090's architecture had fp16/bf16 convolutions measured"
+    )
+    assert notes(table.assign(groups=1, dtype="fp32"), "rtx-4090") == []
