@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from boom_ml.errors import InvalidInputError
 from boom_ml.specs import check_bool
 from data_collection import environment as env
 from data_collection import schema
@@ -60,22 +61,7 @@ def expand(cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool) -> list[tuple[str
             if only and op not in only:
                 continue
             for shape in group["shapes"]:
-                if len(shape) != len(opdef.params):
-                    raise ValueError(f"{op}: shape {list(shape)} needs {opdef.params}")
-                params = {n: int(v) for n, v in zip(opdef.params, shape, strict=True)}
-                groups = params.get("groups", 1)
-                if (
-                    groups < 1
-                    or params.get("in_channels", 0) % groups
-                    or params.get("out_channels", 0) % groups
-                ):
-                    raise ValueError(f"{op}: shape {list(shape)}: groups must divide "
-                                     "in_channels and out_channels")  # fmt: skip
-                if cap is not None:  # tiny sizes, same code path
-                    params = {
-                        n: min(v, cap**2 if n in opdef.numel_params else cap)
-                        for n, v in params.items()
-                    }
+                params = _params(op, opdef.params, opdef.numel_params, shape, cap)
                 for dtype in dtypes:
                     if dtype == "tf32" and not (opdef.tf32 and on_cuda):
                         continue  # TF32 is a tensor-core mode: on a CPU it would be fp32
@@ -91,6 +77,37 @@ def expand(cfg: Mapping[str, Any], gpu_id: str, on_cuda: bool) -> list[tuple[str
                         # fmt: on
                         seen.setdefault(config_key(config), config)
     return list(seen.items())
+
+
+# A dry run's grouped convolution: at most this many groups of at most this many channels, so
+# that a depthwise shape stays depthwise and ResNeXt's 32 groups stay grouped at tiny sizes.
+DRY_GROUPS = 4
+
+
+def _params(
+    op: str, names: tuple[str, ...], numel: tuple[str, ...], shape: Any, cap: int | None
+) -> dict[str, int]:
+    """One shape of ``op`` as its named params, checked; in a dry run (``cap``) cut to tiny
+    sizes (``numel`` params to cap**2, a grouped convolution's structure kept)."""
+    if len(shape) != len(names):
+        raise InvalidInputError(f"{op}: shape {list(shape)} needs {names}")
+    params = {n: int(v) for n, v in zip(names, shape, strict=True)}
+    groups = params.get("groups", 1)
+    if (
+        groups < 1
+        or params.get("in_channels", 0) % groups
+        or params.get("out_channels", 0) % groups
+    ):
+        raise InvalidInputError(f"{op}: shape {list(shape)}: groups must divide in_channels "
+                                "and out_channels")  # fmt: skip
+    if cap is None:
+        return params
+    tiny = {n: min(v, cap**2 if n in numel else cap) for n, v in params.items()}
+    if "groups" in params:
+        g = min(groups, DRY_GROUPS)
+        tiny.update(groups=g, in_channels=g * min(params["in_channels"] // groups, DRY_GROUPS),
+                    out_channels=g * min(params["out_channels"] // groups, DRY_GROUPS))  # fmt: skip
+    return tiny
 
 
 class Timer:
@@ -273,10 +290,14 @@ def run_kernel_sweep(cfg: Mapping[str, Any]) -> str:
 
 
 def hydra_task(cfg: Any) -> None:
-    """The Hydra task: resolve the config to plain containers and run the sweep."""
+    """The Hydra task: resolve the config to plain containers and run the sweep (a shape the
+    config gets wrong is one line, exit 2)."""
     from omegaconf import OmegaConf
 
-    run_kernel_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    from boom_ml.config_help import one_line_errors
+
+    with one_line_errors():
+        run_kernel_sweep(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
 def _hydra_main() -> None:

@@ -78,12 +78,27 @@ def test_kernel_harness_every_op_on_cpu(tmp_path: Path) -> None:
 
 
 def test_grouped_convolution_sweep_refuses_groups_that_do_not_divide(tmp_path: Path) -> None:
+    from boom_ml.errors import InvalidInputError
+
     bad = [{"ops": ["conv2d_grouped"], "shapes": [[8, 96, 96, 3, 56, 56, 1, 1, 64]]}]
     cfg = kernel_cfg(tmp_path, groups=bad, dry_run=False)
     with pytest.raises(
-        ValueError, match=r"conv2d_grouped: shape \[8, 96, 96, 3, 56, 56, 1, 1, 64\]: groups"
+        InvalidInputError, match=r"conv2d_grouped: shape \[8, 96, 96, 3, 56, 56, 1, 1, 64\]: groups"
     ):
         kernels.expand(cfg, "cpu", on_cuda=False)
+
+
+def test_a_dry_run_keeps_a_grouped_convolution_grouped(tmp_path: Path) -> None:
+    """Capping every size at 16 had made ResNeXt's 32 groups of 8 channels depthwise (and a
+    duplicate), and a valid 48-channel, 12-group shape unrunnable (16 % 12): a dry run keeps at
+    most 4 groups of at most 4 channels each (a helper's hunt)."""
+    shapes = [[32, 256, 256, 3, 28, 28, 1, 1, 32], [8, 144, 144, 3, 56, 56, 1, 1, 144],
+              [8, 48, 48, 3, 16, 16, 1, 1, 12], [8, 20, 40, 3, 16, 16, 1, 1, 20]]  # fmt: skip
+    cfg = kernel_cfg(tmp_path, groups=[{"ops": ["conv2d_grouped"], "shapes": shapes}],
+                     dtypes=["float32"], directions=["forward"])  # fmt: skip
+    got = [(c["params"]["in_channels"], c["params"]["out_channels"], c["params"]["groups"])
+           for _, c in kernels.expand(cfg, "cpu", on_cuda=False)]  # fmt: skip
+    assert got == [(16, 16, 4), (4, 4, 4), (16, 16, 4), (4, 8, 4)]
 
 
 def test_kernel_sweep_killed_midway_resumes(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from data_collection.paths import shared_data_dir
 from training.infer_check import (
+    _options,
     conv_kind,
     gemm_rates,
     layout_ratio,
@@ -100,9 +101,12 @@ def test_layout_ratio_pairs_the_same_configuration() -> None:
 def test_bad_options_are_one_line_and_exit_2(capsys) -> None:
     assert main(["--models", "0"]) == 2
     assert main(["--bogus", "1"]) == 2
+    assert main(["--seed=-3"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("error: --models takes a positive whole number, not '0'")
     assert err[1].startswith("error: unknown or incomplete option '--bogus'")
+    assert err[2].startswith("error: --seed takes a non-negative whole number, not '-3'")
+    assert _options(["--models=3", "--seed", "5"]) == (3, 5)
 
 
 @pytest.mark.skipif(not (SHARED / "timm_bench").is_dir(), reason=f"no timm data in {SHARED}")

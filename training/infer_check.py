@@ -156,12 +156,13 @@ def summary(scored: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 def _options(args: list[str]) -> tuple[int, int] | str:
     values = {"--models": DEFAULT_MODELS, "--seed": DEFAULT_SEED}
     while args:
-        flag = args.pop(0)
-        if flag not in values or not args:
+        flag, eq, raw = args.pop(0).partition("=")  # --models 3 or --models=3
+        if flag not in values or not (eq or args):
             return f"unknown or incomplete option {flag!r}"
-        raw = args.pop(0)
+        raw = raw if eq else args.pop(0)
         if not raw.isdigit() or (flag == "--models" and int(raw) == 0):
-            return f"{flag} takes a positive whole number, not {raw!r}"
+            kind = "positive" if flag == "--models" else "non-negative"
+            return f"{flag} takes a {kind} whole number, not {raw!r}"
         values[flag] = int(raw)
     return values["--models"], values["--seed"]
 
