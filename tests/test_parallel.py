@@ -167,6 +167,29 @@ def test_nvlink_bridges_join_pairs_of_pcie_cards():
         boom_ml.predict("hf:gpt2", gpu="h100-nvl", parallel={"dp": 8}, cluster={"intra": "nvlink"})
 
 
+def test_a_layout_names_the_links_its_collectives_were_timed_on():
+    """cluster.intra/inter=auto named no link: the table now says which, with its ring busbw
+    (links.csv), and the method says tp-sharded only where tp > 1 (a helper's hunt)."""
+    import json
+
+    from boom_ml.predict import run
+
+    base = {"model": "hf:HuggingFaceTB/SmolLM2-135M", "gpu": "rtx-4090", "batch_size": 1,
+            "seq_len": 128, "advice": False, "cache": False}  # fmt: skip
+    text = run({**base, "parallel": {"dp": 2}})
+    assert (
+        "rtx-4090: top collectives (exposed ms), over pcie4 (ring busbw 25.2 GB/s) within a node:"
+        in text
+    )
+    assert "traces of the model, linear in layers" in text
+    two = json.loads(run({**base, "output": "json", "parallel": {"dp": 4, "tp": 3},
+                          "cluster": {"gpus_per_node": 4}}))  # fmt: skip
+    time = two["parallel"][0]["time"]
+    assert time["links"] == {"intra": "pcie4", "intra_busbw_gbs": 25.2, "inter": "ib-hdr200",
+                             "inter_busbw_gbs": 24.0}  # fmt: skip
+    assert "traces of the tp=3-sharded model" in time["method"]
+
+
 # --- memory: shard sizes under each sharding mode --------------------------------------
 
 

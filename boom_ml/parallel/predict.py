@@ -124,6 +124,10 @@ def predict_raw(
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
         time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
         time["unmeasured_kernels"] = list(tprof.unmeasured_kernels)  # as a one-GPU estimate's
+        # the links the collectives were timed on (cluster.intra/inter=auto names none)
+        time["links"] = {"intra": intra.name, "intra_busbw_gbs": intra.busbw_gbs}
+        if cluster.nodes(layout) > 1:
+            time["links"].update(inter=inter.name, inter_busbw_gbs=inter.busbw_gbs)
         entry: dict[str, Any] = {
             "gpu": gpu.id,
             "name": gpu.name,

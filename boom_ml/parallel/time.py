@@ -56,7 +56,7 @@ from boom_ml.parallel.schedule import simulate
 from boom_ml.parallel.shard import chunk_layers
 
 METHOD = (
-    "per-rank compute: {method} on 1- and 2-layer traces of the tp-sharded model, linear in"
+    "per-rank compute: {method} on 1- and 2-layer traces of the {sharded}model, linear in"
     " layers, at least {dispatch_us:g} us of host dispatch per op + NCCL-tuned collectives"
     " (ring/tree/NVLS x LL/LL128/Simple as NCCL's tuning model picks, links.csv; DDP, FSDP2 and tensor-parallel counts and bytes as the wrappers issue them on"
     " a fake process group, tests/test_parallel_traced.py){pipeline}"
@@ -405,6 +405,7 @@ def step_time(
         "p2p_ms": round(p2p, 4),
         "method": METHOD.format(
             method=prof.method,
+            sharded=f"tp={layout.tp}-sharded " if layout.tp > 1 else "",
             dispatch_us=dispatch_us,
             pipeline=PIPELINE_METHOD.format(schedule=SCHEDULE_NAMES[layout.schedule])
             if layout.pp > 1

@@ -11,6 +11,7 @@ from boom_ml.estimates import MemoryEstimate, Prediction, rate_text, usd_text
 from boom_ml.report.advice_text import advice_lines, layout_lines, layout_name
 from boom_ml.report.explain import GIB, MIB, explain_lines
 from boom_ml.report.explain_layout import layout_explain_lines
+from boom_ml.report.layout_text import collective_lines, layout_recipe_line
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
 FIT_STYLE = {"yes": "yes", "tight": "[yellow]tight[/yellow]", "no": "[red]no[/red]"}
@@ -249,41 +250,6 @@ def parallel_table(prediction: Prediction) -> Table:
             rate_text(t["samples_per_s"]),
         )
     return table
-
-
-def layout_recipe_line(prediction: Prediction) -> str:
-    """LoRA / QLoRA in a layout: its adapters and what the worst rank trains ('' for full)."""
-    step = prediction.step
-    if step.get("finetune_method", "full") == "full":
-        return ""
-    mem = prediction.parallel[0].get("memory") or {}
-    targets = ",".join(step.get("lora_targets") or []) or "peft's defaults for the model"
-    trained = (f"; the worst rank trains {mem['trainable_parameters'] / 1e6:.1f} M of its"
-               f" {mem['parameters'] / 1e6:.1f} M parameters" if "trainable_parameters" in mem
-               else "")  # fmt: skip
-    return (f"Recipe: {step['finetune_method']} adapters r={step['lora_r']}, alpha="
-            f"{step['lora_alpha']:g}, targets {targets}{trained}.")  # fmt: skip
-
-
-def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
-    lines = []
-    for g in prediction.parallel:
-        colls = sorted(g["time"].get("collectives", []), key=lambda c: -c.get("exposed_ms", 0))
-        lines.append(f"{g['gpu']}: top collectives (exposed ms) — {g['time'].get('method', '')}")
-        width = max([len(c.get("what", "")) for c in colls[:top_n]] + [28])
-        lines += [
-            f"    {c['op']:<15} {c['group']:<4} {c.get('what', ''):<{width}} "
-            f"{c['bytes'] / 2**20:>10.1f} MiB x{c.get('calls', 1):<4} {c['ms']:>9.2f} ms "
-            f"(exposed {c.get('exposed_ms', 0):.2f})"
-            for c in colls[:top_n]
-        ]
-        if g["time"].get("accumulate_ms"):
-            lines.append(
-                f"    micro-batches 2..{g['parallel']['microbatches']} add into the kept"
-                f" gradients: {g['time']['accumulate_ms']:.2f} ms of the step on the critical"
-                " rank (none with parallel.grad_accumulation=fused, Megatron-LM's fusion)"
-            )
-    return lines
 
 
 def render_table(prediction: Prediction, explain: bool = False) -> str:
