@@ -162,3 +162,17 @@ def test_a_layout_names_a_vits_patch_convolution_too() -> None:
     kinds = [g["time"]["unmeasured_kernels"] for g in one["gpus"]]
     assert kinds == [["fp16/bf16 GEMMs", "fp16/bf16 convolutions"], ["fp16/bf16 convolutions"]]
     assert [g["time"]["unmeasured_kernels"] for g in two["parallel"]] == kinds
+
+
+def test_the_table_says_why_a_gpu_has_no_price() -> None:
+    """The $ column's "-" on consumer cards had no word under the table (a helper's hunt)."""
+    from boom_ml import api
+    from boom_ml.report.table import render_table
+
+    kw = {"batch_size": 2, "image_size": 32, "advice": False, "cache": False, "max_batch": False}
+    p = api.predict("torchvision:resnet18", gpu=["rtx-4090", "rtx-3090", "a100-80gb-sxm"], **kw)
+    assert [g.price_usd_per_hour is None for g in p.gpus] == [True, True, False]
+    assert "$ / 1k steps: no observed cloud price for rtx-4090, rtx-3090 (gpus/prices.csv" in (
+        render_table(p))  # fmt: skip
+    priced = api.predict("torchvision:resnet18", gpu=["a100-80gb-sxm"], **kw)
+    assert "no observed cloud price" not in render_table(priced)

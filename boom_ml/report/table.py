@@ -342,6 +342,14 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         )
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
+    unpriced = [g.gpu for g in prediction.gpus if g.price_usd_per_hour is None and g.time]
+    if unpriced:  # the $ column's "-"
+        console.print(
+            f"$ / 1k steps: no observed cloud price for {', '.join(unpriced)} (gpus/prices.csv,"
+            " the SkyPilot catalog); a GPU YAML file sets one with price_usd_per_hour",
+            highlight=False,
+            soft_wrap=True,
+        )
     for line in stack_missing_lines([(g.gpu, g.stack_missing) for g in prediction.gpus]):
         console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
