@@ -190,6 +190,24 @@ def test_a_layout_names_the_links_its_collectives_were_timed_on():
     assert "traces of the tp=3-sharded model" in time["method"]
 
 
+def test_a_vision_transformers_layout_sends_its_patches_not_2048_tokens():
+    """ViT-B/16 at 224: 14 x 14 patches and the class token, 197 tokens per image; the layout
+    had taken a decoder's 2,048 and sent ten times the bytes between stages (a helper saw
+    seq=2048 in the header)."""
+    import json
+
+    from boom_ml.predict import run
+
+    out = json.loads(run({"model": "hf:google/vit-base-patch16-224", "gpu": "a100-80gb-sxm",
+                          "batch_size": 4, "amp": "bf16", "advice": False, "cache": False,
+                          "output": "json", "parallel": {"pp": 2}}))  # fmt: skip
+    (entry,) = out["parallel"]
+    assert entry["parallel"]["seq_len"] == 197
+    sends = [c for c in entry["time"]["collectives"] if c["op"] == "send_recv"]
+    # batch x tokens x hidden x 4 bytes (fp32 parameters under autocast: an fp32 residual)
+    assert sends and all(c["bytes"] == 4 * 197 * 768 * 4 for c in sends)
+
+
 # --- memory: shard sizes under each sharding mode --------------------------------------
 
 
