@@ -176,3 +176,19 @@ def test_the_table_says_why_a_gpu_has_no_price() -> None:
         render_table(p))  # fmt: skip
     priced = api.predict("torchvision:resnet18", gpu=["a100-80gb-sxm"], **kw)
     assert "no observed cloud price" not in render_table(priced)
+
+
+def test_a_bf16_layout_on_a_gpu_without_bf16_tensor_cores_is_said() -> None:
+    """The one-GPU table's bf16 line was missing under a layout (a helper's hunt)."""
+    import json
+
+    from boom_ml.predict import run
+
+    base = {"model": "hf:HuggingFaceTB/SmolLM2-135M", "gpu": ["t4", "a100-80gb-sxm"],
+            "batch_size": 1, "seq_len": 128, "amp": "bf16", "advice": False, "cache": False,
+            "parallel": {"dp": 2}}  # fmt: skip
+    assert "bf16 on t4: no bf16 tensor cores (before Ampere)" in run(base)
+    out = json.loads(run({**base, "output": "json"}))
+    assert [g["time"]["bf16_tensor_cores"] for g in out["parallel"]] == [False, True]
+    plain = json.loads(run({**base, "amp": "none", "output": "json"}))
+    assert "bf16_tensor_cores" not in plain["parallel"][0]["time"]

@@ -131,6 +131,8 @@ def predict_raw(
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
         time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
         time["unmeasured_kernels"] = list(tprof.unmeasured_kernels)  # as a one-GPU estimate's
+        if "bf16" in (step.amp, step.params_dtype):  # as session.py sets a one-GPU estimate's
+            time["bf16_tensor_cores"] = gpu.bf16_tensor_cores
         # the links the collectives were timed on (cluster.intra/inter=auto names none)
         time["links"] = {"intra": intra.name, "intra_busbw_gbs": intra.busbw_gbs}
         if cluster.nodes(layout) > 1:

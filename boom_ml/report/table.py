@@ -151,6 +151,17 @@ def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
     )
 
 
+def bf16_line(slow: list[str]) -> str:
+    """The GPUs of a bf16 step without bf16 tensor cores ("" if none)."""
+    if not slow:
+        return ""
+    return (
+        f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
+        "are timed at the fp32 rate; amp=fp16 runs on tensor cores from Volta on (Pascal has"
+        " none: its fp16 runs on CUDA cores, at the card's fp16 rate)."
+    )
+
+
 def recipe_line(recipe: dict) -> str:
     """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
     nbytes = recipe.get("bytes") or {}
@@ -267,6 +278,15 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
                 ]
             )
         )
+        lines.append(
+            bf16_line(
+                [
+                    g["gpu"]
+                    for g in prediction.parallel
+                    if g["time"].get("bf16_tensor_cores") is False
+                ]
+            )
+        )
         notes = dict.fromkeys(n for g in prediction.parallel for n in g.get("notes") or [])
         lines += [f"Note: {note}." for note in notes]
         lines += stack_missing_lines(
@@ -362,15 +382,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for line in (basis, half):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
-    slow = [g.gpu for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
+    slow = bf16_line(
+        [g.gpu for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
+    )
     if slow:
-        console.print(
-            f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
-            "are timed at the fp32 rate; amp=fp16 runs on tensor cores from Volta on (Pascal has"
-            " none: its fp16 runs on CUDA cores, at the card's fp16 rate).",
-            highlight=False,
-            soft_wrap=True,
-        )
+        console.print(slow, highlight=False, soft_wrap=True)
     capped = [g.gpu for g in prediction.gpus if g.time and g.time.tf32_capped]
     if capped:
         console.print(
