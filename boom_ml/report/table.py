@@ -363,9 +363,11 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
     unpriced = [g.gpu for g in prediction.gpus if g.price_usd_per_hour is None and g.time]
-    if unpriced:  # the $ column's "-"
+    if unpriced:  # the $ column's "-"; gpu=all: a count, not 30 ids
+        which = (", ".join(unpriced) if len(unpriced) <= 6
+                 else f"{len(unpriced)} of these {len(prediction.gpus)} GPUs")  # fmt: skip
         console.print(
-            f"$ / 1k steps: no observed cloud price for {', '.join(unpriced)} (gpus/prices.csv,"
+            f"$ / 1k steps: no observed cloud price for {which} (gpus/prices.csv,"
             " the SkyPilot catalog); a GPU YAML file sets one with price_usd_per_hour",
             highlight=False,
             soft_wrap=True,
