@@ -39,7 +39,7 @@ def _autocast_applies(step: StepSpec) -> bool:
     return step.amp == "none" and step.params_dtype == "fp32"
 
 
-def _split_change(step: StepSpec, micro: int) -> tuple[str, StepSpec, int]:
+def split_change(step: StepSpec, micro: int) -> tuple[str, StepSpec, int]:
     """``step`` run as micro-batches of ``micro`` samples: (label, changed step, accumulation)."""
     accumulation = step.batch_size // micro
     steps = step.grad_accum * accumulation
@@ -72,7 +72,7 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     # up to 8 micro-batches; a batch with no such split (a prime above 8) runs one at a time
     micros = halving_micros(step.batch_size)
     for micro in [m for m in micros if step.batch_size // m <= 8] or micros[-1:]:
-        out.append(_split_change(step, micro))
+        out.append(split_change(step, micro))
     return out
 
 
@@ -88,7 +88,7 @@ def autocast_splits(step: StepSpec, gpu: GpuSpec, fitted: int) -> list[tuple[str
     out = []
     for micro in halving_micros(step.batch_size):
         if micro in (fitted, 2 * fitted):
-            label, changed, accumulation = _split_change(replace(step, amp=amp), micro)
+            label, changed, accumulation = split_change(replace(step, amp=amp), micro)
             out.append((f"amp={amp} + {label}", changed, accumulation))
     return out
 
