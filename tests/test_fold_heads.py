@@ -113,3 +113,14 @@ def test_gnn_gpu_fold_uses_only_heads_without_its_gpu(kernels, tmp_path, monkeyp
     assert data.held_out("rtx-3090") == "none (all kernel GPUs)"
     (_, held, mask), *_ = [f for f in train_gnn.folds(ds, cfg) if f[1] == "t4"]
     assert held == "t4" and np.array_equal(mask, [True, True, False, False])
+
+
+def test_an_excluded_gpu_without_rows_is_said(tmp_path_factory) -> None:
+    """+data.exclude_gpus.<gpu>=why with a misspelt id excluded nothing without a word."""
+    from training.kernel_rows import load_training_data
+
+    data = canonical_dir(tmp_path_factory.mktemp("canonical"))
+    said: list[str] = []
+    load_training_data({"dir": str(data), "sources": ["neusight_test"],
+                        "exclude_gpus": {"t44": "a typo"}}, log=said.append)  # fmt: skip
+    assert said[-1].startswith("data.exclude_gpus.t44: no kernel rows of 't44', nothing excluded")

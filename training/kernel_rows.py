@@ -35,6 +35,9 @@ def load_training_data(data: dict[str, Any], log: Any = print) -> pd.DataFrame:
         drop = kernels["gpu_id"] == gpu
         if drop.any():
             log(f"excluded {int(drop.sum())} rows of {gpu}: {' '.join(str(reason).split())}")
+        else:  # a misspelt id (+data.exclude_gpus.<gpu>=why) would exclude nothing unsaid
+            log(f"data.exclude_gpus.{gpu}: no kernel rows of {gpu!r}, nothing excluded "
+                f"(GPUs with rows: {', '.join(sorted(kernels['gpu_id'].astype(str).unique()))})")  # fmt: skip
         kernels = kernels[~drop]
     cap = data.get("max_rows_per_head")
     if cap:
