@@ -255,3 +255,17 @@ def test_a_stacked_fits_split_is_also_tried_alone() -> None:
     assert "amp=bf16 + optimizer=adafactor + batch_size=4 x 16 accumulation steps" in changes
     assert len(asked) == len(set(asked))  # the split alone asked once, for both stacked fits
     assert changes.count("batch_size=4 x 16 accumulation steps") == 1
+
+
+def test_16_bit_advice_on_an_architecture_without_its_fp16_kernels_is_said() -> None:
+    """amp=bf16 advised on an RTX 4090 runs fp16/bf16 GEMMs and convolutions no Ada GPU had
+    measured; the fp32 step asked has none, so the table's own line says nothing of them."""
+    from boom_ml import api
+    from boom_ml.report.table import render_table
+
+    p = api.predict("torchvision:resnet18", gpu=["rtx-4090"], batch_size=1536, image_size=224,
+                    cache=False, max_batch=False)  # fmt: skip
+    advised = [a for a in p.advice["rtx-4090"] if a.fits]
+    assert any(a.unmeasured_kernels for a in advised) and p.gpus[0].time.unmeasured_kernels == []
+    text = render_table(p)
+    assert "(the 16-bit advice runs fp16/bf16 GEMMs and convolutions no GPU of rtx-4090's" in text

@@ -46,6 +46,7 @@ def advice_lines(prediction: Prediction) -> list[str]:
         elif adapters:  # LoRA that does not fit: its base weights in 4 bits
             lines.append("    or quantise the frozen base weights to 4 bits:")
             lines += ["  " + _advice_line(a) for a in adapters]
+        lines += _half_advice_line(prediction, gpu, [a for a in all_items if a.fits])
     stuck = [g for g, items in prediction.advice.items() if nothing_fits(items)]
     if (
         stuck
@@ -57,6 +58,22 @@ def advice_lines(prediction: Prediction) -> list[str]:
             f"ask at most {MAX_BATCH_AUTO_GPUS} to see which fit where nothing else does."
         )
     return lines
+
+
+def _half_advice_line(prediction: Prediction, gpu: str, fits: list[Advice]) -> list[str]:
+    """Advice that brings in fp16/bf16 kernels the asked step did not run, on a GPU of an
+    architecture without their fp16 measurement: one line under the GPU's advice (the table's
+    own line speaks for the asked step)."""
+    asked = next((g.time for g in prediction.gpus if g.gpu == gpu and g.time), None)
+    had = set(asked.unmeasured_kernels) if asked is not None else set()
+    new = dict.fromkeys(k for a in fits for k in a.unmeasured_kernels if k not in had)
+    if not new or (asked is not None and asked.basis == "architecture not measured"):
+        return []
+    kinds = " and ".join(k.removeprefix("fp16/bf16 ") for k in new)
+    return [
+        f"    (the 16-bit advice runs fp16/bf16 {kinds} no GPU of {gpu}'s architecture had"
+        " measured: their times are likely too high)"
+    ]
 
 
 def _with_p90(a: Advice) -> str:

@@ -65,6 +65,9 @@ class Advice:
     options: dict[str, Any] = field(default_factory=dict)
     # the p90 replay's total: the level that decides a tight fit (None: not traced)
     p90_bytes: int | None = None
+    # the changed step's half-precision kernels no GPU of this one's architecture had measured
+    # in fp16 (TimeEstimate.unmeasured_kernels): an amp= or bf16 advice on an RTX 4090
+    unmeasured_kernels: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -304,6 +307,7 @@ def _advice(
         samples_per_s=step.batch_size * step.grad_accum / step_ms * 1e3
         if step_ms > 0
         else float("nan"),
+        unmeasured_kernels=list(result.time.unmeasured_kernels) if result.time else [],
     )
 
 
