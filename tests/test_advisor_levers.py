@@ -104,9 +104,10 @@ def test_a_fit_without_checkpointing_is_found_beside_the_stacked_one() -> None:
 
     failing = evaluate(step, [gpu])[0]
     advised = advise(step, [(gpu, failing)], evaluate, recipes_too=False)[gpu.id]
+    # the checkpointed fit (4 x 2) is found too, and left out: it changes a strict superset of
+    # the settings of one that is faster and holds no more (advisor._undominated)
     assert [a.change for a in advised] == [
         "amp=bf16 + optimizer=adafactor + batch_size=2 x 4 accumulation steps",
-        "amp=bf16 + checkpointing=full + optimizer=adafactor + batch_size=4 x 2 accumulation steps",
     ]
     assert len(asked) == len(set(asked))  # no candidate evaluated twice
     # without checkpointing, nothing above the micro-batch that fitted with it (4) is asked
@@ -207,12 +208,14 @@ def test_autocast_is_tried_on_the_split_that_fits_alone() -> None:
     assert autocast_splits(StepSpec(batch_size=256, amp="bf16"), gpu, 64) == []
     evaluate = _synthetic(lambda c: c.batch_size <= (128 if c.amp != "none" else 64), asked)
     advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
-    assert [a.change for a in advised[gpu.id]] == [  # fastest first (100 / micro-batch ms)
+    # fastest first (100 / micro-batch ms); amp=fp16 + 64 x 4 is asked and left out: no
+    # faster than 64 x 4 alone here, and no smaller (advisor._undominated)
+    assert [a.change for a in advised[gpu.id]] == [
         "amp=fp16 + batch_size=128 x 2 accumulation steps",
         "batch_size=64 x 4 accumulation steps",
-        "amp=fp16 + batch_size=64 x 4 accumulation steps",
         "batch_size=32 x 8 accumulation steps",
     ]
+    assert any(c.amp == "fp16" and c.batch_size == 64 for c in asked)
     assert len(asked) == len(set(asked))
 
 
@@ -250,11 +253,15 @@ def test_a_stacked_fits_split_is_also_tried_alone() -> None:
     step, gpu, asked = StepSpec(batch_size=64, seq_len=1024), get_gpu("rtx-3090"), []
     evaluate = _synthetic(lambda c: c.batch_size <= 4, asked)
     advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
-    changes = [a.change for a in advised[gpu.id]]
-    assert "batch_size=4 x 16 accumulation steps" in changes
-    assert "amp=bf16 + optimizer=adafactor + batch_size=4 x 16 accumulation steps" in changes
-    assert len(asked) == len(set(asked))  # the split alone asked once, for both stacked fits
-    assert changes.count("batch_size=4 x 16 accumulation steps") == 1
+    # the stacked fits (bf16 + Adafactor + 4 x 16, and with checkpointing) and the split under
+    # each single lever are asked; none is faster or smaller here than 4 x 16 alone, which
+    # changes fewer settings (advisor._undominated)
+    assert [a.change for a in advised[gpu.id]] == ["batch_size=4 x 16 accumulation steps"]
+    assert len(asked) == len(set(asked))  # each candidate asked once
+    under_one = {
+        (c.amp, c.optimizer) for c in asked if c.batch_size == 4 and c.checkpointing == "none"
+    }
+    assert {("none", "adamw"), ("bf16", "adamw"), ("none", "adafactor")} <= under_one
 
 
 def test_16_bit_advice_on_an_architecture_without_its_fp16_kernels_is_said() -> None:

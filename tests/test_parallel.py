@@ -443,3 +443,20 @@ def test_time_profiles_read_the_steps_tf32_switches():
     t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
     nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
     assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
+
+
+def test_a_vits_other_image_size_is_one_line_naming_the_option():
+    """image_size=384 on a 224-pixel HF ViT ended in HF's ValueError inside the trace; its
+    position table follows the config, so the option to give is model_options.image_size."""
+    import json
+
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.predict import run
+
+    base = {"model": "hf:google/vit-base-patch16-224", "gpu": "a100-80gb-sxm", "batch_size": 2,
+            "advice": False, "cache": False, "max_batch": "off"}  # fmt: skip
+    with pytest.raises(InvalidInputError, match="give model_options.image_size=384 to build it"):
+        run({**base, "image_size": 384})
+    out = json.loads(run({**base, "model_options": {"image_size": 384}, "output": "json",
+                          "parallel": {"dp": 2}}))  # fmt: skip
+    assert out["parallel"][0]["parallel"]["seq_len"] == 24 * 24 + 1

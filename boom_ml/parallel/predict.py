@@ -33,15 +33,15 @@ DECODER_SEQ_LEN = 2048  # the zoo's default for decoders (boom_ml/zoo/hf_models.
 
 
 def _seq_len(raw: dict[str, Any], step: StepSpec) -> int:
-    """Tokens per sample: the step's, a vision transformer's patches and its class token (HF
-    ViT/DeiT/BEiT configs: image_size, patch_size; a distillation or register token more is
-    left out), else the model's positions capped at DECODER_SEQ_LEN."""
-    if step.seq_len:
-        return step.seq_len
+    """Tokens per sample: a vision transformer's patches and its class token (HF ViT/DeiT/BEiT
+    configs: image_size, patch_size; a distillation or register token more is left out; it
+    reads no seq_len), else the step's, else the model's positions capped at DECODER_SEQ_LEN."""
     patch = raw.get("patch_size")
     if isinstance(patch, int) and patch > 0 and (step.image_size or raw.get("image_size")):
         side = int(step.image_size or raw["image_size"]) // patch
         return side * side + 1
+    if step.seq_len:
+        return step.seq_len
     limit = raw.get("max_position_embeddings") or raw.get("n_positions") or DECODER_SEQ_LEN
     return min(int(limit), DECODER_SEQ_LEN)
 

@@ -251,6 +251,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         b = step.batch_size
         if vision:
             size = step.image_size or image_size
+            if size != image_size and "interpolate_pos_encoding" in params:
+                # ViT-like: HF refuses another size unless its position table is interpolated
+                raise InvalidInputError(
+                    f"{what}: its position embeddings are for {image_size}-pixel images (config"
+                    f" image_size); give model_options.image_size={size} to build it at that size"
+                )
             chans = int(getattr(config, "num_channels", 3))
             batch: dict[str, Any] = {"pixel_values": torch.randn(b, chans, size, size, device=dev)}
             if "labels" in params:
