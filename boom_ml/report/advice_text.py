@@ -10,6 +10,7 @@ from boom_ml.report.advisor import Advice, is_adapters, is_bf16_true, nothing_fi
 from boom_ml.report.explain import GIB
 from boom_ml.report.levers import BF16_TRUE
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS
+from boom_ml.timing.basis import UNMEASURED
 
 
 def advice_lines(prediction: Prediction) -> list[str]:
@@ -67,7 +68,7 @@ def _half_advice_line(prediction: Prediction, gpu: str, fits: list[Advice]) -> l
     asked = next((g.time for g in prediction.gpus if g.gpu == gpu and g.time), None)
     had = set(asked.unmeasured_kernels) if asked is not None else set()
     new = dict.fromkeys(k for a in fits for k in a.unmeasured_kernels if k not in had)
-    if not new or (asked is not None and asked.basis == "architecture not measured"):
+    if not new or (asked is not None and asked.basis == UNMEASURED):  # its own line says it
         return []
     kinds = " and ".join(k.removeprefix("fp16/bf16 ") for k in new)
     return [
