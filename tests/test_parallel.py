@@ -141,73 +141,6 @@ def test_nvlink_on_a_pcie_card_is_an_error_and_every_link_is_sourced():
     assert all(link.source and link.busbw_gbs <= link.line_gbs for link in links().values())
 
 
-def test_nvlink_bridges_join_pairs_of_pcie_cards():
-    """The A100 PCIe (NVLink Bridge for 2 GPUs, 600 GB/s: the SXM4 rate), the GA102 cards
-    (RTX 3090, RTX A6000, A40: 112.5 GB/s bidirectional) and the H100 NVL take a bridge
-    between two cards: cluster.intra=nvlink is theirs for a layout of two per node, not more;
-    auto stays PCIe (a bridge is an option); the RTX 4090 has none."""
-    from boom_ml.gpus import get_gpu
-
-    nvlink = Cluster(intra="nvlink")
-    for gpu_id, link, line in (("a100-80gb-pcie", "nvlink3", 300), ("rtx-3090", "nvlink3_ga102",
-                               56.25), ("rtx-a6000", "nvlink3_ga102", 56.25)):  # fmt: skip
-        gpu = get_gpu(gpu_id)
-        paired = intra_link(nvlink, gpu.id, gpu.name, gpu.architecture, node_gpus=2)
-        assert (paired.name, paired.line_gbs, paired.nvls_busbw_gbs) == (link, line, 0.0)
-        assert intra_link(Cluster(), gpu.id, gpu.name, gpu.architecture).name == "pcie4"
-        with pytest.raises(InvalidInputError, match=f"{gpu_id}'s NVLink is a bridge between two"):
-            intra_link(nvlink, gpu.id, gpu.name, gpu.architecture, node_gpus=4)
-    with pytest.raises(InvalidInputError, match="rtx-4090 has no NVLink"):
-        intra_link(nvlink, "rtx-4090", "NVIDIA GeForce RTX 4090", "ada", node_gpus=2)
-    with pytest.raises(
-        InvalidInputError, match="a bridge between two cards, and the layout puts 8"
-    ):
-        import boom_ml
-
-        boom_ml.predict("hf:gpt2", gpu="h100-nvl", parallel={"dp": 8}, cluster={"intra": "nvlink"})
-
-
-def test_a_layout_names_the_links_its_collectives_were_timed_on():
-    """cluster.intra/inter=auto named no link: the table now says which, with its ring busbw
-    (links.csv), and the method says tp-sharded only where tp > 1 (a helper's hunt)."""
-    import json
-
-    from boom_ml.predict import run
-
-    base = {"model": "hf:HuggingFaceTB/SmolLM2-135M", "gpu": "rtx-4090", "batch_size": 1,
-            "seq_len": 128, "advice": False, "cache": False}  # fmt: skip
-    text = run({**base, "parallel": {"dp": 2}})
-    assert (
-        "rtx-4090: top collectives (exposed ms), over pcie4 (ring busbw 25.2 GB/s) within a node:"
-        in text
-    )
-    assert "traces of the model, linear in layers" in text
-    two = json.loads(run({**base, "output": "json", "parallel": {"dp": 4, "tp": 3},
-                          "cluster": {"gpus_per_node": 4}}))  # fmt: skip
-    time = two["parallel"][0]["time"]
-    assert time["links"] == {"intra": "pcie4", "intra_busbw_gbs": 25.2, "inter": "ib-hdr200",
-                             "inter_busbw_gbs": 24.0}  # fmt: skip
-    assert "traces of the tp=3-sharded model" in time["method"]
-
-
-def test_a_vision_transformers_layout_sends_its_patches_not_2048_tokens():
-    """ViT-B/16 at 224: 14 x 14 patches and the class token, 197 tokens per image; the layout
-    had taken a decoder's 2,048 and sent ten times the bytes between stages (a helper saw
-    seq=2048 in the header)."""
-    import json
-
-    from boom_ml.predict import run
-
-    out = json.loads(run({"model": "hf:google/vit-base-patch16-224", "gpu": "a100-80gb-sxm",
-                          "batch_size": 4, "amp": "bf16", "advice": False, "cache": False,
-                          "output": "json", "parallel": {"pp": 2}}))  # fmt: skip
-    (entry,) = out["parallel"]
-    assert entry["parallel"]["seq_len"] == 197
-    sends = [c for c in entry["time"]["collectives"] if c["op"] == "send_recv"]
-    # batch x tokens x hidden x 4 bytes (fp32 parameters under autocast: an fp32 residual)
-    assert sends and all(c["bytes"] == 4 * 197 * 768 * 4 for c in sends)
-
-
 # --- memory: shard sizes under each sharding mode --------------------------------------
 
 
@@ -443,20 +376,3 @@ def test_time_profiles_read_the_steps_tf32_switches():
     t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
     nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
     assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
-
-
-def test_a_vits_other_image_size_is_one_line_naming_the_option():
-    """image_size=384 on a 224-pixel HF ViT ended in HF's ValueError inside the trace; its
-    position table follows the config, so the option to give is model_options.image_size."""
-    import json
-
-    from boom_ml.errors import InvalidInputError
-    from boom_ml.predict import run
-
-    base = {"model": "hf:google/vit-base-patch16-224", "gpu": "a100-80gb-sxm", "batch_size": 2,
-            "advice": False, "cache": False, "max_batch": "off"}  # fmt: skip
-    with pytest.raises(InvalidInputError, match="give model_options.image_size=384 to build it"):
-        run({**base, "image_size": 384})
-    out = json.loads(run({**base, "model_options": {"image_size": 384}, "output": "json",
-                          "parallel": {"dp": 2}}))  # fmt: skip
-    assert out["parallel"][0]["parallel"]["seq_len"] == 24 * 24 + 1
