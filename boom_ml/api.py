@@ -45,6 +45,7 @@ from boom_ml.specs import (
 )
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
 from boom_ml.timing.conv_layout import TENSOR_CORE_SM
+from boom_ml.trace.graph import reads_dtype
 
 __all__ = ["Session", "finetune_fields", "predict"]
 
@@ -269,8 +270,7 @@ def _layout_notes(graph: Any, step: StepSpec) -> list[str]:
     convs = graph.nodes[graph.nodes["family"].eq("conv")]
     if not step.channels_last or convs.empty:
         return []
-    dtypes = convs["input_dtypes"].astype(str)
-    if any(dtypes.str.contains(f'"{d}"', regex=False).any() for d in TENSOR_CORE_SM):
+    if reads_dtype(convs, TENSOR_CORE_SM).any():
         return []
     return [
         "channels_last=true changes nothing here: the step's convolutions are fp32 (TF32),"

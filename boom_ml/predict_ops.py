@@ -196,10 +196,10 @@ def notes(table: pd.DataFrame, gpu: str) -> list[str]:
 
 def _grouped_note(rows: pd.DataFrame, timed: np.ndarray) -> str | None:
     """No kernel table has a grouped convolution: the conv head extrapolates on each."""
-    groups = pd.to_numeric(rows.get("groups"), errors="coerce") if "groups" in rows else None
-    if groups is None:
+    if "groups" not in rows:
         return None
-    sel = (rows["family"] == "conv") & (groups.fillna(1) > 1) & timed
+    groups = pd.to_numeric(rows["groups"], errors="coerce").fillna(1)
+    sel = (rows["family"] == "conv") & (groups > 1) & timed
     if not sel.any():
         return None
     return (
@@ -213,7 +213,7 @@ def _half_note(rows: pd.DataFrame, timed: np.ndarray, gpu: str) -> str | None:
     """fp16/bf16 GEMM and convolution rows on a GPU of an architecture that no fp16 kernel
     of theirs was measured on, as ``predict``'s table says (``timing/basis.py``)."""
     from boom_ml.gpus import get_gpu
-    from boom_ml.timing.basis import HALF_KINDS, half_coverage, unmeasured_half
+    from boom_ml.timing.basis import HALF_KINDS, half_coverage, half_text, unmeasured_half
 
     half = rows["family"].isin(list(HALF_KINDS)) & rows["dtype"].isin(["float16", "bfloat16"])
     kinds = [k for k in HALF_KINDS if (half & timed & (rows["family"] == k)).any()]
@@ -221,7 +221,7 @@ def _half_note(rows: pd.DataFrame, timed: np.ndarray, gpu: str) -> str | None:
     if not gaps:
         return None
     return (
-        f"note: no GPU of {gpu}'s architecture had {' or '.join(gaps)} measured: those rows are"
+        f"note: no GPU of {gpu}'s architecture had {half_text(gaps, 'or')} measured: those rows are"
         " timed from other GPUs' kernels, and their times are likely too high (README,"
         " 'Forward passes on GPUs nobody measured a kernel on')"
     )

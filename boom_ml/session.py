@@ -163,7 +163,7 @@ class Session:
         """
         stack = stack if stack is not None else resolve_stack()
         # ids and aliases too, as predict takes them (one result per item, in order)
-        gpus = [g if isinstance(g, GpuSpec) else get_gpu(g) for g in _as_list(gpus)]
+        gpus = [get_gpu(g) for g in _as_list(gpus)]
         traced = replace(step, grad_accum=1, sdpa_group=None)
         # One trace per attention architecture group in the list whose kernels differ (only
         # one when the model calls no SDPA); results stay in the user's order.

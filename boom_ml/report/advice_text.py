@@ -10,7 +10,7 @@ from boom_ml.report.advisor import Advice, is_adapters, is_bf16_true, nothing_fi
 from boom_ml.report.explain import GIB
 from boom_ml.report.levers import BF16_TRUE
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS
-from boom_ml.timing.basis import UNMEASURED
+from boom_ml.timing.basis import UNMEASURED, half_text
 
 
 def advice_lines(prediction: Prediction) -> list[str]:
@@ -70,9 +70,8 @@ def _half_advice_line(prediction: Prediction, gpu: str, fits: list[Advice]) -> l
     new = dict.fromkeys(k for a in fits for k in a.unmeasured_kernels if k not in had)
     if not new or (asked is not None and asked.basis == UNMEASURED):  # its own line says it
         return []
-    kinds = " and ".join(k.removeprefix("fp16/bf16 ") for k in new)
     return [
-        f"    (the 16-bit advice runs fp16/bf16 {kinds} no GPU of {gpu}'s architecture had"
+        f"    (the 16-bit advice runs {half_text(new)} no GPU of {gpu}'s architecture had"
         " measured: their times are likely too high)"
     ]
 

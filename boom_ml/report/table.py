@@ -133,19 +133,17 @@ def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
     architecture had measured in fp16, GPUs with the same gaps together ("" if none). GPUs of
     an unmeasured architecture are left to :func:`basis_line`: nothing of theirs was measured.
     ``gaps``: (GPU id, its estimate's ``unmeasured_kernels``, its ``basis``)."""
-    from boom_ml.timing.basis import UNMEASURED
+    from boom_ml.timing.basis import HALF, UNMEASURED, half_text
 
-    prefix = "fp16/bf16 "
     by_kinds: dict[str, list[str]] = {}
     for gpu, kinds, basis in gaps:
         if kinds and basis != UNMEASURED:
-            text = " and ".join(k.removeprefix(prefix) for k in kinds)
-            by_kinds.setdefault(text, []).append(gpu)
+            by_kinds.setdefault(half_text(kinds, prefix=""), []).append(gpu)
     if not by_kinds:
         return ""
     parts = "; ".join(f"{kinds} on {', '.join(ids)}" for kinds, ids in by_kinds.items())
     return (
-        f"No GPU of the same architecture was measured running these in fp16: {prefix}{parts}. "
+        f"No GPU of the same architecture was measured running these in fp16: {HALF}{parts}. "
         "Their times come from other GPUs' kernels and are likely too high (README, 'Forward "
         "passes on GPUs nobody measured a kernel on')."
     )

@@ -10,18 +10,19 @@ measured" check puts a number on that case; the report says which case a predict
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import pandas as pd
 
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.trace.graph import reads_dtype
 
 # Tensor-core heads whose half-precision rows cover few architectures (the manifest's
 # rows_per_head_dtype): fp16 GEMMs Pascal, Volta, Turing and Ampere; fp16 convolutions
 # Pascal, Volta and Turing only. bf16 was never measured: the heads time it from fp16 rows.
 HALF_KINDS = {"gemm": "GEMMs", "conv": "convolutions"}
-HALF_DTYPES = ('"float16"', '"bfloat16"')
+HALF = "fp16/bf16 "  # how unmeasured_half names a kind
 
 MEASURED = "measured"  # the GPU's own kernels are in the training data
 ARCHITECTURE = "architecture measured"  # another GPU of its architecture's are
@@ -70,12 +71,8 @@ def half_coverage(model: str | None = None) -> dict[str, frozenset[str]]:
 
 def half_kinds(nodes: pd.DataFrame) -> list[str]:
     """The heads of :data:`HALF_KINDS` whose nodes in ``nodes`` take fp16 or bf16 inputs."""
-    found = []
-    for head in HALF_KINDS:
-        dtypes = nodes.loc[nodes["family"] == head, "input_dtypes"].astype(str)
-        if any(dtypes.str.contains(d, regex=False).any() for d in HALF_DTYPES):
-            found.append(head)
-    return found
+    half = reads_dtype(nodes, ("float16", "bfloat16"))
+    return [head for head in HALF_KINDS if (half & (nodes["family"] == head)).any()]
 
 
 def unmeasured_half(
@@ -85,5 +82,10 @@ def unmeasured_half(
     measured in fp16 ("fp16/bf16 GEMMs", "fp16/bf16 convolutions"; all of them on an
     architecture nobody measured): the heads time them from other silicon. Empty without a
     coverage record."""
-    return [f"fp16/bf16 {HALF_KINDS[k]}" for k in kinds if k in coverage
+    return [f"{HALF}{HALF_KINDS[k]}" for k in kinds if k in coverage
             and gpu.architecture not in _architectures(tuple(sorted(coverage[k])))]  # fmt: skip
+
+
+def half_text(gaps: Iterable[str], joiner: str = "and", prefix: str = HALF) -> str:
+    """:func:`unmeasured_half`'s list as a phrase: "fp16/bf16 GEMMs and convolutions"."""
+    return prefix + f" {joiner} ".join(g.removeprefix(HALF) for g in gaps)

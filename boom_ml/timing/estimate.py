@@ -30,7 +30,7 @@ from boom_ml.timing.gnn_inference import predict_graph_many
 from boom_ml.timing.per_op import predict_nodes_many
 from boom_ml.timing.summary import summarise
 from boom_ml.timing.tf32 import Tf32
-from boom_ml.trace.graph import OpGraph
+from boom_ml.trace.graph import OpGraph, reads_dtype
 
 # a top op's method where the GNN timed the step: its node times, read off the per-op model's
 GNN_OVER = "gnn over "
@@ -76,9 +76,7 @@ def _no_slower_than_fp32(
     (``tf32_capped``); GPUs without TF32 and steps without fp32 matrix work keep theirs."""
     families = {family for family in ("conv", "gemm", "attention") if flags.for_family(family)}
     nodes = graph.nodes
-    fp32 = nodes["family"].isin(families) & nodes["input_dtypes"].astype(str).str.contains(
-        '"float32"', regex=False
-    )
+    fp32 = nodes["family"].isin(families) & reads_dtype(nodes, ["float32"])
     with_tf32 = [k for k, gpu in enumerate(gpus) if gpu.tf32_tflops]
     if not fp32.any() or not with_tf32:
         return estimates

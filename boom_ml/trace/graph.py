@@ -48,6 +48,16 @@ MEMORY_CATEGORIES = (
 )
 
 
+def reads_dtype(nodes: pd.DataFrame, dtypes: Any) -> pd.Series:
+    """Whether each node takes an input of one of ``dtypes`` ("float32", ...): its
+    ``input_dtypes`` JSON names it."""
+    text = nodes["input_dtypes"].astype(str)
+    found = pd.Series(False, index=nodes.index)
+    for dtype in dtypes:
+        found |= text.str.contains(f'"{dtype}"', regex=False)
+    return found
+
+
 def canonical_free_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Runs of frees outside any op in one phase, in block order.
 
