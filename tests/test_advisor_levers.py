@@ -276,3 +276,60 @@ def test_16_bit_advice_on_an_architecture_without_its_fp16_kernels_is_said() -> 
     assert any(a.unmeasured_kernels for a in advised) and p.gpus[0].time.unmeasured_kernels == []
     text = render_table(p)
     assert "(the 16-bit advice runs fp16/bf16 GEMMs and convolutions no GPU of rtx-4090's" in text
+
+
+def test_a_split_grows_to_the_largest_divisor_below_the_halving_that_failed() -> None:
+    """resnet50 at batch 5000 on an RTX 3090 was told 250 x 20 (the halvings 625, 250) where
+    its largest batch, 540, holds 500 x 10 (a helper's hunt). A synthetic GPU where any step of
+    micro-batch 540 or less fits: 500 is the one divisor of 5000 between 250 and 625, and it
+    is asked once."""
+    from boom_ml.report.advisor import advise
+
+    step, gpu, asked = StepSpec(batch_size=5000), get_gpu("rtx-3090"), []
+    evaluate = _synthetic(lambda c: c.batch_size <= 540, asked)
+    advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    # the split it grew from stays behind it (more room, in a real step)
+    assert [a.change for a in advised[gpu.id]] == [
+        "batch_size=500 x 10 accumulation steps",
+        "batch_size=250 x 20 accumulation steps",
+    ]
+    assert advised[gpu.id][0].options == {"batch_size": 500, "grad_accum": 10}
+    assert len(asked) == len(set(asked))
+
+
+def test_a_split_that_grows_bisects_the_divisors_between() -> None:
+    """Batch 96 where micro-batches of 40 or less fit: the halvings give 48 (no) and 24 (yes);
+    32 lies between, fits, and leads, 24 x 4 and 12 x 8 behind it. Where only 24 fits, 32 is
+    asked, does not fit, and is not listed."""
+    from boom_ml.report.advisor import advise
+    from boom_ml.report.splits import between
+
+    assert between(96, 24) == [32]
+    assert between(5000, 250) == [500]
+    assert between(360, 45) == [60, 72]  # halvings 180, 90, 45: 60 and 72 lie below 90
+    assert between(256, 64) == []  # a power of two: nothing between its halvings
+    assert between(100, 50) == []  # the first halving: only divisors below the batch itself
+    step, gpu = StepSpec(batch_size=96), get_gpu("rtx-3090")
+    for limit, grown in ((40, ["batch_size=32 x 3 accumulation steps"]), (31, [])):
+        asked: list[StepSpec] = []
+        evaluate = _synthetic(lambda c, limit=limit: c.batch_size <= limit, asked)
+        advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+        assert [a.change for a in advised[gpu.id]] == [
+            *grown,
+            "batch_size=24 x 4 accumulation steps",
+            "batch_size=12 x 8 accumulation steps",
+        ]
+        assert sum(c.batch_size == 32 for c in asked) == 1
+
+
+def test_a_split_bisection_asks_the_larger_divisor_first() -> None:
+    """Batch 360 where micro-batches of 65 or less fit: 90 does not, 45 does; of 60 and 72
+    between, 72 is asked first and does not fit, then 60, which does."""
+    from boom_ml.report.advisor import advise
+
+    step, gpu, asked = StepSpec(batch_size=360), get_gpu("rtx-3090"), []
+    evaluate = _synthetic(lambda c: c.batch_size <= 65, asked)
+    advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    assert advised[gpu.id][0].change == "batch_size=60 x 6 accumulation steps"
+    probes = [c.batch_size for c in asked if c.batch_size in (60, 72)]
+    assert probes == [72, 60]

@@ -41,6 +41,7 @@ from boom_ml.report.levers import (
     stacked_changes,
     step_diff,
 )
+from boom_ml.report.splits import refine_splits
 from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
 MAX_ADVICE = 4
@@ -189,6 +190,11 @@ def advise(
     fewer = {s.id: _fewer_levers(step, s, found[s.id]) for s in pending}
     try_level(_by_step((s, c) for s in pending for c in fewer[s.id]
                        if c[1] not in tried[s.id] and c[1] not in refused))  # fmt: skip
+    # the fastest split's micro-batch, grown to the largest divisor of the batch that fits
+    # below the halving above it (5000 as 500 x 10 where 250 x 20 fitted: splits.py)
+    leading = {s.id: _leading_split(found[s.id]) for s, _ in failing if found.get(s.id)}
+    refine_splits(step, [(s, leading[s.id]) for s, _ in failing if leading.get(s.id)],
+                  found, try_level, _by_step)  # fmt: skip
 
     def bare(kind: Callable[[Advice], bool]) -> list[GpuSpec]:
         """GPUs nothing fitted on, and no recipe of this kind yet."""
@@ -263,6 +269,14 @@ def _undominated(items: list[Advice]) -> list[Advice]:
                    and b.step_ms <= a.step_ms and held(b) <= held(a) for b in items)  # fmt: skip
 
     return [a for a in items if not beaten(a)]
+
+
+def _leading_split(fits: list[Advice]) -> Advice | None:
+    """The split that the advice would list first among the fits that split the batch: the
+    fastest undominated one, the fewest settings changed on a tie."""
+    splits = [a for a in _undominated(fits) if a.accumulation_steps > 1
+              and "batch_size" in a.settings]  # fmt: skip
+    return min(splits, key=lambda a: (a.step_ms, len(a.settings)), default=None)
 
 
 def _walk(
