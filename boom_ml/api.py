@@ -373,8 +373,10 @@ def _predict_parallel(
                 again = partial(search, step=replace(searched, checkpointing="full"))
             layout_advice = layouts_that_fit(failing, partial(search, step=searched), again)
     resolved = step.to_dict()
-    if resolved.get("seq_len") is None and out:  # as a one-GPU step says the default it took
-        resolved["seq_len"] = out[0].get("parallel", {}).get("seq_len")
+    # the tokens the layout took, as a one-GPU step says the default it took: a vision
+    # transformer's patches whatever seq_len says (its header had shown seq=512 and sent 197)
+    if out and out[0].get("parallel", {}).get("seq_len"):
+        resolved["seq_len"] = out[0]["parallel"]["seq_len"]
     prediction = Prediction(
         model=model,
         batch_size=step.batch_size,

@@ -39,3 +39,19 @@ def test_a_vits_other_image_size_is_one_line_naming_the_option():
     out = json.loads(run({**base, "model_options": {"image_size": 384}, "output": "json",
                           "parallel": {"dp": 2}}))  # fmt: skip
     assert out["parallel"][0]["parallel"]["seq_len"] == 24 * 24 + 1
+
+
+def test_a_vits_layout_says_the_tokens_it_took_and_a_band_around_its_estimate():
+    """seq_len=512 on ViT-B/16 at 224: the layout sends 197 tokens, and its header and JSON
+    step say 197 (they had said 512). Its worst rank's p10-p90 holds the estimate: the 1- and
+    2-layer traces' bands, extrapolated to 12 layers, had crossed (2.7 GiB, p90 2.5)."""
+    import json
+
+    from boom_ml.predict import run
+
+    out = json.loads(run({"model": "hf:google/vit-base-patch16-224", "gpu": "a100-80gb-sxm",
+                          "batch_size": 8, "seq_len": 512, "advice": False, "cache": False,
+                          "output": "json", "parallel": {"dp": 2}}))  # fmt: skip
+    assert out["step"]["seq_len"] == 197
+    memory = out["parallel"][0]["memory"]
+    assert memory["p10_bytes"] <= memory["total_bytes"] <= memory["p90_bytes"]
