@@ -37,11 +37,10 @@ from boom_ml.report.levers import (
     halves_frozen_weights,
     recipe_changes,
     single_changes,
-    split_change,
     stacked_changes,
     step_diff,
 )
-from boom_ml.report.splits import refine_splits
+from boom_ml.report.splits import above_largest, fewer_levers, refine_splits
 from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
 MAX_ADVICE = 4
@@ -118,10 +117,18 @@ def advise(
 
     recipes: dict[str, list[Advice]] = {}
     refused: set[StepSpec] = set()  # candidates the model cannot take
+    largest = {spec.id: result.memory.max_batch_size for spec, result in failing
+               if result.memory.max_batch_size is not None
+               and not result.memory.max_batch_error}  # fmt: skip
 
     def try_level(
         asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]], recipe: bool = False
     ) -> None:
+        # the step's own split above its largest batch does not fit (accumulation only adds
+        # the kept gradients): not traced (resnet50 at 5000 had traced 2500, 1250 and 625)
+        asks = {changed: kept for changed, group in asks.items()
+                if (kept := [g for g in group
+                             if not above_largest(step, changed, largest.get(g[0].id))])}  # fmt: skip
         for changed, group in asks.items() if prefetch is not None else ():
             prefetch(changed, [spec for spec, _, _ in group])
         for changed, group in asks.items():
@@ -187,7 +194,7 @@ def advise(
     # batch 5000 on an RTX 3090: adafactor + 250 x 20 fitted, and 250 x 20 with AdamW fits
     # too; gpt2-medium at 64 x 1024 on an L4: bf16 + Adafactor + 4 x 16, and bf16 + 4 x 16;
     # a helper's hunts): the split is tried alone and under each one of those levers.
-    fewer = {s.id: _fewer_levers(step, s, found[s.id]) for s in pending}
+    fewer = {s.id: fewer_levers(step, s, found[s.id]) for s in pending}
     try_level(_by_step((s, c) for s in pending for c in fewer[s.id]
                        if c[1] not in tried[s.id] and c[1] not in refused))  # fmt: skip
     # the fastest split's micro-batch, grown to the largest divisor of the batch that fits
@@ -227,33 +234,6 @@ def is_adapters(advice: Advice) -> bool:
 def is_bf16_true(advice: Advice) -> bool:
     """A recipe that trains every weight in bf16 (``levers.bf16_true_changes``)."""
     return advice.recipe and not is_adapters(advice)
-
-
-def _fewer_levers(
-    step: StepSpec, gpu: GpuSpec, fits: list[Advice]
-) -> list[tuple[str, StepSpec, int]]:
-    """For each fit that stacks levers under a micro-batch split: the split alone, and under
-    each single lever among them (one candidate per step)."""
-    levers = [(label.split(" (")[0], changed) for label, changed, acc in single_changes(step, gpu)
-              if acc == 1]  # fmt: skip
-    out: dict[StepSpec, tuple[str, StepSpec, int]] = {}
-    for a in fits:
-        stacked = set(a.settings) - {"batch_size", "grad_accum"}
-        if "batch_size" not in a.settings or not stacked:
-            continue
-        micro = a.settings["batch_size"]
-        split = split_change(step, micro)
-        out.setdefault(split[1], split)
-        for label, changed in levers:
-            keys = set(step_diff(step, changed))
-            if (
-                keys
-                and keys < stacked | {"optimizer_impl"}
-                and keys <= set(a.settings) | {"optimizer_impl"}
-            ):
-                name, under, acc = split_change(changed, micro)
-                out.setdefault(under, (f"{label} + {name}", under, acc))
-    return list(out.values())
 
 
 def _undominated(items: list[Advice]) -> list[Advice]:

@@ -1,4 +1,6 @@
-"""The advisor's last look at a micro-batch split: the largest micro-batch that fits.
+"""The advisor's micro-batch splits: the largest micro-batch that fits (below), a stacked
+fit's split under fewer levers (:func:`fewer_levers`), and which splits need no trace
+(:func:`above_largest`).
 
 The levers split a batch at about its halvings (``levers.halving_micros``), so a split that
 fits at ``m`` may have a divisor of the batch between ``m`` and the next halving above it that
@@ -16,7 +18,13 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.report.levers import divisors, halving_micros, split_change, step_diff
+from boom_ml.report.levers import (
+    divisors,
+    halving_micros,
+    single_changes,
+    split_change,
+    step_diff,
+)
 from boom_ml.specs import StepSpec
 
 SPLIT_KEYS = ("batch_size", "grad_accum")
@@ -105,3 +113,40 @@ def refine_splits(
             {id(best)} if best.step_ms > s.fit.step_ms else set()
         )
         found[s.spec.id] = [a for a in found[s.spec.id] if id(a) not in drop]
+
+
+def fewer_levers(
+    step: StepSpec, gpu: GpuSpec, fits: list[Advice]
+) -> list[tuple[str, StepSpec, int]]:
+    """For each fit that stacks levers under a micro-batch split: the split alone, and under
+    each single lever among them (one candidate per step)."""
+    levers = [(label.split(" (")[0], changed) for label, changed, acc in single_changes(step, gpu)
+              if acc == 1]  # fmt: skip
+    out: dict[StepSpec, tuple[str, StepSpec, int]] = {}
+    for a in fits:
+        stacked = set(a.settings) - {"batch_size", "grad_accum"}
+        if "batch_size" not in a.settings or not stacked:
+            continue
+        micro = a.settings["batch_size"]
+        split = split_change(step, micro)
+        out.setdefault(split[1], split)
+        for label, changed in levers:
+            keys = set(step_diff(step, changed))
+            if (
+                keys
+                and keys < stacked | {"optimizer_impl"}
+                and keys <= set(a.settings) | {"optimizer_impl"}
+            ):
+                name, under, acc = split_change(changed, micro)
+                out.setdefault(under, (f"{label} + {name}", under, acc))
+    return list(out.values())
+
+
+def above_largest(step: StepSpec, changed: StepSpec, largest: int | None) -> bool:
+    """Whether ``changed`` only splits ``step``'s batch, into micro-batches above the largest
+    batch of ``step`` that fits (None: not searched)."""
+    return (
+        largest is not None
+        and changed.batch_size > largest
+        and set(step_diff(step, changed)) <= {"batch_size", "grad_accum"}
+    )
