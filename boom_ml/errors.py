@@ -12,16 +12,17 @@ class BoomError(Exception):
     exit_code = 2
 
 
-class UnknownModelError(BoomError):
-    pass
-
-
-class UnknownGpuError(BoomError):
-    pass
-
-
 class InvalidInputError(BoomError):
-    pass
+    """Any input the tool does not take: a key, a value, a model or a GPU."""
+
+
+class UnknownModelError(InvalidInputError):
+    """A model name no scheme resolves (an ``except InvalidInputError`` catches it too, as
+    the README says of every bad input)."""
+
+
+class UnknownGpuError(InvalidInputError):
+    """A GPU id neither packaged nor a readable YAML spec."""
 
 
 class TraceError(BoomError):

@@ -78,6 +78,15 @@ def test_a_misspelt_keyword_is_a_boom_error_with_a_suggestion() -> None:
     )
 
 
+def test_an_unknown_model_or_gpu_is_an_invalid_input_as_the_readme_says() -> None:
+    """The README: a bad keyword is an InvalidInputError "as every other bad input is"; an
+    unknown model or GPU had been a BoomError beside it, which that except missed (a hunt)."""
+    with pytest.raises(InvalidInputError, match="unknown GPU 'h100-sxn'"):
+        boom_ml.predict("torchvision:resnet18", gpu="h100-sxn", image_size=32)
+    with pytest.raises(InvalidInputError, match="nosuchmodel"):
+        boom_ml.predict("torchvision:nosuchmodel", gpu="l4", image_size=32)
+
+
 def test_session_takes_gpu_ids_and_reads_cache_words() -> None:
     """A hunt: Session.evaluate(step, ["l4"]) failed deep inside ('str' has no sm_version), and
     Session(model, cache="off") kept the on-disk cache on."""

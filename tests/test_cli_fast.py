@@ -288,5 +288,6 @@ def test_samples_per_second_keep_three_figures_below_ten():
     """A QLoRA step of 86 s on a T4 printed 0.0 samples/s (a helper's hunt)."""
     from boom_ml.estimates import rate_text
 
-    got = [rate_text(x) for x in (0.046312, 5.234, 9.96, 10.0, 1284.64)]
-    assert got == ["0.0463", "5.23", "10.0", "10.0", "1284.6"]
+    got = [rate_text(x) for x in (0.046312, 5.234, 9.96, 10.0, 1284.64, 6.998, 0.83, 0.0)]
+    # trailing zeros kept: 6.998 had printed 7, a QLoRA 0.830 printed 0.83
+    assert got == ["0.0463", "5.23", "10.0", "10.0", "1284.6", "7.00", "0.830", "0"]
