@@ -25,7 +25,9 @@ timed as a step times it), ``roofline-calibrated (proxy: X)`` (no head covers th
 ``sdpa``: its roofline scaled by head X's calibration) or ``empty`` (the output has no
 elements, so nothing runs and the time is 0). ``basis``: ``measured``, ``architecture
 measured`` or ``architecture not measured`` (whether the GPU, or its architecture, has kernel
-rows in the model's training data; empty for a model that does not record them).
+rows in the model's training data; for an fp16/bf16 GEMM or convolution row, fp16 rows of that
+kind: an L4 has fp32 GEMMs measured, and no Ada GPU fp16 ones; empty for a model that does not
+record them).
 
 A GEMM row is one GEMM kernel, forward or backward alike: a linear layer's backward is two
 GEMMs (input and weight gradients), each a row of its own shape. A GEMM with ``N`` 0 (nothing
@@ -98,8 +100,9 @@ FORWARD_ONLY = ("norm", "softmax", "elementwise")
 
 def empty_rows(rows: pd.DataFrame) -> np.ndarray:
     """Canonical rows whose output has no elements (backward ones only for GEMMs, which time
-    one GEMM kernel either way, and for the families whose gradient is shaped as their input:
-    another op's backward can fill a gradient with elements, a conv's or embedding's weight's)."""
+    one GEMM kernel either way, for the families whose gradient is shaped as their input, and
+    for a convolution's gradient of no elements: another op's backward can fill a gradient
+    with elements, a conv's or embedding's weight's)."""
     forward = (rows["direction"] == "forward").to_numpy() | rows["family"].isin(
         SHAPED_GRADIENT
     ).to_numpy()
@@ -110,6 +113,18 @@ def empty_rows(rows: pd.DataFrame) -> np.ndarray:
             if col in rows.columns:
                 zero |= (rows[col] == 0).to_numpy()
         out |= (rows["family"] == family).to_numpy() & zero & (forward | (family == "gemm"))
+    if "grad_wrt" in rows.columns:
+        # a convolution's gradient is shaped as what it is taken with respect to: the input
+        # (batch, in_channels, ...) or the weight (out_channels, in_channels / groups, ...);
+        # with in_channels 0 either is empty (both had been timed above the full-size kernel)
+        grad, zero = rows["grad_wrt"], lambda col: rows[col] == 0  # noqa: E731
+        gradient_empty = (
+            zero("in_channels")
+            | ((grad == "input") & zero("batch"))
+            | ((grad == "weight") & zero("out_channels"))
+        )
+        backward = (rows["family"] == "conv") & (rows["direction"] == "backward")
+        out |= (backward & gradient_empty).to_numpy()
     return out
 
 
@@ -160,7 +175,7 @@ def predict_ops(
 ) -> pd.DataFrame:
     """``table`` (the user's rows) with pred_ms, p10_ms, p90_ms, method and basis appended."""
     from boom_ml.gpus import get_gpu
-    from boom_ml.timing.basis import basis, measured_gpus
+    from boom_ml.timing.basis import basis, half_coverage, measured_gpus
 
     # the rows as plain numpy values (NaN where missing), whatever dtypes the table carries
     rows = canonical_rows(table.astype(object).where(table.notna(), np.nan), where)
@@ -180,6 +195,14 @@ def predict_ops(
         out[col] = out[col].astype(float).round(6)
     measured = measured_gpus(model)
     out["basis"] = basis(get_gpu(gpu), measured) if measured else ""
+    # an fp16/bf16 GEMM or convolution row: whether the GPU or its architecture had that kind
+    # measured in fp16 (an L4's fp16 bmm had said "measured" beside the note that no Ada GPU
+    # had fp16 GEMMs measured: its fp32 rows are the L4's)
+    half = rows["dtype"].isin(["float16", "bfloat16"]).to_numpy()
+    for kind, gpus in half_coverage(model).items() if measured else ():
+        sel = half & (rows["family"] == kind).to_numpy()
+        if sel.any():
+            out.loc[sel, "basis"] = basis(get_gpu(gpu), gpus)
     return out
 
 
