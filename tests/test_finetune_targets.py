@@ -91,3 +91,19 @@ def test_a_moe_model_without_lora_targets_is_told_the_whole_fix() -> None:
     dense = StepSpec(finetune_method="lora", lora_dropout=0.0)  # nothing to add then
     with pytest.raises(InvalidInputError, match=r"kv_a_proj_with_mqa.*\)$"):
         apply_recipe(build_model(spec).module, dense)
+
+
+def test_a_target_peft_cannot_wrap_is_named_with_gpt2s_conv1d_layers() -> None:
+    """finetune.targets=[attn] on GPT-2: peft's message prints the whole GPT2Attention over
+    many lines, of which the error kept "Target module GPT2Attention(", and the hint listed
+    lm_head alone, GPT-2's c_attn, c_proj and c_fc being transformers' Conv1D (a hunt)."""
+    from boom_ml.errors import InvalidInputError
+    from boom_ml.zoo.finetune import apply_recipe
+
+    for target, cls in (("attn", "GPT2Attention"), ("ln_1", "LayerNorm")):
+        step = StepSpec(finetune_method="lora", lora_targets=(target,))
+        with pytest.raises(InvalidInputError) as err:
+            apply_recipe(build_model(ModelSpec("hf:gpt2", {"n_layer": 1})).module, step)
+        assert f"('{target}' is a {cls}, not a layer peft wraps (" in str(err.value)
+        assert str(err.value).endswith("this model's linear layers: c_attn, c_fc, c_proj, lm_head)")
+        assert "\n" not in str(err.value) and "Currently, only" not in str(err.value)

@@ -105,7 +105,7 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     )
     # named before peft, which may have wrapped some of them when it stops
     linear = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
-                     if isinstance(m, nn.Linear)})  # fmt: skip
+                     if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"})  # fmt: skip
     try:
         # Injects the adapters into ``module`` itself: the tracer keeps running ``module``.
         with warnings.catch_warnings():  # peft reads transformers' deprecated alias
@@ -123,6 +123,13 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
+        if unwrappable := re.match(r"Target module (\w+)\(", first):
+            # peft prints the whole module, over many lines: name the target and its class
+            cls = unwrappable.group(1)
+            named = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
+                            if type(m).__name__ == cls and n.rpartition(".")[2] in (targets or ())})  # fmt: skip
+            first = (f"{', '.join(repr(n) for n in named) or 'a target'} is a {cls}, not a layer "
+                     "peft wraps (Linear, transformers' Conv1D, Embedding, Conv1d/2d/3d)")  # fmt: skip
         if "ParamWrapper" in first:  # all-linear on fused MoE experts: 3-D weights, no dropout
             hint = "LoRA on a MoE model's fused expert weights needs finetune.dropout=0"
         else:
