@@ -220,6 +220,8 @@ class Session:
             memory, time, graph = memories[k], times.get(k), graphs[k]
             if time is not None and bf16:
                 time = replace(time, bf16_tensor_cores=spec.bf16_tensor_cores)
+            if time is not None and (sdpa := graph.meta.get("sdpa") or {}).get("backends"):
+                time = replace(time, attention_backends=dict(sdpa["backends"]))
             notes = graph.meta.get("method_notes") or []
             if notes:  # what is modelled analytically (QLoRA's NF4, bitsandbytes optimizers)
                 memory = replace(memory, method=f"{memory.method} ({'; '.join(notes)})")

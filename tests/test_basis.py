@@ -192,3 +192,24 @@ def test_a_bf16_layout_on_a_gpu_without_bf16_tensor_cores_is_said() -> None:
     assert [g["time"]["bf16_tensor_cores"] for g in out["parallel"]] == [False, True]
     plain = json.loads(run({**base, "amp": "none", "output": "json"}))
     assert "bf16_tensor_cores" not in plain["parallel"][0]["time"]
+
+
+def test_a_bf16_step_on_a_t4_says_its_attention_runs_the_math_path() -> None:
+    """SDPA's fused kernels take bf16 from sm80 only: a bf16 QLoRA step of gpt2-medium on a
+    T4 held 4.9 GiB where fp16 held 2.5, and the table said nothing of why (a hunt). Every
+    step now lists its attention's kernels per GPU; a CNN has none."""
+    from boom_ml import api
+    from boom_ml.report.table import render_table
+
+    kw = {"batch_size": 1, "seq_len": 64, "advice": False, "cache": False, "max_batch": False,
+          "model_options": {"n_layer": 2}}  # fmt: skip
+    p = api.predict("hf:gpt2", gpu=["t4", "a100-80gb-sxm"], params_dtype="bf16", **kw)
+    assert [g.time.attention_backends for g in p.gpus] == [{"math": 2}, {"flash": 2}]
+    assert "Nor has SDPA a fused bf16 kernel on t4: attention runs its math path" in (
+        render_table(p))  # fmt: skip
+    half = api.predict("hf:gpt2", gpu=["t4"], params_dtype="fp16", **kw)
+    assert half.gpus[0].time.attention_backends == {"efficient": 2}
+    cnn = api.predict("torchvision:resnet18", gpu=["t4"], amp="bf16", batch_size=2,
+                      image_size=32, advice=False, cache=False, max_batch=False)  # fmt: skip
+    assert cnn.gpus[0].time.attention_backends == {}
+    assert "Nor has SDPA" not in render_table(cnn)

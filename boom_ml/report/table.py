@@ -149,15 +149,23 @@ def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
     )
 
 
-def bf16_line(slow: list[str]) -> str:
-    """The GPUs of a bf16 step without bf16 tensor cores ("" if none)."""
+def bf16_line(slow: list[str], math: list[str] = ()) -> str:
+    """The GPUs of a bf16 step without bf16 tensor cores ("" if none); ``math``, those of
+    them whose attention runs SDPA's math path."""
     if not slow:
         return ""
-    return (
+    line = (
         f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
         "are timed at the fp32 rate; amp=fp16 runs on tensor cores from Volta on (Pascal has"
         " none: its fp16 runs on CUDA cores, at the card's fp16 rate)."
     )
+    if math:
+        # a QLoRA step in bf16 on a T4 held 4.9 GiB where fp16 held 2.5, and said nothing why
+        line += (
+            f" Nor has SDPA a fused bf16 kernel on {', '.join(math)}: attention runs its math "
+            "path, which holds each layer's attention matrix (fp16 keeps the fused kernels)."
+        )
+    return line
 
 
 def recipe_line(recipe: dict) -> str:
@@ -382,8 +390,9 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for line in (basis, half):
         if line:
             console.print(line, highlight=False, soft_wrap=True)
+    bare = [g for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
     slow = bf16_line(
-        [g.gpu for g in prediction.gpus if g.time and g.time.bf16_tensor_cores is False]
+        [g.gpu for g in bare], [g.gpu for g in bare if g.time.attention_backends.get("math")]
     )
     if slow:
         console.print(slow, highlight=False, soft_wrap=True)
