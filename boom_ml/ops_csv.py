@@ -96,10 +96,14 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
             df[col] = num
     if "causal" in df.columns:
         flag = df["causal"]
-        if (flag.notna() & ~flag.isin([0, 1])).any():
-            raise InvalidInputError(f"{where}: column causal must be 0 or 1")
-        if (flag.fillna(0).astype(bool) & (fam != "attention")).any():
-            raise InvalidInputError(f"{where}: causal applies to attention (sdpa) rows only")
+        if (bad := flag.notna() & ~flag.isin([0, 1])).any():
+            raise InvalidInputError(
+                f"{where}: column causal must be 0 or 1 ({_row(df, bad, 'causal')})"
+            )
+        if (bad := flag.fillna(0).astype(bool) & (fam != "attention")).any():
+            raise InvalidInputError(
+                f"{where}: causal applies to attention (sdpa) rows only ({_row(df, bad, 'op')})"
+            )
     rowlike = fam.isin(["norm", "softmax", "embedding", "elementwise"])
     if "b" in df.columns and "h" in df.columns:  # NeuSight's vector ops: a (B, H) tensor
         for dst, src in (("rows", "b"), ("cols", "h")):
@@ -187,15 +191,19 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         grad = df["grad_wrt"].astype(object).where(df["grad_wrt"].notna(), None)
         grad = grad.map(lambda v: None if v is None else str(v).strip().lower())
         set_ = grad.notna()
-        if (set_ & ~grad.isin(["input", "weight"])).any():
-            raise InvalidInputError(f"{where}: grad_wrt must be input or weight")
-        if (set_ & ~conv_backward).any():
-            raise InvalidInputError(f"{where}: grad_wrt applies to backward conv rows only")
+        if (bad := set_ & ~grad.isin(["input", "weight"])).any():
+            raise InvalidInputError(
+                f"{where}: grad_wrt must be input or weight ({_row(df, bad, 'grad_wrt')})"
+            )
+        if (bad := set_ & ~conv_backward).any():
+            raise InvalidInputError(
+                f"{where}: grad_wrt applies to backward conv rows only ({_row(df, bad, 'op')})"
+            )
         df["grad_wrt"] = grad
-    if (conv_backward & grad.isna()).any():  # a layer's backward runs both kernels
+    if (bad := conv_backward & grad.isna()).any():  # a layer's backward runs both kernels
         raise InvalidInputError(
             f"{where}: a backward conv row needs grad_wrt=input or weight (its two kernels;"
-            " a layer's backward runs both: give one row each)"
+            f" a layer's backward runs both: give one row each; {_row(df, bad, 'op')})"
         )
     out = df.drop(columns=[c for c in ("h", "latency_ms") if c in df.columns])
     out["family"] = fam
@@ -228,3 +236,11 @@ def _check_convolutions(conv: pd.DataFrame, where: str) -> None:
             raise InvalidInputError(
                 f"{where}: convolution row {int(conv.index[np.argmax(bad)]) + 1}: {why}"
             )
+
+
+def _row(df: pd.DataFrame, bad: pd.Series, col: str) -> str:
+    """The first row ``bad`` marks, counted from 1 as the CSV's data rows, and its ``col``."""
+    k = int(np.flatnonzero(bad.to_numpy())[0])
+    value = df[col].iat[k]
+    number = isinstance(value, int | float | np.number) and not isinstance(value, bool)
+    return f"row {k + 1}: {value:g}" if number else f"row {k + 1}: {value!r}"

@@ -47,3 +47,25 @@ def test_a_half_precision_rows_basis_is_its_kind_in_fp16() -> None:
                      "architecture not measured"],
     }  # fmt: skip
     assert any("fp16/bf16 GEMMs or convolutions measured" in n for n in notes(table, "l4"))
+
+
+def test_a_bad_causal_or_grad_wrt_names_its_row() -> None:
+    """In a long CSV the row is what the user needs; these four errors had named none."""
+    import pytest
+
+    from boom_ml.errors import InvalidInputError
+
+    conv = {"op": "conv2d", "batch": 8, "in_channels": 16, "out_channels": 16,
+            "kernel_size": 3, "input_h": 14}  # fmt: skip
+    attn = {"op": "sdpa", "batch": 1, "heads": 2, "seq_q": 64, "head_dim": 32}
+    cases = [
+        ([attn, {**attn, "causal": 2}], r"causal must be 0 or 1 \(row 2: 2\)"),
+        ([conv, {**conv, "causal": 1}], r"attention \(sdpa\) rows only \(row 2: 'conv2d'\)"),
+        ([{**conv, "direction": "backward", "grad_wrt": "bias"}],
+         r"grad_wrt must be input or weight \(row 1: 'bias'\)"),
+        ([conv, {**conv, "grad_wrt": "input"}], r"backward conv rows only \(row 2: 'conv2d'\)"),
+        ([conv, conv, {**conv, "direction": "backward"}], r"give one row each; row 3: 'conv2d'\)"),
+    ]  # fmt: skip
+    for rows, message in cases:
+        with pytest.raises(InvalidInputError, match=message):
+            predict_ops(pd.DataFrame(rows), "l4")
