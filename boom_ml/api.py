@@ -50,8 +50,15 @@ from boom_ml.trace.graph import reads_dtype
 __all__ = ["Session", "finetune_fields", "predict"]
 
 
+# the CLI's keys that are no argument of the API: where their job is done instead
+NOT_ARGUMENTS = {
+    "output": "the result is a Prediction; result.to_dict() is the JSON document",
+    "explain": "boom_ml.report.table.render_table(result, explain=True) prints it",
+}
+
+
 @quiet_transformers
-@plain_arguments
+@plain_arguments(hints=NOT_ARGUMENTS)
 def predict(
     model: str,
     gpu: str | Sequence[str] = "a100-80gb-sxm",

@@ -31,10 +31,14 @@ def plain(value: Any) -> Any:
     return value
 
 
-def plain_arguments(func: F) -> F:
+def plain_arguments(func: F | None = None, *, hints: Mapping[str, str] | None = None) -> Any:
     """``func`` called with :func:`plain` of each of its arguments; a keyword it does not take
     is an InvalidInputError with a did-you-mean, as the CLI's unknown key is (it was Python's
-    TypeError, which an ``except BoomError`` missed)."""
+    TypeError, which an ``except BoomError`` missed), or with its entry of ``hints`` (a CLI
+    key the function has no argument for: where its job is done instead)."""
+    if func is None:
+        return lambda f: plain_arguments(f, hints=hints)
+    said = dict(hints or {})
     params = inspect.signature(func).parameters
     names = list(params)
     open_ended = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -44,7 +48,8 @@ def plain_arguments(func: F) -> F:
         unknown = [] if open_ended else sorted(set(kwargs) - set(names))
         if unknown:
             raise InvalidInputError(
-                f"{func.__name__}() takes no argument {unknown[0]!r}{suggest(unknown[0], names)}"
+                f"{func.__name__}() takes no argument {unknown[0]!r}"
+                + (f" ({said[unknown[0]]})" if unknown[0] in said else suggest(unknown[0], names))
             )
         return func(*(plain(a) for a in args), **{k: plain(v) for k, v in kwargs.items()})
 

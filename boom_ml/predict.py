@@ -5,6 +5,11 @@ Examples:
   python -m boom_ml.predict model=torchvision:resnet50 gpu=all batch_size=64
 Run with --help for every option (Hydra syntax: key=value).
 
+From Python, ``boom_ml.predict(model=..., gpu=..., batch_size=...)`` calls
+:func:`boom_ml.api.predict` (``help(boom_ml.api.predict)`` lists its keywords; nested keys
+are dicts: ``finetune={"method": "lora"}``, ``parallel={"dp": 2}``) and returns a Prediction
+(``result.to_dict()`` is the JSON document).
+
 Everything the user typed is checked before torch or a model library is imported (they take
 seconds to import; a typo should answer at once): keys against configs/predict.yaml, the model
 spec's syntax, GPU ids and YAML GPU files, numbers and choices. This module therefore imports
@@ -361,6 +366,14 @@ class _CallableModule(types.ModuleType):
         from boom_ml.api import predict
 
         return predict(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The API's keywords, for ``inspect.signature`` and IDEs (the call's own are
+        ``*args, **kwargs``); imported when asked, as the call imports it."""
+        from boom_ml.api import predict
+
+        return inspect.signature(predict)
 
 
 sys.modules[__name__].__class__ = _CallableModule

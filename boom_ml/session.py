@@ -18,6 +18,7 @@ from boom_ml import progress
 from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.hf_notices import quiet_transformers
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax
@@ -56,6 +57,7 @@ class Session:
         self._no_sdpa: dict[StepSpec, OpGraph] = {}
         self._sdpa_graphs: dict[StepSpec, list[OpGraph]] = {}  # traced for other groups
 
+    @quiet_transformers  # as boom_ml.predict is: a hub model's build warns of its config
     def graph(self, step: StepSpec) -> OpGraph:
         if step.sdpa_group is None and step in self._first_group:
             step = replace(step, sdpa_group=self._first_group[step])  # evaluate()'s first GPU's
@@ -147,6 +149,7 @@ class Session:
         self._sdpa_graphs.setdefault(key, []).append(graph)
         return graph
 
+    @quiet_transformers
     def evaluate(
         self,
         step: StepSpec,

@@ -118,3 +118,41 @@ def test_to_dict_holds_plain_str_keys() -> None:
 
     found = list(keys(out))
     assert found and all(type(k) is str for k in found)
+
+
+def test_the_callable_module_shows_the_apis_keywords_and_points_cli_keys_elsewhere() -> None:
+    """help(boom_ml.predict) showed (*args, **kwargs) and the CLI module's words, and
+    predict(output="json") said only that it takes no such argument (a hunt)."""
+    import inspect
+
+    params = inspect.signature(boom_ml.predict).parameters
+    assert list(params)[:3] == ["model", "gpu", "batch_size"] and "finetune" in params
+    assert "boom_ml.api.predict" in boom_ml.predict.__doc__
+    with pytest.raises(InvalidInputError, match=r"'output' \(the result is a Prediction; result"):
+        boom_ml.predict("torchvision:resnet18", gpu="l4", output="json")
+    with pytest.raises(InvalidInputError, match=r"'explain' \(.*render_table\(result, explain"):
+        boom_ml.predict("torchvision:resnet18", gpu="l4", explain=True)
+
+
+def test_a_session_keeps_transformers_quiet_as_predict_does(monkeypatch) -> None:
+    """Session("hf:gpt2").evaluate printed transformers' loss_type warning, which
+    boom_ml.predict keeps off the terminal (a hunt). Its level inside evaluate is asked
+    (the warning itself is printed once per process, by whichever test builds gpt2 first)."""
+    import logging
+
+    from boom_ml import session as session_module
+    from boom_ml.specs import StepSpec
+
+    levels = []
+    estimate = session_module.estimate_memory
+
+    def spy(*args, **kwargs):
+        from transformers.utils import logging as hf_logging
+
+        levels.append(hf_logging.get_verbosity())
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "estimate_memory", spy)
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    boom_ml.Session("hf:gpt2", cache="off").evaluate(StepSpec(batch_size=1, seq_len=32), ["l4"])
+    assert levels == [logging.ERROR]
