@@ -320,3 +320,21 @@ def test_fsdp_under_autocast_names_its_weight_copies(tmp_path) -> None:
     for amp, sharding in (("bf16", "zero2"), ("none", "fsdp")):
         other = api.predict(f"hf:{path}", amp=amp, parallel={"dp": 2, "sharding": sharding}, **kw)
         assert other.parallel[0]["notes"] == []
+
+
+def test_a_per_layer_config_list_follows_a_ranks_depth() -> None:
+    """GPT-Neo lists its 12 layers' attention kinds (attention_layers, and attention_types as
+    runs); its 1-layer rank config kept all 12 and transformers refused it, so no layout of
+    this shipped model ran (a hunt)."""
+    from transformers import GPTNeoConfig
+
+    from boom_ml.parallel.shard import load_raw, rank_config
+
+    raw = load_raw("hf:EleutherAI/gpt-neo-125M")
+    for layers in (1, 2):
+        config = rank_config(raw, 1, layers)
+        assert config["attention_layers"] == ["global", "local"][:layers]
+        built = GPTNeoConfig(**{k: v for k, v in config.items() if k != "model_type"})
+        assert built.attention_layers == ["global", "local"][:layers]
+    layer_types = {**raw, "layer_types": ["full_attention"] * 12}
+    assert rank_config(layer_types, 1, 2)["layer_types"] == ["full_attention"] * 2
