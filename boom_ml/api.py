@@ -159,7 +159,7 @@ def predict(
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     layout = for_parallel_step(layout, grad_accum=grad_accum,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
-    validate_layout(layout, nodes, finetune_method=step.finetune_method)
+    validate_layout(layout, nodes, finetune_method=step.finetune_method, optimizer=step.optimizer)
     check_cluster_keys(layout, nodes, advice)
     if not layout.is_single:
         check_checkpoint_every(step.checkpointing, step.checkpointing_every)

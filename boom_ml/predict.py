@@ -274,7 +274,12 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         max_batch_on=options.get("max_batch") == "on",
     )
     cluster = Cluster(**(options.get("cluster") or {}))
-    check_layout(layout, cluster, finetune_method=options.get("finetune_method"))
+    check_layout(
+        layout,
+        cluster,
+        finetune_method=options.get("finetune_method"),
+        optimizer=options.get("optimizer"),
+    )
     check_cluster_keys(layout, cluster, bool(options.get("advice", True)))
     plot = options.get("plot")
     if plot is not None:

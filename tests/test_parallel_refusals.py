@@ -110,7 +110,13 @@ def test_the_layout_search_says_why_it_cannot_cut_an_encoder_decoder() -> None:
     ("parallel", "words"),
     [({"dp": 2, "schedule": "gpipe"}, "parallel.schedule=gpipe: this layout does not read it"),
      ({"dp": 2, "sharding": "zero1", "bucket_view": True}, "parallel.bucket_view=true: this"),
-     ({"dp": 2, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: this")],
+     ({"dp": 2, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: this"),
+     # one GPU's micro-batches are its grad_accum, traced whole; these keys had switched it to
+     # the layout model (15.1 GiB where grad_accum=4 gives 15.9; a hunt)
+     ({"microbatches": 4, "bucket_view": True}, "parallel.bucket_view=true: for a multi-GPU"
+      " layout (parallel.dp, tp or pp above 1); one GPU's step does not read it"
+      " (parallel.microbatches=4 there is grad_accum=4)"),
+     ({"microbatches": 4, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: for")],
 )  # fmt: skip
 def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
     """A hunt: parallel.schedule=gpipe without a pipeline ran as 1F1B with exit 0, where one
@@ -122,7 +128,8 @@ def test_a_layout_refuses_a_key_it_does_not_read(parallel, words) -> None:
     assert str(err.value).startswith(words) and "\n" not in str(err.value)
     read = {**parallel, "pp": 2} if "schedule" in parallel else None
     read = read or ({**parallel, "sharding": "none"} if "bucket_view" in parallel else None)
-    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read or {**parallel, "microbatches": 2}})
+    read = {**(read or {**parallel, "microbatches": 2}), "dp": 2}
+    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": read})
 
 
 @pytest.mark.parametrize(
@@ -143,3 +150,17 @@ def test_cluster_keys_nothing_reads_are_refused(options, words) -> None:
     validate({**base, **options, "advice": True})
     if "parallel" in options:  # two nodes of 8 cross the link
         validate({**base, **options, "parallel": {"dp": 16}})
+
+
+def test_zero_1_or_2_without_an_optimizer_is_refused() -> None:
+    """optimizer=none under ZeRO-1 had been charged the all-gather of 4.7 GB of updated
+    parameters that nothing updated (a hunt); ZeRO-3 and FSDP shard the parameters
+    themselves, and take it."""
+    from boom_ml.predict import validate
+
+    base = {"model": "hf:gpt2", "gpu": "l4", "optimizer": "none"}
+    for sharding in ("zero1", "zero2"):
+        with pytest.raises(InvalidInputError, match=f"^parallel.sharding={sharding} shards the"):
+            validate({**base, "parallel": {"dp": 2, "sharding": sharding}})
+    validate({**base, "parallel": {"dp": 2, "sharding": "fsdp"}})
+    validate({**base, "optimizer": "adamw", "parallel": {"dp": 2, "sharding": "zero1"}})

@@ -131,10 +131,12 @@ def unread_keys(layout: Layout) -> str:
     given = [(f"parallel.{k}={v}", v != default) for k, v, default in (
         ("schedule", layout.schedule, "1f1b"), ("grad_accumulation", layout.grad_accumulation, "add"),
         ("bucket_view", str(layout.bucket_view).lower(), "false"))]  # fmt: skip
-    if layout.is_single:
+    if layout.world == 1:  # one GPU's micro-batches are its grad_accum, traced whole
         keys = [key for key, set_ in given if set_]
-        return (f"{', '.join(keys)}: for a multi-GPU layout (parallel.dp, tp, pp or microbatches"
-                " above 1); one GPU's step does not read it") if keys else ""  # fmt: skip
+        micro = (f" (parallel.microbatches={layout.microbatches} there is grad_accum="
+                 f"{layout.microbatches})" if layout.microbatches > 1 else "")  # fmt: skip
+        return (f"{', '.join(keys)}: for a multi-GPU layout (parallel.dp, tp or pp above 1); "
+                f"one GPU's step does not read it{micro}") if keys else ""  # fmt: skip
     reasons = (
         "a schedule of pipeline stages, and parallel.pp=1 has none" if layout.pp == 1 else "",
         "how micro-batches 2..N accumulate, and parallel.microbatches=1 has one"
@@ -180,6 +182,7 @@ def validate(
     global_batch: int | None = None,
     batch_size: int | None = None,
     finetune_method: str | None = None,
+    optimizer: str | None = None,
 ) -> None:
     """Raise one-line ``InvalidInputError`` for a layout the model or cluster cannot run.
 
@@ -200,6 +203,13 @@ def validate(
         raise InvalidInputError(
             f"parallel.sharding={layout.sharding} shards over data-parallel ranks: it needs"
             " parallel.dp >= 2 (got parallel.dp=1)"
+        )
+    if optimizer == "none" and layout.zero_stage in (1, 2):
+        # ZeRO-1/2 shard the optimizer's state and gather the parameters it updated: with no
+        # optimizer the gather of 4.7 GB had been charged all the same (a hunt)
+        raise InvalidInputError(
+            f"parallel.sharding={layout.sharding} shards the optimizer's state, and optimizer="
+            "none has none: use parallel.sharding=none (or zero3/fsdp, which shard parameters)"
         )
     if layers is not None and layout.pp > layers:
         raise InvalidInputError(

@@ -71,7 +71,9 @@ def predict_raw(
     both tensor-parallel all-reduces (PyTorch's non-reentrant checkpoint stops before the last).
     """
     facts = check_model(raw, layout)
-    validate(layout, cluster, **facts, finetune_method=step.finetune_method)
+    validate(
+        layout, cluster, **facts, finetune_method=step.finetune_method, optimizer=step.optimizer
+    )
     per_stage = stage_layers(int(facts["layers"]), layout.pp)
     time_step = replace(step, grad_accum=1)
     mem_step = replace(step, grad_accum=max(layout.microbatches, step.grad_accum))

@@ -74,7 +74,13 @@ def _valid(raw: dict[str, Any], layout: Layout, cluster: Cluster, step: StepSpec
     """Whether ``predict_raw`` takes ``layout`` (heads, hidden size, layers, whole nodes, the
     recipe)."""
     try:
-        validate(layout, cluster, **check_model(raw, layout), finetune_method=step.finetune_method)
+        validate(
+            layout,
+            cluster,
+            **check_model(raw, layout),
+            finetune_method=step.finetune_method,
+            optimizer=step.optimizer,
+        )
     except InvalidInputError:
         return False
     return True
