@@ -129,6 +129,7 @@ def predict_raw(
             other_scale,
         )
         global_batch = step.batch_size * layout.microbatches * layout.dp
+        price = gpu.price_usd_per_hour
         time["global_batch"] = global_batch
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
         time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
@@ -154,6 +155,12 @@ def predict_raw(
                 "link_sources": {intra.name: intra.source, inter.name: inter.source},
             },
             "time": time,
+            # the whole layout's on-demand price, as one GPU's table prices its step (None:
+            # no observed price for the GPU)
+            "price_usd_per_hour": None if price is None else price * layout.world,
+            "usd_per_1000_steps": None
+            if price is None
+            else price * layout.world * time["step_ms"] * 1000 / 3.6e6,
         }
         if memory:
             step_g = replace(mem_step, sdpa_group=group_of[gpu.id])

@@ -149,6 +149,15 @@ def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
     )
 
 
+def price_line(unpriced: list[str], shown: int) -> str:
+    """The GPUs whose $ column is "-" (gpu=all: a count, not 30 ids)."""
+    which = ", ".join(unpriced) if len(unpriced) <= 6 else f"{len(unpriced)} of these {shown} GPUs"
+    return (
+        f"$ / 1k steps: no observed cloud price for {which} (gpus/prices.csv, the SkyPilot "
+        "catalog); a GPU YAML file sets one with price_usd_per_hour"
+    )
+
+
 def bf16_line(slow: list[str], math: list[str] = ()) -> str:
     """The GPUs of a bf16 step without bf16 tensor cores ("" if none); ``math``, those of
     them whose attention runs SDPA's math path."""
@@ -249,7 +258,7 @@ def parallel_table(prediction: Prediction) -> Table:
         title += ", gradients " + ("accumulated in the GEMMs" if fused else "added")
     table = Table(title=title)
     for col in ("GPU", "fits", "worst rank (p10–p90) / usable GiB", "step ms", "compute ms",
-                "exposed comm ms", "bubble ms", "samples/s"):  # fmt: skip
+                "exposed comm ms", "bubble ms", "samples/s", "$ / 1k steps"):  # fmt: skip
         table.add_column(col, justify="left" if col == "GPU" else "right")
     for g in prediction.parallel:
         m, t = g.get("memory", {}), g["time"]
@@ -265,6 +274,7 @@ def parallel_table(prediction: Prediction) -> Table:
             f"{t['exposed_comm_ms']:.1f}",
             f"{t['bubble_ms']:.1f}",
             rate_text(t["samples_per_s"]),
+            "-" if (usd := g.get("usd_per_1000_steps")) is None else usd_text(usd),
         )
     return table
 
@@ -293,6 +303,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
                 ]
             )
         )
+        unpriced = [g["gpu"] for g in prediction.parallel if g.get("price_usd_per_hour") is None]
+        lines.append(price_line(unpriced, len(prediction.parallel)) if unpriced else "")
         notes = dict.fromkeys(n for g in prediction.parallel for n in g.get("notes") or [])
         lines += [f"Note: {note}." for note in notes]
         lines += stack_missing_lines(
@@ -369,15 +381,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)
     unpriced = [g.gpu for g in prediction.gpus if g.price_usd_per_hour is None and g.time]
-    if unpriced:  # the $ column's "-"; gpu=all: a count, not 30 ids
-        which = (", ".join(unpriced) if len(unpriced) <= 6
-                 else f"{len(unpriced)} of these {len(prediction.gpus)} GPUs")  # fmt: skip
-        console.print(
-            f"$ / 1k steps: no observed cloud price for {which} (gpus/prices.csv,"
-            " the SkyPilot catalog); a GPU YAML file sets one with price_usd_per_hour",
-            highlight=False,
-            soft_wrap=True,
-        )
+    if unpriced:
+        console.print(price_line(unpriced, len(prediction.gpus)), highlight=False, soft_wrap=True)
     for line in stack_missing_lines([(g.gpu, g.stack_missing) for g in prediction.gpus]):
         console.print(line, highlight=False, soft_wrap=True)
     basis = basis_line([(g.gpu, g.time.basis if g.time else None) for g in prediction.gpus])
