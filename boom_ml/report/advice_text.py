@@ -136,4 +136,7 @@ def layout_name(lay: dict[str, Any]) -> str:
         [f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if lay[k] > 1]
         + ([lay["sharding"]] if lay["sharding"] != "none" else [])
         + ([f"microbatches={lay['microbatches']}"] if lay["microbatches"] > 1 else [])
+        # a schedule other than 1F1B holds more or less: the heading names the one asked
+        + ([f"schedule={lay['schedule']}"] if lay.get("schedule", "1f1b") != "1f1b" else [])
+        + ([f"virtual_stages={lay['virtual_stages']}"] if lay.get("virtual_stages", 1) > 1 else [])
     )

@@ -1,0 +1,43 @@
+"""What a layout's table says: its price (all its GPUs at the GPU's observed on-demand rate,
+per 1,000 steps, as one GPU's table prices its step; the layout table had no $ column and its
+JSON no price, a hunt) and the schedule in a layout's name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_a_layout_is_priced_for_all_its_gpus() -> None:
+    from boom_ml.gpus import get_gpu
+    from boom_ml.predict import run
+
+    base = {"model": "hf:gpt2", "gpu": ["a100-80gb-sxm", "rtx-4090"], "batch_size": 2,
+            "seq_len": 128, "advice": False, "cache": False, "parallel": {"dp": 2}}  # fmt: skip
+    out = json.loads(run({**base, "output": "json"}))
+    priced, unpriced = out["parallel"]
+    hourly = get_gpu("a100-80gb-sxm").price_usd_per_hour
+    assert priced["price_usd_per_hour"] == pytest.approx(2 * hourly)
+    assert priced["usd_per_1000_steps"] == pytest.approx(
+        2 * hourly * priced["time"]["step_ms"] * 1000 / 3.6e6
+    )
+    assert unpriced["usd_per_1000_steps"] is None  # no observed price for an RTX 4090
+    text = run(base)
+    assert "$ / 1k steps" in text.split("│ a100-80gb-sxm")[0]  # a column of the table
+    assert "no observed cloud price for rtx-4090" in text
+
+
+def test_a_layouts_name_says_its_schedule() -> None:
+    """The advice's heading for a GPipe layout that does not fit read "pp=2 microbatches=4
+    does not fit": 1F1B holds less, so the schedule asked is named (a hunt)."""
+    from boom_ml.report.advice_text import layout_name
+
+    lay = {"dp": 1, "tp": 1, "pp": 2, "sharding": "none", "microbatches": 4}
+    assert layout_name({**lay, "schedule": "1f1b", "virtual_stages": 1}) == "pp=2 microbatches=4"
+    assert layout_name({**lay, "schedule": "gpipe", "virtual_stages": 1}) == (
+        "pp=2 microbatches=4 schedule=gpipe"
+    )
+    assert layout_name({**lay, "schedule": "interleaved", "virtual_stages": 2}) == (
+        "pp=2 microbatches=4 schedule=interleaved virtual_stages=2"
+    )
