@@ -53,6 +53,7 @@ __all__ = ["Session", "finetune_fields", "predict"]
 # the CLI's keys that are no argument of the API: where their job is done instead
 NOT_ARGUMENTS = {
     "output": "the result is a Prediction; result.to_dict() is the JSON document",
+    "format": "the result is a Prediction; result.to_dict() is the JSON document",
     "explain": "boom_ml.report.table.render_table(result, explain=True) prints it",
 }
 

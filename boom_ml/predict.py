@@ -25,7 +25,7 @@ import json
 import os
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,20 @@ KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "check
 LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)
 # release numbers, which YAML would read as numbers (stack.torch=2.10 as 2.1): kept as text
 VERSION_KEYS = ("stack.torch", "stack.cuda", "stack.cudnn")
+
+# Other tools' names for a key, which no spelling distance finds (format=json is output=json)
+OTHER_NAMES = {"format": "output", "json": "output=json", "gpus": "gpu", "precision": "amp",
+               "mixed_precision": "amp", "bs": "batch_size", "batch": "batch_size",
+               "seq_length": "seq_len", "sequence_length": "seq_len", "dtype": "params_dtype",
+               "gradient_checkpointing": "checkpointing",
+               "gradient_accumulation_steps": "grad_accum"}  # fmt: skip
+
+
+def suggest_key(key: str, known: Iterable[str]) -> str:
+    """The hint after an unknown key, ``(did you mean: ...?)``: the key another tool's name
+    stands for, else the closest known keys."""
+    alias = OTHER_NAMES.get(key.lower())
+    return f" (did you mean: {alias}?)" if alias else suggest(key, known)
 
 
 @functools.cache
@@ -184,7 +198,7 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
             continue
         added = arg.startswith("+") and _config_tree(config_name).get(key.rpartition(".")[0])
         if key not in known and not key.startswith(OPEN_GROUP + ".") and not added:
-            raise InvalidInputError(f"unknown option {key!r}{suggest(key, known)}")
+            raise InvalidInputError(f"unknown option {key!r}{suggest_key(key, known)}")
         if value.strip() not in ("", "null") and not value.lstrip().startswith("{"):
             check_group(key, value, config_name)
     _check_grammar(overrides)
@@ -237,7 +251,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - config_keys())
     if unknown:
         raise InvalidInputError(
-            f"unknown option(s): {', '.join(unknown)}{suggest(unknown[0], config_keys())}"
+            f"unknown option(s): {', '.join(unknown)}{suggest_key(unknown[0], config_keys())}"
         )
     if options.get("output", "table") not in OUTPUTS:
         raise InvalidInputError(

@@ -291,3 +291,15 @@ def test_samples_per_second_keep_three_figures_below_ten():
     got = [rate_text(x) for x in (0.046312, 5.234, 9.96, 10.0, 1284.64, 6.998, 0.83, 0.0)]
     # trailing zeros kept: 6.998 had printed 7, a QLoRA 0.830 printed 0.83
     assert got == ["0.0463", "5.23", "10.0", "10.0", "1284.6", "7.00", "0.830", "0"]
+
+
+def test_another_tools_name_for_a_key_is_pointed_at_ours() -> None:
+    """format=json said "unknown option 'format'" and no more (a hunt): no spelling distance
+    leads from format to output."""
+    from boom_ml.predict import validate
+
+    for key, ours in (("format", "output"), ("batch", "batch_size"), ("precision", "amp")):
+        with pytest.raises(
+            InvalidInputError, match=rf"^unknown option\(s\): {key} \(did you mean: {ours}\?\)$"
+        ):
+            validate({"model": "hf:gpt2", key: "x"})

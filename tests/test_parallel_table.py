@@ -41,3 +41,18 @@ def test_a_layouts_name_says_its_schedule() -> None:
     assert layout_name({**lay, "schedule": "interleaved", "virtual_stages": 2}) == (
         "pp=2 microbatches=4 schedule=interleaved virtual_stages=2"
     )
+
+
+def test_tensor_parallelism_across_nodes_is_said() -> None:
+    """tp=4 over nodes of 2 GPUs is accepted (vTrain's tp=16 ran so) and rarely meant: a note
+    says that its all-reduces cross the inter-node link (a hunt)."""
+    from boom_ml.predict import run
+
+    base = {"model": "hf:meta-llama/Llama-3.2-1B", "gpu": "a100-80gb-sxm", "batch_size": 1,
+            "seq_len": 128, "advice": False, "cache": False, "output": "json",
+            "parallel": {"tp": 4}}  # fmt: skip
+    (entry,) = json.loads(run({**base, "cluster": {"gpus_per_node": 2}}))["parallel"]
+    assert "parallel.tp=4 spans 2 nodes of cluster.gpus_per_node=2, so its all-reduces run" in (
+        " ".join(entry["notes"]))  # fmt: skip
+    (inside,) = json.loads(run(base))["parallel"]
+    assert not any("spans" in n for n in inside.get("notes", []))

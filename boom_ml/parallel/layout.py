@@ -213,7 +213,8 @@ def validate(
         )
     if layers is not None and layout.pp > layers:
         raise InvalidInputError(
-            f"parallel.pp={layout.pp} exceeds the model's {layers} layers (one stage per layer at most)"
+            f"parallel.pp={layout.pp} exceeds the model's {layers} layer{'s' if layers > 1 else ''}"
+            " (one stage per layer at most)"
         )
     if layout.schedule == "interleaved":
         if layout.pp == 1:

@@ -168,6 +168,13 @@ def predict_raw(
             entry["memory"] = rank_memory(mprof, layout, per_stage)
             entry["fits"] = entry["memory"]["fits"]
             entry["notes"] = layout_notes(layout, step, entry["memory"])
+        if layout.tp > cluster.gpus_per_node:
+            # accepted (vTrain's tp=16 ran so), and rarely meant: said beside the layout
+            entry.setdefault("notes", []).append(
+                f"parallel.tp={layout.tp} spans {-(-layout.tp // cluster.gpus_per_node)} nodes"
+                f" of cluster.gpus_per_node={cluster.gpus_per_node}, so its all-reduces run over"
+                f" the inter-node link ({inter.name}); the advisor's layouts keep tp in a node"
+            )
         out.append(entry)
     return out
 

@@ -46,8 +46,13 @@ def collective_lines(prediction: Prediction, top_n: int = 5) -> list[str]:
         ]
         if g["time"].get("accumulate_ms"):
             lines.append(
-                f"    micro-batches 2..{g['parallel']['microbatches']} add into the kept"
+                f"    {_later(g['parallel']['microbatches'])} into the kept"
                 f" gradients: {g['time']['accumulate_ms']:.2f} ms of the step on the critical"
                 " rank (none with parallel.grad_accumulation=fused, Megatron-LM's fusion)"
             )
     return lines
+
+
+def _later(microbatches: int) -> str:
+    """The micro-batches after the first, as the sentence's subject ("micro-batch 2 adds")."""
+    return "micro-batch 2 adds" if microbatches == 2 else f"micro-batches 2..{microbatches} add"
