@@ -6,7 +6,8 @@ directory ``<root>/<key>/`` holding :meth:`OpGraph.save`'s files. The key hashes
 a graph depends on:
 
 * the model spec (text and options), and for ``file:`` models and local HF configs the
-  bytes of that file (editing your model file must not return the old graph);
+  bytes of that file (editing your model file must not return the old graph), and of the
+  ``.py`` files beside a ``file:`` model, which it may import;
 * the requested :class:`StepSpec`;
 * the installed torch, transformers, timm, torchvision, peft and bitsandbytes releases and
   ``boom_ml``'s;
@@ -81,6 +82,10 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+# The most .py files beside a file model that its digest reads (a factory in a large folder)
+MAX_SIBLINGS = 200
+
+
 def _file_digest(path: Path) -> str:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -97,7 +102,11 @@ def model_source_digest(model: ModelSpec) -> str:
 
     if model.scheme == "file":
         path = Path(model.name.rpartition(":")[0]).expanduser()
-        return _file_digest(path)
+        # and the modules beside it, which a factory imports (a helper module's edited width
+        # had been served the old graph; a hunt); a package elsewhere is not followed
+        siblings = sorted(p for p in path.parent.glob("*.py") if p != path)[:MAX_SIBLINGS]
+        digests = [_file_digest(path), *(f"{p.name}:{_file_digest(p)}" for p in siblings)]
+        return hashlib.sha256("\n".join(digests).encode()).hexdigest()
     if model.scheme == "hf":
         path = Path(model.name).expanduser()
         if path.is_dir():

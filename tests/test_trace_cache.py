@@ -174,3 +174,18 @@ def test_second_process_with_the_same_config_does_not_trace(tmp_path, mlp_file):
     assert not first_json["graph"].pop("trace_from_cache")
     assert second_json["graph"].pop("trace_from_cache")  # the table says so too
     assert second_json == first_json
+
+
+def test_a_file_models_key_follows_the_modules_beside_it(tmp_path) -> None:
+    """A factory that imports a helper module beside it: editing the helper's width had been
+    served the old graph from the cache (a hunt); a file elsewhere in the tree is not read."""
+    (tmp_path / "helper_mod.py").write_text("WIDTH = 64\n")
+    (tmp_path / "model.py").write_text("from helper_mod import WIDTH\ndef make(): ...\n")
+    (tmp_path / "deeper").mkdir()
+    (tmp_path / "deeper" / "other.py").write_text("X = 1\n")
+    model, step = ModelSpec(f"file:{tmp_path / 'model.py'}:make"), StepSpec(batch_size=2)
+    before = cache_key(model, step)
+    (tmp_path / "deeper" / "other.py").write_text("X = 2\n")
+    assert cache_key(model, step) == before
+    (tmp_path / "helper_mod.py").write_text("WIDTH = 1024\n")
+    assert cache_key(model, step) != before
