@@ -18,6 +18,7 @@ nothing heavy at module level, and neither may the modules it validates with.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -323,7 +324,10 @@ def run(cfg: Any) -> str:
     unknown = sorted(set(options) - known)
     if unknown:
         raise InvalidInputError(f"unknown option(s): {', '.join(unknown)}")
-    prediction = predict(**options)
+    # what the model's own code prints goes to stderr: stdout holds the table or the JSON
+    # alone (a forward that printed had put its lines before the JSON document; a hunt)
+    with contextlib.redirect_stdout(sys.stderr):
+        prediction = predict(**options)
     if output == "json":
         return to_json(prediction.to_dict())
     text = render_table(prediction, explain=explain)

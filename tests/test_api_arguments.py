@@ -156,3 +156,30 @@ def test_a_session_keeps_transformers_quiet_as_predict_does(monkeypatch) -> None
     monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
     boom_ml.Session("hf:gpt2", cache="off").evaluate(StepSpec(batch_size=1, seq_len=32), ["l4"])
     assert levels == [logging.ERROR]
+
+
+def test_what_a_model_prints_stays_off_the_cli_output(tmp_path, capsys) -> None:
+    """A forward that prints had put its lines before the JSON document on stdout (a hunt):
+    the CLI's stdout holds the document alone, and the prints go to stderr."""
+    import json
+
+    from boom_ml.predict import run
+
+    path = tmp_path / "printing.py"
+    path.write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(3 * 8 * 8, 4)\n"
+        "    def forward(self, x):\n"
+        "        print('hello from forward')\n"
+        "        return self.fc(x.flatten(1))\n"
+        "def make():\n"
+        "    return Net()\n"
+    )
+    out = run({"model": f"file:{path}:make", "image_size": 8, "gpu": "l4", "batch_size": 2,
+               "output": "json", "cache": False, "advice": False, "max_batch": "off"})  # fmt: skip
+    captured = capsys.readouterr()
+    assert json.loads(out)["batch_size"] == 2
+    assert "hello from forward" not in captured.out and "hello from forward" in captured.err
