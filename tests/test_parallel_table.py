@@ -56,3 +56,11 @@ def test_tensor_parallelism_across_nodes_is_said() -> None:
         " ".join(entry["notes"]))  # fmt: skip
     (inside,) = json.loads(run(base))["parallel"]
     assert not any("spans" in n for n in inside.get("notes", []))
+
+
+def test_a_small_models_parameters_are_counted_in_thousands() -> None:
+    """A 38,000-parameter model's summary read "0.0 M parameters" (a hunt)."""
+    from boom_ml.report.table import count_text
+
+    got = [count_text(n) for n in (25_557_032, 100_000, 38_000, 4_100, 999)]
+    assert got == ["25.6 M", "0.1 M", "38.0 K", "4.1 K", "999"]

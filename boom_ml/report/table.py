@@ -9,9 +9,21 @@ from rich.table import Table
 
 from boom_ml.estimates import MemoryEstimate, Prediction, rate_text, usd_text
 from boom_ml.report.advice_text import advice_lines, layout_lines, layout_name
-from boom_ml.report.explain import GIB, MIB, explain_lines
+from boom_ml.report.explain import GIB, explain_lines
 from boom_ml.report.explain_layout import layout_explain_lines
 from boom_ml.report.layout_text import collective_lines, layout_recipe_line
+from boom_ml.report.table_notes import (
+    basis_line,
+    bf16_line,
+    count_text,
+    half_line,
+    methods_line,
+    price_line,
+    recipe_line,
+    stack_label,
+    stack_missing_lines,
+    zero_grad_line,
+)
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
 FIT_STYLE = {"yes": "yes", "tight": "[yellow]tight[/yellow]", "no": "[red]no[/red]"}
@@ -91,154 +103,6 @@ def gpu_table(prediction: Prediction) -> Table:
             _max_batch(m),
         )
     return table
-
-
-def methods_line(memory: str, time: str) -> str:
-    """'Memory: M; time: T', a note both methods carry (a recipe's: '(qlora: ...)') once."""
-    m_name, _, m_note = memory.partition(" (")
-    t_name, _, t_note = time.partition(" (")
-    if m_note and m_note == t_note:
-        return f"Memory: {m_name}; time: {t_name}; both ({m_note}"
-    return f"Memory: {memory}; time: {time}"
-
-
-def stack_missing_lines(notes: list[tuple[str, str | None]]) -> list[str]:
-    """One note per reason the stack cannot run on some GPUs ((gpu id, note) pairs), naming
-    them all."""
-    by_text: dict[str, list[str]] = {}
-    for gpu, note in notes:
-        if note:
-            # the id as stack.stack_missing places it: "... no kernels for <id> (why) ..."
-            by_text.setdefault(note.replace(f" for {gpu} (", " for {gpus} (", 1), []).append(gpu)
-    return [f"Note: {text.replace('{gpus}', ', '.join(ids))}." for text, ids in by_text.items()]
-
-
-def basis_line(bases: list[tuple[str, str | None]]) -> str:
-    """A note naming the GPUs (id, time basis) whose architecture no measured GPU shares
-    ("" if none). Ids only: a GPU from a user's YAML file has no entry to look up."""
-    from boom_ml.timing.basis import UNMEASURED
-
-    ids = [gpu for gpu, basis in bases if basis == UNMEASURED]
-    if not ids:
-        return ""
-    return (
-        f"Time on {', '.join(ids)} extrapolates: no GPU of {'its' if len(ids) == 1 else 'their'} "
-        "architecture has kernel measurements in training, so every learned correction comes "
-        "from other GPUs (README, 'A generation nobody measured')."
-    )
-
-
-def half_line(gaps: list[tuple[str, list[str] | None, str | None]]) -> str:
-    """A note naming the step's half-precision kernels that no GPU of the target's
-    architecture had measured in fp16, GPUs with the same gaps together ("" if none). GPUs of
-    an unmeasured architecture are left to :func:`basis_line`: nothing of theirs was measured.
-    ``gaps``: (GPU id, its estimate's ``unmeasured_kernels``, its ``basis``)."""
-    from boom_ml.timing.basis import HALF, UNMEASURED, half_text
-
-    by_kinds: dict[str, list[str]] = {}
-    for gpu, kinds, basis in gaps:
-        if kinds and basis != UNMEASURED:
-            by_kinds.setdefault(half_text(kinds, prefix=""), []).append(gpu)
-    if not by_kinds:
-        return ""
-    parts = "; ".join(f"{kinds} on {', '.join(ids)}" for kinds, ids in by_kinds.items())
-    return (
-        f"No GPU of the same architecture was measured running these in fp16: {HALF}{parts}. "
-        "Their times come from other GPUs' kernels and are likely too high (README, 'Forward "
-        "passes on GPUs nobody measured a kernel on')."
-    )
-
-
-def price_line(unpriced: list[str], shown: int) -> str:
-    """The GPUs whose $ column is "-" (gpu=all: a count, not 30 ids)."""
-    which = ", ".join(unpriced) if len(unpriced) <= 6 else f"{len(unpriced)} of these {shown} GPUs"
-    return (
-        f"$ / 1k steps: no observed cloud price for {which} (gpus/prices.csv, the SkyPilot "
-        "catalog); a GPU YAML file sets one with price_usd_per_hour"
-    )
-
-
-def bf16_line(slow: list[str], math: list[str] = ()) -> str:
-    """The GPUs of a bf16 step without bf16 tensor cores ("" if none); ``math``, those of
-    them whose attention runs SDPA's math path."""
-    if not slow:
-        return ""
-    line = (
-        f"bf16 on {', '.join(slow)}: no bf16 tensor cores (before Ampere), so bf16 matmuls "
-        "are timed at the fp32 rate; amp=fp16 runs on tensor cores from Volta on (Pascal has"
-        " none: its fp16 runs on CUDA cores, at the card's fp16 rate)."
-    )
-    if math:
-        # a QLoRA step in bf16 on a T4 held 4.9 GiB where fp16 held 2.5, and said nothing why
-        line += (
-            f" Nor has SDPA a fused bf16 kernel on {', '.join(math)}: attention runs its math "
-            "path, which holds each layer's attention matrix (fp16 keeps the fused kernels)."
-        )
-    return line
-
-
-def recipe_line(recipe: dict) -> str:
-    """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
-    nbytes = recipe.get("bytes") or {}
-    parts = []
-    if nbytes.get("base_weights_4bit"):
-        parts.append(
-            f"base weights 4-bit NF4 {nbytes['base_weights_4bit'] / GIB:.2f} GiB "
-            f"({recipe.get('nf4_layers', 0)} layers)"
-        )
-    if recipe.get("fp32_parameters"):
-        parts.append(
-            f"{recipe['fp32_parameters'] / 1e6:.1f} M parameters kept in fp32 as transformers "
-            f"loads this model in {recipe.get('params_dtype')}"
-        )
-    if recipe.get("unquantized_expert_parameters"):
-        parts.append(
-            f"MoE expert weights not quantised {recipe['unquantized_expert_parameters'] / 1e9:.2f} B "
-            f"({recipe.get('params_dtype')})"
-        )
-    if recipe.get("finetune") in ("lora", "qlora"):
-        parts.append(
-            f"LoRA adapters {recipe.get('peft_trainable_parameters', 0) / 1e6:.1f} M trainable "
-            f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
-            f"targets {','.join(recipe.get('lora_targets', []))}"
-            + (
-                f" and parameters {','.join(recipe['lora_target_parameters'])}"
-                if recipe.get("lora_target_parameters")
-                else ""
-            )  # fmt: skip
-            + (f": {recipe['lora_targets_chosen']}" if recipe.get("lora_targets_chosen") else "")
-            + ")"
-        )
-    if nbytes.get("optimizer_state_on_host", 0) > MIB:
-        parts.append(
-            f"optimizer state on the host {nbytes['optimizer_state_on_host'] / GIB:.2f} GiB"
-        )
-    return "Recipe: " + "; ".join(parts) + "." if parts else ""
-
-
-def stack_label(stack: dict) -> str:
-    extras = [f"{stack['module_loading']} module loading"]
-    extras += ["cudnn.benchmark"] if stack.get("cudnn_benchmark") else []
-    extras += ["expandable_segments"] if stack.get("expandable_segments") else []
-    if stack.get("max_split_size_mb") is not None:
-        extras.append(f"max_split_size_mb={stack['max_split_size_mb']}")
-    return (
-        f"torch {stack['torch']}, CUDA {stack['cuda']}, cuDNN {stack['cudnn']}, "
-        + ", ".join(extras)
-        + " (stack.* keys change it)"
-    )
-
-
-def zero_grad_line(stack: dict, step: dict) -> str:
-    """torch 1.x's zero_grad() zeroed gradients in place (set_to_none became its default in
-    2.0); a 1.x stack with the 2.x default says which one the step used ('' otherwise)."""
-    major = str(stack.get("torch", "2")).split(".")[0]
-    if major != "1" or step.get("zero_grad") != "set_to_none":
-        return ""
-    return (
-        f"Note: zero_grad=set_to_none, PyTorch 2.x's default; torch {stack['torch']}'s"
-        " zero_grad() zeroes gradients in place (zero_grad=zero)."
-    )
 
 
 def parallel_table(prediction: Prediction) -> Table:
@@ -355,7 +219,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             else f"{graph['flops'] / 1e9:.2f} GFLOP")  # fmt: skip
     console.print(
         f"{graph['num_ops']} ops, {work} per {per}, "
-        f"{graph['num_parameters'] / 1e6:.1f} M parameters, {traced}. "
+        f"{count_text(graph['num_parameters'])} parameters, {traced}. "
         f"{methods_line(prediction.gpus[0].memory.method, prediction.gpus[0].time.method)}."
     )
     unread = dict(graph.get("unread") or {})
