@@ -40,7 +40,7 @@ from boom_ml.report.levers import (
     stacked_changes,
     step_diff,
 )
-from boom_ml.report.splits import above_largest, fewer_levers, refine_splits
+from boom_ml.report.splits import above_largest, fewer_levers, largest_split, refine_splits
 from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
 MAX_ADVICE = 4
@@ -157,7 +157,8 @@ def advise(
                 elif spec.id not in closest or advice.total_bytes < closest[spec.id].total_bytes:
                     closest[spec.id] = advice
 
-    singles = {spec.id: single_changes(step, spec) for spec in pending}
+    singles = {spec.id: single_changes(step, spec) + largest_split(step, largest.get(spec.id))
+               for spec in pending}  # fmt: skip
     try_level(_by_step((spec, c) for spec in pending for c in singles[spec.id]))
     # where a split fits and autocast alone does not: autocast on the split (levers.py)
     fitted = {spec.id: max(_split_micros(found[spec.id]), default=0) for spec in pending}
