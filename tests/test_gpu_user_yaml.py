@@ -94,6 +94,12 @@ def test_a_spec_without_a_clock_takes_the_one_its_fp32_rate_implies(tmp_path: Pa
             r"unknown GPU spec field\(s\): fp16_tflop, warp_size \(did you mean: fp16_tflops\?\)",
         ),
         ("- just\n- a list\n", r"expected a mapping"),
+        ("", r"the file is empty \(a GPU spec is a mapping of fields\)"),  # was "got NoneType"
+        # two misspelt keys: one parenthesis (two had followed each other)
+        (
+            "name: X\nfp61_tflops: 3\nmemory_bandwith_gbs: 4\n",
+            r"fp61_tflops, memory_bandwith_gbs \(did you mean: fp16_tflops, memory_bandwidth_gbs\?\);",
+        ),
         ("name: [unclosed\n", r"not valid YAML"),
         (
             "name: X\narchitecture: ada\ncompute_capability: '8.9'\nsm_count: lots\nmemory_gb: 1\n"

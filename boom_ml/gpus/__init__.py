@@ -303,6 +303,8 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
         raise InvalidInputError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as err:
         raise InvalidInputError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+    if data is None:
+        raise InvalidInputError(f"{path}: the file is empty (a GPU spec is a mapping of fields)")
     if not isinstance(data, dict):
         raise InvalidInputError(
             f"{path}: expected a mapping of GpuSpec fields, got {type(data).__name__}"
@@ -311,9 +313,12 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
     fields = GpuSpec.field_names()
     unknown = sorted(str(k) for k in data if k not in fields)
     if unknown:
-        hints = "".join(suggest(k, fields, n=1) for k in unknown)
+        # one parenthesis for all (two misspelt keys had printed two after each other)
+        hints = [h.strip(" ()?").removeprefix("did you mean: ") for k in unknown
+                 if (h := suggest(k, fields, n=1))]  # fmt: skip
+        hint = f" (did you mean: {', '.join(hints)}?)" if hints else ""
         raise InvalidInputError(
-            f"{path}: unknown GPU spec field(s): {', '.join(unknown)}{hints}; "
+            f"{path}: unknown GPU spec field(s): {', '.join(unknown)}{hint}; "
             f"allowed: {', '.join(fields)}"
         )
     missing = [f for f in _USER_REQUIRED if data.get(f) is None]
