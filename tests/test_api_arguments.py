@@ -183,3 +183,35 @@ def test_what_a_model_prints_stays_off_the_cli_output(tmp_path, capsys) -> None:
     captured = capsys.readouterr()
     assert json.loads(out)["batch_size"] == 2
     assert "hello from forward" not in captured.out and "hello from forward" in captured.err
+
+
+def test_a_failure_in_the_users_loss_says_so(tmp_path) -> None:
+    """An error raised in a file's loss(outputs, inputs) read as if the model had failed, with
+    a hint about synthesised inputs, and a loss that is not a scalar met autograd's "grad can
+    be implicitly created only for scalar outputs" (a hunt)."""
+    from boom_ml.errors import TraceError
+
+    model = ("import torch\n"
+             "class Net(torch.nn.Module):\n"
+             "    def __init__(self):\n"
+             "        super().__init__()\n"
+             "        self.fc = torch.nn.Linear(3 * 8 * 8, 4)\n"
+             "    def forward(self, x):\n"
+             "        return self.fc(x.flatten(1))\n"
+             "def make():\n"
+             "    return Net()\n")  # fmt: skip
+    kw = {"gpu": "l4", "image_size": 8, "batch_size": 4, "cache": False, "advice": False,
+          "max_batch": "off"}  # fmt: skip
+    for name, body, words in (
+        ("attribute", "    return outputs.no_such_method()\n", r"in its loss\(outputs, inputs\): "),
+        (
+            "matrix",
+            "    return outputs * 2\n",
+            r"loss\(outputs, inputs\): ValueError: it must return a scalar tensor, got \(4, 4\)$",
+        ),
+    ):
+        path = tmp_path / f"{name}.py"
+        path.write_text(model + "def loss(outputs, inputs):\n" + body)
+        with pytest.raises(TraceError, match=words) as err:
+            boom_ml.predict(f"file:{path}:make", **kw)
+        assert "synthesised" not in str(err.value)

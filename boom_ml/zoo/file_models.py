@@ -199,9 +199,20 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         return {input_name: torch.randn(step.batch_size, 3, s, s, device=dev)}
 
     def compute_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        if user_loss is not None:
-            return user_loss(outputs, inputs)
-        return generic_loss(outputs, inputs)
+        if user_loss is None:
+            return generic_loss(outputs, inputs)
+        try:
+            loss = user_loss(outputs, inputs)
+        except Exception as err:
+            err.boom_where = "in its loss(outputs, inputs)"  # trace/failures.py names it
+            raise
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            # autograd's own words were "grad can be implicitly created only for scalar outputs"
+            shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            err = ValueError(f"it must return a scalar tensor, got {shape}")
+            err.boom_where = "in its loss(outputs, inputs)"
+            raise err
+        return loss
 
     return BuiltModel(
         spec=spec,
