@@ -90,6 +90,12 @@ class TimeEstimate:
     # (trace/sdpa_select.py): {"flash": 24} on an A100, {"math": 24} for bf16 on a T4; {}
     # for a step without SDPA calls
     attention_backends: dict[str, int] = field(default_factory=dict)
+    # the per-op sum of the step's kernels on this GPU, whichever method timed the step: the
+    # like-for-like figure between steps that two methods timed
+    per_op_ms: float | None = None
+    # the method an fp32 step of this model family gets, where it is not this step's (an AMP
+    # CNN step is timed per-op, an fp32 one by the GNN: each won its cell of the CV)
+    fp32_method: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -332,6 +332,7 @@ def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:
         step_ms=step_ms,
         p10_ms=scale(time.p10_ms),
         p90_ms=scale(time.p90_ms),
+        per_op_ms=scale(time.per_op_ms),
         micro_step_ms=micro,
         by_phase={
             k: v if k in once else grad_accum * v + (adds if k == "backward" else 0.0)

@@ -22,6 +22,7 @@ from boom_ml.report.table_notes import (
     recipe_line,
     stack_label,
     stack_missing_lines,
+    unlike_line,
     zero_grad_line,
 )
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
@@ -265,6 +266,10 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     )
     if slow:
         console.print(slow, highlight=False, soft_wrap=True)
+    unlike = unlike_line([(g.gpu, g.time.fp32_method, g.time.per_op_ms)
+                          for g in prediction.gpus if g.time and g.time.fp32_method])  # fmt: skip
+    if unlike:
+        console.print(unlike, highlight=False, soft_wrap=True)
     capped = [g.gpu for g in prediction.gpus if g.time and g.time.tf32_capped]
     if capped:
         console.print(

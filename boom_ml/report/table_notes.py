@@ -161,3 +161,24 @@ def zero_grad_line(stack: dict, step: dict) -> str:
         f"Note: zero_grad=set_to_none, PyTorch 2.x's default; torch {stack['torch']}'s"
         " zero_grad() zeroes gradients in place (zero_grad=zero)."
     )
+
+
+METHOD_NAMES = {"gnn": "the GNN", "per-op": "the per-op sum"}
+
+
+def unlike_line(entries: list[tuple[str, str, float | None]]) -> str:
+    """(gpu, fp32 method, per-op ms) of the GPUs where a 16-bit step is timed by another method
+    than an fp32 step of its model would be ("" if none): MobileNetV3 at 64 on a T4 came out
+    199.7 ms with AMP, per-op, against 137.6 in fp32, by the GNN, whose per-op sum is 269.9 (a
+    hunt)."""
+    if not entries:
+        return ""
+    fp32 = entries[0][1]
+    ours = "the GNN" if fp32 == "per-op" else "the per-op sum"
+    sums = ", ".join(f"{gpu} {ms:.1f} ms" for gpu, _, ms in entries if ms is not None)
+    return (
+        f"Time: this 16-bit step is timed by {ours}, an fp32 step of this model by "
+        f"{METHOD_NAMES.get(fp32, fp32)} (each where it won the held-out CV: README, 'Step time'), "
+        f"so set against an fp32 estimate it is not like for like. Per-op sums are: this "
+        f"step's {sums}; an fp32 step's, its JSON time.per_op_ms."
+    )

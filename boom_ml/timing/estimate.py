@@ -101,9 +101,11 @@ def _estimate_times(
     channels_last = _channels_last(graph)
     if method == "uncalibrated":
         return _per_op(graph, gpus, tf32, top_n)
+    fp32 = _fp32_method(graph, manifest, method)
     if method == "per-op":
         return [
-            _calibrated(e, manifest, "per-op", graph) for e in _per_op(graph, gpus, tf32, top_n)
+            replace(_calibrated(e, manifest, "per-op", graph), fp32_method=fp32)
+            for e in _per_op(graph, gpus, tf32, top_n)
         ]
     # The GNN: per-op medians only (its interval is calibrated, or scaled from the per-op one).
     calibrated = interval_for(manifest, "gnn") is not None
@@ -126,9 +128,11 @@ def _estimate_times(
         for op in est.top_ops:  # the GNN's node times, on features of the per-op model's
             if "method" in op:
                 op["method"] = f"{GNN_OVER}{op['method']}"
+        est.per_op_ms = float(per_op["ms"][k].sum()) if per_op is not None else None
         est.step_ms = pred.step_ms
         est.overhead_ms = round(pred.overhead_ms, 4)
         est.gnn_clamped = pred.clamped
+        est.fp32_method = fp32
         if calibrated:
             out.append(_calibrated(est, manifest, "gnn", graph))
             continue
@@ -164,6 +168,17 @@ def _method(graph: OpGraph, manifest: dict[str, Any]) -> str:
     return "gnn" if use_gnn_for(manifest, family, amp) else "per-op"
 
 
+def _fp32_method(graph: OpGraph, manifest: dict[str, Any], method: str) -> str:
+    """The method an fp32 step of ``graph``'s model family gets, where a 16-bit step's
+    ``method`` is another ("" otherwise, and for fp32 steps)."""
+    step = graph.meta.get("step", {})
+    if step.get("amp") in (None, "none") and step.get("params_dtype", "fp32") == "fp32":
+        return ""
+    family = str(graph.meta.get("model_family", "other"))
+    fp32 = "gnn" if use_gnn_for(manifest, family, "none") else "per-op"
+    return fp32 if fp32 != method else ""
+
+
 def _channels_last(graph: OpGraph) -> bool:
     """Whether the traced step ran its convolutions on NHWC tensors (StepSpec.channels_last)."""
     return bool(graph.meta.get("step", {}).get("channels_last", False))
@@ -172,11 +187,14 @@ def _channels_last(graph: OpGraph) -> bool:
 def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list[TimeEstimate]:
     """The per-op sum on each GPU (``estimate_per_op``), predicted in one call."""
     pred = predict_nodes_many(graph.nodes, gpus, tf32=tf32, channels_last=_channels_last(graph))
-    return [
+    out = [
         summarise(graph.nodes, pred["ms"][k], method="per-op", top_n=top_n,
                   p10=pred["p10"][k], p90=pred["p90"][k], methods=pred["method"][k])
         for k in range(len(gpus))
     ]  # fmt: skip
+    for est in out:
+        est.per_op_ms = est.step_ms
+    return out
 
 
 def _calibrated(
