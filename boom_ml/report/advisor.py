@@ -117,9 +117,10 @@ def advise(
 
     recipes: dict[str, list[Advice]] = {}
     refused: set[StepSpec] = set()  # candidates the model cannot take
+    # each GPU's largest batch of the step, where the search found one (not a lower bound)
     largest = {spec.id: result.memory.max_batch_size for spec, result in failing
-               if result.memory.max_batch_size is not None
-               and not result.memory.max_batch_error}  # fmt: skip
+               if result.memory.max_batch_size is not None and not result.memory.max_batch_error
+               and not result.memory.max_batch_lower_bound}  # fmt: skip
 
     def try_level(
         asks: dict[StepSpec, list[tuple[GpuSpec, str, int]]], recipe: bool = False
