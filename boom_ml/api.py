@@ -51,9 +51,10 @@ __all__ = ["Session", "finetune_fields", "predict"]
 
 
 # the CLI's keys that are no argument of the API: where their job is done instead
+JSON_HINT = "the result is a Prediction; result.to_dict() is the JSON document"
 NOT_ARGUMENTS = {
-    "output": "the result is a Prediction; result.to_dict() is the JSON document",
-    "format": "the result is a Prediction; result.to_dict() is the JSON document",
+    "output": JSON_HINT,
+    "format": JSON_HINT,
     "explain": "boom_ml.report.table.render_table(result, explain=True) prints it",
 }
 

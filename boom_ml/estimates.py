@@ -109,7 +109,19 @@ def rate_text(samples_per_s: float) -> str:
         return f"{samples_per_s:.1f}"
     if not math.isfinite(samples_per_s) or samples_per_s <= 0:
         return f"{samples_per_s:.3g}"
-    return f"{samples_per_s:.{max(0, 2 - math.floor(math.log10(samples_per_s)))}f}"
+    return _three_figures(samples_per_s)
+
+
+def _three_figures(x: float) -> str:
+    """A positive number below 100 to three significant figures in fixed point, trailing
+    zeros kept."""
+    return f"{x:.{max(0, 2 - math.floor(math.log10(x)))}f}"
+
+
+def usd_per_1000_steps(price_usd_per_hour: float | None, step_ms: float) -> float | None:
+    """On-demand price of 1,000 steps of ``step_ms`` at ``price_usd_per_hour`` (None: no
+    price)."""
+    return None if price_usd_per_hour is None else price_usd_per_hour * step_ms * 1000 / 3.6e6
 
 
 def usd_text(usd: float) -> str:
@@ -119,7 +131,7 @@ def usd_text(usd: float) -> str:
         return f"{usd:.0f}"
     if usd <= 0:
         return "0"
-    return f"{usd:.{max(0, 2 - math.floor(math.log10(usd)))}f}"
+    return _three_figures(usd)
 
 
 @dataclass
@@ -140,9 +152,11 @@ class GpuPrediction:
     @property
     def usd_per_1000_steps(self) -> float | None:
         """On-demand price of 1,000 steps (None: no price or no time)."""
-        if self.price_usd_per_hour is None or self.time is None:
-            return None
-        return self.price_usd_per_hour * self.time.step_ms * 1000 / 3.6e6
+        return (
+            None
+            if self.time is None
+            else usd_per_1000_steps(self.price_usd_per_hour, self.time.step_ms)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -179,11 +179,9 @@ def canonical_rows(raw: pd.DataFrame, where: str = "input") -> pd.DataFrame:
         df["direction"] if "direction" in df.columns else pd.Series("forward", index=df.index)
     )
     direction = direction.fillna("forward").astype(str).str.strip().str.lower()
-    if not direction.isin(["forward", "backward"]).all():
-        k = int(np.flatnonzero(~direction.isin(["forward", "backward"]).to_numpy())[0])
+    if (bad := ~direction.isin(["forward", "backward"])).any():
         raise InvalidInputError(
-            f"{where}: direction must be forward or backward (row {k + 1}: "
-            f"{df['direction'].iat[k]!r})"
+            f"{where}: direction must be forward or backward ({_row(df, bad, 'direction')})"
         )
     conv_backward = (fam == "conv") & (direction == "backward")
     grad = pd.Series(None, index=df.index, dtype=object)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from boom_ml.estimates import usd_per_1000_steps
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.collectives import groups as make_groups
 from boom_ml.parallel.layout import Cluster, Layout, validate
@@ -130,6 +131,7 @@ def predict_raw(
         )
         global_batch = step.batch_size * layout.microbatches * layout.dp
         price = gpu.price_usd_per_hour
+        hourly = None if price is None else price * layout.world  # the layout's GPUs
         time["global_batch"] = global_batch
         time["samples_per_s"] = round(global_batch / time["step_ms"] * 1e3, 3)
         time["basis"] = basis(gpu, measured) if measured else None  # as a one-GPU estimate's
@@ -157,10 +159,8 @@ def predict_raw(
             "time": time,
             # the whole layout's on-demand price, as one GPU's table prices its step (None:
             # no observed price for the GPU)
-            "price_usd_per_hour": None if price is None else price * layout.world,
-            "usd_per_1000_steps": None
-            if price is None
-            else price * layout.world * time["step_ms"] * 1000 / 3.6e6,
+            "price_usd_per_hour": hourly,
+            "usd_per_1000_steps": usd_per_1000_steps(hourly, time["step_ms"]),
         }
         if memory:
             step_g = replace(mem_step, sdpa_group=group_of[gpu.id])

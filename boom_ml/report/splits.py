@@ -62,12 +62,14 @@ class _Search:
         self.low, self.high = -1, len(self.sizes)
         self.probes: list[Advice] = []
 
+    @property
+    def middle(self) -> int:
+        """The next probe's index: the upper middle of what is left, so a fit one short of
+        the halving above is found first."""
+        return (self.low + self.high + 1) // 2
+
     def ask(self) -> tuple[str, StepSpec, int]:
-        """The next probe: the upper middle of what is left, so a fit one short of the
-        halving above is found first."""
-        label, changed, accumulation = split_change(
-            self.levers, self.sizes[(self.low + self.high + 1) // 2]
-        )
+        label, changed, accumulation = split_change(self.levers, self.sizes[self.middle])
         return self.fit.change.replace(self.label, label), changed, accumulation
 
     def done(self) -> bool:
@@ -97,12 +99,11 @@ def refine_splits(
         before = {s.spec.id: len(found[s.spec.id]) for s in active}
         try_level(by_step((s.spec, asks[s.spec.id]) for s in active))
         for s in active:
-            middle = (s.low + s.high + 1) // 2
             if len(found[s.spec.id]) > before[s.spec.id]:
-                s.low = middle
+                s.low = s.middle
                 s.probes.append(found[s.spec.id][-1])
             else:
-                s.high = middle
+                s.high = s.middle
     for s in searches:
         if not s.probes:
             continue

@@ -80,7 +80,7 @@ def price_line(unpriced: list[str], shown: int) -> str:
     )
 
 
-def bf16_line(slow: list[str], math: list[str] = ()) -> str:
+def bf16_line(slow: list[str], math: tuple[str, ...] | list[str] = ()) -> str:
     """The GPUs of a bf16 step without bf16 tensor cores ("" if none); ``math``, those of
     them whose attention runs SDPA's math path."""
     if not slow:
