@@ -176,6 +176,8 @@ def predict(
     if not layout.is_single:
         return _predict_parallel(model, gpus, step, layout, nodes, software, options,
                                  cache=cache, advice=advice, plot=plot)  # fmt: skip
+    from boom_ml.zoo import resolve_name
+
     session = Session(model, cache=cache, options=options)
     search = search_max_batch(max_batch, len(gpus))
     results = session.evaluate(step, gpus, software, max_batch=search)
@@ -215,7 +217,7 @@ def predict(
                 partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
             )
     prediction = Prediction(
-        model=session.model.text,
+        model=resolve_name(session.model.text),  # a bare name as its scheme names it (hf:gpt2)
         batch_size=batch_size,
         step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={

@@ -321,6 +321,10 @@ def run(cfg: Any) -> str | None:
 
     lightgbm_alone()  # scikit-learn, which lightgbm would import, costs ~1 s
     result = predict_ops(table, str(o["gpu"]), o.get("model"), where=str(path))
+    # the input's columns as written: a column holding 1e9 is read as floats, and its 1000
+    # had come back as 1000.0
+    as_written = pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
+    result[list(table.columns)] = as_written[list(table.columns)].to_numpy()
     for note in notes(table, str(o["gpu"])):
         print(note, file=sys.stderr)  # stderr: the CSV on stdout stays a CSV
     if target is not None:

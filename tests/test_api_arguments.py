@@ -215,3 +215,11 @@ def test_a_failure_in_the_users_loss_says_so(tmp_path) -> None:
         with pytest.raises(TraceError, match=words) as err:
             boom_ml.predict(f"file:{path}:make", **kw)
         assert "synthesised" not in str(err.value)
+
+
+def test_a_bare_name_is_reported_as_its_scheme_names_it() -> None:
+    """``model=squeezenet1_1`` traced torchvision's model, and the table's header and JSON's
+    ``model`` said only ``squeezenet1_1`` (a layout's said ``hf:gpt2`` for ``gpt2``)."""
+    out = boom_ml.predict("squeezenet1_1", gpu="l4", batch_size=1, image_size=32, advice=False,
+                          max_batch="off")  # fmt: skip
+    assert out.model == out.to_dict()["model"] == "torchvision:squeezenet1_1"

@@ -233,15 +233,17 @@ def test_zero_size_rows_launch_nothing_and_warn_nothing():
     assert out.loc[4, "pred_ms"] > 0
 
 
-def test_cli_keeps_integer_columns_with_empty_cells_integer(tmp_path):
+def test_cli_echoes_the_input_columns_as_written(tmp_path):
+    """Integer columns with empty cells stay integer, and a column holding 1e9 (read as
+    floats) gives its other cells back as written: its 1000 had come back as 1000.0."""
     src = tmp_path / "ops.csv"
-    src.write_text("op,B,M,N,K,latency_ms\nmm,1,64,64,64,0.5\nmm,,64,64,64,\nbmm,2,64,64,64,1\n")
+    src.write_text("op,B,M,N,K,latency_ms\nmm,1,64,64,64,0.5\nmm,,64,64,64,\nbmm,2,64,64,1e3,1\n")
     lines = run({"input": str(src), "gpu": "l4"}).splitlines()
     assert [line.split(",")[:6] for line in lines] == [
         ["op", "B", "M", "N", "K", "latency_ms"],
         ["mm", "1", "64", "64", "64", "0.5"],
         ["mm", "", "64", "64", "64", ""],
-        ["bmm", "2", "64", "64", "64", "1.0"],
+        ["bmm", "2", "64", "64", "1e3", "1"],
     ]
 
 
