@@ -26,6 +26,21 @@ def test_timeline_png(tmp_path, graph):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_timeline_legend_covers_no_curve(tmp_path, graph, monkeypatch):
+    """The legend sat in the upper left, over the first step's reserved curve."""
+    import matplotlib.pyplot as plt
+
+    from boom_ml.report.plots import memory_timeline
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    memory_timeline(graph, get_gpu("l4"), tmp_path / "timeline.png")
+    (ax,) = figures[0].axes
+    renderer = figures[0].canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(ax.get_window_extent(renderer))
+
+
 def test_the_timeline_replays_what_the_table_predicts(graph):
     """The plot's peak is the table's, with the stack's allocator options and accumulation
     (it replayed PyTorch's default allocator and no accumulation, whatever was asked)."""

@@ -79,7 +79,7 @@ def memory_timeline(
     step_of = replay.step[: len(phases)]
     x = np.arange(len(phases))
 
-    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(13, 4.5), dpi=110)
     labelled: set[str] = set()
     for phase, a, b in _phase_runs(np.char.add(phases, step_of.astype(str))):
         name = phase.rstrip("0123456789")
@@ -116,7 +116,8 @@ def memory_timeline(
     model = graph.meta.get("model", "")
     batch = graph.meta.get("step", {}).get("batch_size", "")
     ax.set_title(title or f"{model} batch {batch} on {gpu.id}: memory over the step")
-    ax.legend(loc="upper left", fontsize=7, ncols=2)
+    # beside the axes: inside, it covered the first step's curves (they rise from the left)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
