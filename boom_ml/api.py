@@ -25,6 +25,7 @@ from boom_ml.parallel.layout import (
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
 from boom_ml.parallel.search import search_layouts_many
+from boom_ml.parallel.shard import config_facts
 from boom_ml.plain_arguments import plain_arguments
 from boom_ml.report.advisor import advise, advise_layouts, layouts_that_fit
 from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
@@ -161,7 +162,10 @@ def predict(
     gpus = parse_gpu_list(gpu)  # validate before the (slower) trace
     layout = for_parallel_step(layout, grad_accum=grad_accum,
                                max_batch_on=max_batch_setting(max_batch) == "on")  # fmt: skip
-    validate_layout(layout, nodes, finetune_method=step.finetune_method, optimizer=step.optimizer)
+    # a shipped or local HF config's heads and layers: a tp or pp it cannot take, before torch
+    facts = {} if layout.is_single else config_facts(model)
+    validate_layout(layout, nodes, **facts, finetune_method=step.finetune_method,
+                    optimizer=step.optimizer)  # fmt: skip
     check_cluster_keys(layout, nodes, advice)
     if not layout.is_single:
         check_checkpoint_every(step.checkpointing, step.checkpointing_every)

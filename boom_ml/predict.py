@@ -42,6 +42,7 @@ from boom_ml.parallel.layout import (
     for_parallel_step,
 )
 from boom_ml.parallel.layout import validate as check_layout
+from boom_ml.parallel.shard import config_facts
 from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
     ATTENTION_CHOICES,
@@ -292,6 +293,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     check_layout(
         layout,
         cluster,
+        **({} if layout.is_single else config_facts(str(options.get("model") or ""))),
         finetune_method=options.get("finetune_method"),
         optimizer=options.get("optimizer"),
     )

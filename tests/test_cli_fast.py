@@ -68,10 +68,16 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         # Hydra's grammar: its parser's lines, a pointer to its docs and exit 1 before
         ("gpu=[l4", "error: 'gpu=[l4' does not parse (no viable alternative at input '[l4')"),
         ("model=timm:vit=x", "error: 'model=timm:vit=x' does not parse (mismatched input '='"),
+        # a shipped config's heads, read without transformers (it had traced first)
+        (
+            "model=hf:meta-llama/Meta-Llama-3-8B parallel.tp=16",
+            "error: parallel.tp=16 does not divide the model's 8 key/value heads",
+        ),
+        ("model=gpt2 parallel.pp=13", "error: parallel.pp=13 exceeds the model's 12 layers"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_before_torch(arg, words):
-    proc, imported, lines = run_with_importtime("-m", "boom_ml.predict", arg)
+    proc, imported, lines = run_with_importtime("-m", "boom_ml.predict", *arg.split())
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(words), lines
     assert proc.stdout == ""

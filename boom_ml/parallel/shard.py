@@ -96,6 +96,23 @@ def model_facts(raw: dict[str, Any]) -> dict[str, int | None]:
     return {"heads": heads, "kv_heads": kv, "hidden": hidden, "layers": layers}
 
 
+def config_facts(model: str) -> dict[str, int | None]:
+    """``model_facts`` of a shipped HF config or a config file named by ``hf:<path>``, read
+    without torch or transformers, so that a layout the model cannot take is refused before
+    either is imported; {} for any other model (its facts come with its trace)."""
+    from boom_ml.hf_shipped import lookup, shipped
+
+    name = model.removeprefix("hf:")
+    found = lookup(name)
+    path = shipped()[found] if found is not None else Path(name).expanduser()
+    if found is None and not (model.startswith("hf:") and path.suffix == ".json"):
+        return {}
+    try:
+        return model_facts(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}  # the trace's own reading says what is wrong with it
+
+
 def stage_layers(layers: int, pp: int) -> list[int]:
     """Layers of each pipeline stage: as even as possible, the remainder on the first stages."""
     base, extra = divmod(layers, pp)
