@@ -356,6 +356,22 @@ def test_fragmentation_stays_within_the_traced_values(tiny_memory):
     assert out["total_bytes"] == int(linear + gib // 2 - lin_frag + nccl)
 
 
+def test_a_line_through_two_moments_leaves_no_category_below_zero():
+    """Llama-3.2-1B at tp=8 had printed gradient -0.27 GiB and temporary -0.73 GiB at its
+    worst rank (its 1- and 2-layer backward peaks fall at different moments): the moment
+    categories share what the line gives them together; the state categories are kept."""
+    from boom_ml.parallel.memory import _moment_categories
+
+    line = {"activation": 2355, "gradient": -281, "temporary": -735, "parameter": 589}
+    assert _moment_categories(line) == {"activation": 1339, "gradient": 0, "temporary": 0,
+                                        "parameter": 589}  # fmt: skip
+    two = {"activation": 301, "temporary": 100, "gradient": -100, "optimizer_state": 7}
+    assert _moment_categories(two) == {"activation": 226, "temporary": 75, "gradient": 0,
+                                       "optimizer_state": 7}  # fmt: skip
+    fine = {"activation": 5, "gradient": 0, "parameter": 3}
+    assert _moment_categories(fine) is fine
+
+
 def test_time_profiles_read_the_steps_tf32_switches():
     """A layout's ranks time their fp32 matmuls as one GPU would with the step's TF32
     switches (they were timed with both off, whatever was asked: tf32=true changed nothing)."""

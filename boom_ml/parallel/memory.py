@@ -76,6 +76,31 @@ def _fragmentation(breakdowns: list[dict[str, int]], linear: int) -> int:
     return int(min(max(linear, lo), hi) - linear)
 
 
+# Categories whose bytes at a peak depend on the moment it falls at (the state categories are
+# alive all step and linear in layers exactly)
+MOMENT_CATEGORIES = ("activation", "temporary", "gradient", "autocast_copy", "input")
+
+
+def _moment_categories(bd: dict[str, int]) -> dict[str, int]:
+    """``bd`` with no moment category below zero, their sum kept. A line through two peaks
+    that fall at different moments of a window (Llama-3.2-1B at tp=8: the 1-layer model's
+    backward peak at its end, all gradients and no activations; the 2-layer model's in the
+    middle) had printed negative gradient and temporary bytes; the bytes the line gives the
+    window's moment categories together are shared among those it gives a positive value."""
+    if all(bd.get(k, 0) >= 0 for k in MOMENT_CATEGORIES):
+        return bd
+    positive = {k: bd[k] for k in MOMENT_CATEGORIES if bd.get(k, 0) > 0}
+    pool = max(sum(bd.get(k, 0) for k in MOMENT_CATEGORIES), 0)
+    share = sum(positive.values())
+    out = {**bd, **{k: 0 for k in MOMENT_CATEGORIES if k in bd}}
+    for k, v in positive.items():
+        out[k] = int(pool * v / share)
+    out[max(positive, key=positive.get, default="activation")] += pool - sum(
+        out.get(k, 0) for k in MOMENT_CATEGORIES
+    )  # the rounding, so that the sum is kept to the byte
+    return out
+
+
 def communicators(layout: Layout) -> int:
     """Process groups this rank runs NCCL collectives in (tp, dp, pp and embedding groups)."""
     count = sum(1 for n in (layout.tp, layout.dp) if n > 1)
@@ -169,6 +194,7 @@ def _at_layers(view: dict[str, Any], layers: int) -> tuple[dict[str, int], float
         breakdowns = view["breakdowns"]
         bd = {k: int(_extrapolate([breakdowns[0].get(k, 0), breakdowns[1].get(k, 0)], layers))
               for k in set(breakdowns[0]) | set(breakdowns[1])}  # fmt: skip
+        bd = _moment_categories(bd)
         frag_fix = _fragmentation(breakdowns, bd.get("fragmentation", 0))
         bd["fragmentation"] = bd.get("fragmentation", 0) + frag_fix
         total = _extrapolate(view["totals"], layers) + frag_fix
