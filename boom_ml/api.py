@@ -21,6 +21,7 @@ from boom_ml.parallel.layout import (
     check_checkpoint_every,
     check_cluster_keys,
     for_parallel_step,
+    unread_cluster_keys,
 )
 from boom_ml.parallel.layout import validate as validate_layout
 from boom_ml.parallel.links import intra_link
@@ -256,6 +257,12 @@ def predict(
                 {"optimizer.impl": optimizer_impl}
                 if optimizer == "none" and optimizer_impl != "auto"
                 else {}
+            )
+            # cluster.* with advice=true: read by a layout search, which no GPU needed
+            | (
+                dict(k.split("=", 1) for k in unread_cluster_keys(layout, nodes)[0])
+                if advice and all(r.fits for r in results)
+                else {}
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,
             # what the zoo says of the model it built (hub code it did not run)
@@ -387,6 +394,13 @@ def _predict_parallel(
             if step.checkpointing == "none":
                 again = partial(search, step=replace(searched, checkpointing="full"))
             layout_advice = layouts_that_fit(failing, partial(search, step=searched), again)
+        keys, why = unread_cluster_keys(layout, nodes)
+        if advice and not failing and keys:  # advice's layout search reads it; none ran
+            for entry in out:
+                entry.setdefault("notes", []).append(
+                    f"{keys[0]} not used: {why}, and advice=true searches layouts, which read"
+                    " it, only where the layout does not fit"
+                )
     resolved = step.to_dict()
     # the tokens the layout took, as a one-GPU step says the default it took: a vision
     # transformer's patches whatever seq_len says (its header had shown seq=512 and sent 197)

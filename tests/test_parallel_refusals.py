@@ -164,3 +164,29 @@ def test_zero_1_or_2_without_an_optimizer_is_refused() -> None:
             validate({**base, "parallel": {"dp": 2, "sharding": sharding}})
     validate({**base, "parallel": {"dp": 2, "sharding": "fsdp"}})
     validate({**base, "optimizer": "adamw", "parallel": {"dp": 2, "sharding": "zero1"}})
+
+
+def test_cluster_keys_no_layout_search_read_are_said_under_advice(monkeypatch) -> None:
+    """A hunt: with advice=true (the default) cluster.* keys were taken without a word where
+    every GPU fit, so that no layout search ran to read them; the output now says so."""
+    import boom_ml
+    import boom_ml.parallel.predict as parallel_predict
+    from boom_ml.report.table import render_table
+
+    out = boom_ml.predict("torchvision:squeezenet1_1", gpu="l4", batch_size=1, image_size=32,
+                          max_batch="off", cluster={"inter": "eth-25g", "gpus_per_node": 4})  # fmt: skip
+    assert out.gpus[0].fits
+    assert out.graph["unread"] == {"cluster.inter": "eth-25g", "cluster.gpus_per_node": "4"}
+    assert ("Not used: cluster.gpus_per_node=4, cluster.inter=eth-25g (one GPU's step does not"
+            " read them") in " ".join(render_table(out).split())  # fmt: skip
+
+    def fits(model, gpus, step, layout, nodes, stack=None, options=None):
+        return [{"gpu": g.id, "fits": True, "notes": []} for g in gpus]
+
+    monkeypatch.setattr(parallel_predict, "predict_parallel", fits)
+    layout = boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, cluster={"inter": "roce-100g"})
+    assert layout.parallel[0]["notes"] == [
+        "cluster.inter=roce-100g not used: this layout does not read it (its 2 GPUs fit in one node"
+        " of cluster.gpus_per_node=8), and advice=true searches layouts, which read it, only"
+        " where the layout does not fit"
+    ]

@@ -150,25 +150,35 @@ def unread_keys(layout: Layout) -> str:
     return ""
 
 
-def check_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> None:
-    """One line naming the ``cluster.*`` keys set away from their defaults that a prediction
-    does not read: one GPU's step reads none unless ``advice`` searches layouts, and a layout
-    within one node crosses no inter-node link. (Not in :func:`validate`, which the layout
-    search calls with the user's cluster on every candidate.)"""
+def unread_cluster_keys(layout: Layout, cluster: Cluster) -> tuple[list[str], str]:
+    """The ``cluster.*`` keys set away from their defaults that a prediction reads only in a
+    layout search, and why: one GPU's step reads none, and a layout within one node crosses
+    no inter-node link."""
     default = Cluster()
     changed = [f"cluster.{k}={v}" for k, v in asdict(cluster).items() if v != getattr(default, k)]
-    if advice or not changed:
-        return
     if layout.is_single:
-        raise InvalidInputError(
-            f"{', '.join(changed)}: for a multi-GPU layout, or advice=true (which searches"
-            " layouts); one GPU's step does not read it"
-        )
+        return changed, "one GPU's step does not read it"
     if cluster.inter != default.inter and layout.world <= cluster.gpus_per_node:
-        raise InvalidInputError(
-            f"cluster.inter={cluster.inter}: this layout does not read it (its {layout.world}"
-            f" GPUs fit in one node of cluster.gpus_per_node={cluster.gpus_per_node})"
+        return [f"cluster.inter={cluster.inter}"], (
+            f"this layout does not read it (its {layout.world} GPUs fit in one node of"
+            f" cluster.gpus_per_node={cluster.gpus_per_node})"
         )
+    return [], ""
+
+
+def check_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> None:
+    """One line naming the ``cluster.*`` keys nothing reads without ``advice``, whose layout
+    search reads them (with it, the prediction says so where no search ran). (Not in
+    :func:`validate`, which the layout search calls with the user's cluster on every
+    candidate.)"""
+    keys, why = ([], "") if advice else unread_cluster_keys(layout, cluster)
+    if keys and layout.is_single:
+        raise InvalidInputError(
+            f"{', '.join(keys)}: for a multi-GPU layout, or advice=true (which searches"
+            f" layouts); {why}"
+        )
+    if keys:
+        raise InvalidInputError(f"{keys[0]}: {why}")
 
 
 def validate(

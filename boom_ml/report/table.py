@@ -236,6 +236,15 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(
             f"Not used: optimizer.impl={impl} (optimizer=none runs no optimizer)", highlight=False
         )
+    cluster = [f"{k}={unread.pop(k)}" for k in list(unread) if k.startswith("cluster.")]
+    if cluster:
+        console.print(
+            f"Not used: {', '.join(cluster)} (one GPU's step does not read "
+            f"{'them' if len(cluster) > 1 else 'it'}, and advice=true searches layouts, which"
+            " do, only for a GPU the step does not fit)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if unread:
         given = ", ".join(f"{k}={v}" for k, v in unread.items())
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
