@@ -184,7 +184,9 @@ def test_cluster_keys_no_layout_search_read_are_said_under_advice(monkeypatch) -
         return [{"gpu": g.id, "fits": True, "notes": []} for g in gpus]
 
     monkeypatch.setattr(parallel_predict, "predict_parallel", fits)
-    layout = boom_ml.predict("hf:gpt2", gpu="l4", parallel={"dp": 2}, cluster={"inter": "roce-100g"})
+    layout = boom_ml.predict(
+        "hf:gpt2", gpu="l4", parallel={"dp": 2}, cluster={"inter": "roce-100g"}
+    )
     assert layout.parallel[0]["notes"] == [
         "cluster.inter=roce-100g not used: this layout does not read it (its 2 GPUs fit in one node"
         " of cluster.gpus_per_node=8), and advice=true searches layouts, which read it, only"
