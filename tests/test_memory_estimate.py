@@ -380,9 +380,12 @@ def test_a_buffer_replaced_in_forward_is_one_line(tmp_path) -> None:
 
 
 def test_max_batch_finds_a_fit_above_the_first_failure() -> None:
-    """vgg16 with Adam and eager module loading on an A100-40GB: 396 is tight (its p90 replay
-    runs out), batches 30-60 above it fit; the bisection stopped at 395. The scan from the
-    allocated-peak bound down finds a fitting batch above the first failure."""
+    """vgg16 with Adam and eager module loading on an A100-40GB: near the limit the capped
+    replays fit or not as the allocator's segments fall (481 is tight, its p10 and p90
+    replays run out; 499 and 500 fit); a bisection stops below the first failure. The scan
+    from the allocated-peak bound down finds a fitting batch above it. (Until the thirtieth
+    session 396 had been tight too: a cuDNN workspace replayed before its convolution's
+    output had made the output fail.)"""
     from boom_ml.stack import resolve_stack
     from boom_ml.zoo import build_model
 
@@ -395,8 +398,8 @@ def test_max_batch_finds_a_fit_above_the_first_failure() -> None:
     base = trace_at(128)
     found = max_batch_size(base, gpu, trace_at=trace_at, stack=stack)
     search = BatchSearch(base, 128, trace_at, stack=stack)
-    assert found.scaled and not search.fits(396, gpu)
-    assert found.batch_size >= 430 and search.fits(found.batch_size, gpu)
+    assert found.scaled and search.fits(396, gpu) and not search.fits(481, gpu)
+    assert found.batch_size >= 499 and search.fits(found.batch_size, gpu)
     bound = search._allocated_bound(gpu)
     assert bound is not None and found.batch_size <= bound
 

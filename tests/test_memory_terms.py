@@ -62,17 +62,26 @@ def test_two_architectures_differ_by_the_modelled_terms_exactly(transformer):
 
 def test_convolution_workspace_events(cnn):
     """p90: one optional workspace per convolution kernel, of the bytes it reads and writes,
-    allocated at its first event and freed at its last; p10 and p50 add none."""
+    allocated once the kernel's outputs are (PyTorch's cuDNN calls take them allocated and
+    allocate the workspace inside) and freed at once; p10 and p50 add none."""
     table, gpu, stack = load_overheads(), get_gpu("a100-80gb-sxm"), resolve_stack()
     conv = cnn.nodes[cnn.nodes["family"] == "conv"]
     extras = [x for x in table.allocator_extras(gpu, cnn, stack, "p90") if not x.persistent]
     expected = (conv["bytes_read"] + conv["bytes_written"]).tolist()
     assert sorted(x.nbytes for x in extras) == sorted(expected)
     assert all(x.optional for x in extras)
-    ev_nodes = cnn.mem_events["node_id"].to_numpy()
+    ev = cnn.mem_events
+    ev_nodes, allocs = ev["node_id"].to_numpy(), (ev["action"] == "alloc").to_numpy()
     for x in extras:
         node = ev_nodes[x.alloc_before]
-        assert x.free_after == int(np.flatnonzero(ev_nodes == node)[-1])
+        assert x.alloc_after_row and x.free_after == x.alloc_before
+        assert x.alloc_before == int(np.flatnonzero((ev_nodes == node) & allocs)[-1])
+    # in the replay, each workspace follows its kernel's output and nothing comes between
+    replay = build_replay(cnn, extras=extras)
+    made = np.flatnonzero(np.isin(replay.block, list(replay.synthetic)) & replay.is_alloc)
+    assert len(made) == len(extras) * 3  # three steps
+    assert all(replay.src[i - 1] >= 0 and replay.is_alloc[i - 1] for i in made)
+    assert all(replay.block[i + 1] == replay.block[i] and not replay.is_alloc[i + 1] for i in made)
     for level in ("p10", "p50"):
         assert not [x for x in table.allocator_extras(gpu, cnn, stack, level) if not x.persistent]
 

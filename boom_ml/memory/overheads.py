@@ -126,6 +126,8 @@ class Extra:
     free_after: int | None  # None with persistent=True: never freed
     persistent: bool
     optional: bool = False  # skipped, not an OOM, when it cannot be allocated
+    # allocated just after the event at row ``alloc_before`` rather than just before it
+    alloc_after_row: bool = False
 
 
 class OverheadTable:
@@ -243,15 +245,28 @@ def conv_workspace_bytes(graph: OpGraph, term: Term) -> dict[int, int]:
 
 
 def _conv_workspaces(graph: OpGraph, term: Term) -> list[Extra]:
-    """One transient, optional workspace per convolution kernel, sized by the table's rule."""
+    """One transient, optional workspace per convolution kernel, sized by the table's rule.
+
+    PyTorch's cuDNN convolutions take their outputs allocated (``raw_cudnn_convolution_*_out``)
+    and allocate the workspace inside, trying the next engine when it cannot: the workspace
+    comes after the node's last allocation and goes before anything the node frees. Placed
+    before the outputs, a workspace that fitted had made an output fail (an OOM PyTorch would
+    not hit), and a batch search had found larger batches fitting where smaller ones did not.
+    """
     sizes = conv_workspace_bytes(graph, term)
     if not sizes:
         return []
-    ev_nodes = graph.mem_events["node_id"].to_numpy()
+    ev = graph.mem_events
+    ev_nodes = ev["node_id"].to_numpy()
+    allocs = ev["action"].to_numpy().astype(str) == "alloc"
     out: list[Extra] = []
     for nid, size in sizes.items():
         rows = np.flatnonzero(ev_nodes == nid)
-        if len(rows):
+        made = rows[allocs[rows]]
+        if len(made):
+            row = int(made[-1])
+            out.append(Extra("workspace", size, row, row, False, True, alloc_after_row=True))
+        elif len(rows):
             out.append(Extra("workspace", size, int(rows[0]), int(rows[-1]), False, True))
     return out
 

@@ -160,14 +160,22 @@ def build_replay(
     extras = list(extras or [])
     before: dict[int, list[int]] = defaultdict(list)
     after: dict[int, list[int]] = defaultdict(list)
+    made_after: dict[int, list[int]] = defaultdict(list)
     for i, x in enumerate(extras):
-        before[x.alloc_before].append(i)
+        (made_after if x.alloc_after_row else before)[x.alloc_before].append(i)
         if x.free_after is not None and not x.persistent:
             after[x.free_after].append(i)
 
     def synthetic_id(i: int, k: int) -> int:
         # Negative ids never clash with traced blocks; persistent extras use k = 0.
         return -(1 + i + len(extras) * (0 if extras[i].persistent else k))
+
+    def add_extra(i: int, k: int) -> None:
+        if k == 1 or not extras[i].persistent:
+            out.synthetic[synthetic_id(i, k)] = extras[i].category
+            if extras[i].optional:
+                out.optional.add(synthetic_id(i, k))
+            out.add(True, synthetic_id(i, k), extras[i].nbytes, -1, k)
 
     state_rows = persistent_rows[phase[persistent_rows] == "optimizer_state"]
     param_rows = persistent_rows[phase[persistent_rows] != "optimizer_state"]
@@ -190,11 +198,7 @@ def build_replay(
             out.at = r
             b = int(blocks[r])
             for i in before.get(r, ()):
-                if k == 1 or not extras[i].persistent:
-                    out.synthetic[synthetic_id(i, k)] = extras[i].category
-                    if extras[i].optional:
-                        out.optional.add(synthetic_id(i, k))
-                    out.add(True, synthetic_id(i, k), extras[i].nbytes, -1, k)
+                add_extra(i, k)
             if r == first_opt and k == 1 and not eager_state:
                 for s in state_rows:  # lazily created at the first optimizer.step()
                     out.add(True, int(blocks[s]), int(nbytes[s]), int(s), 1)
@@ -212,6 +216,8 @@ def build_replay(
                 out.add(False, transient, int(nbytes[r]), r, k)
             else:
                 out.add(bool(is_alloc[r]), b + off, int(nbytes[r]), r, k)
+            for i in made_after.get(r, ()):
+                add_extra(i, k)
             for i in after.get(r, ()):
                 out.add(False, synthetic_id(i, k), extras[i].nbytes, -1, k)
             if k > 1 and r == zero_grad_end:
