@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from boom_ml import progress
+from boom_ml.errors import InvalidInputError
 from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
@@ -164,6 +165,11 @@ class Session:
         advisor's candidates that do not fit need no time); elsewhere it is ``None``.
         The trace does not depend on ``grad_accum``: accumulation is a replay option.
         """
+        if not isinstance(step, StepSpec):  # dataclasses.replace's TypeError had said nothing
+            raise InvalidInputError(
+                f"Session.evaluate takes a StepSpec (boom_ml.StepSpec(batch_size=32, ...)),"
+                f" got {type(step).__name__} {step!r}"
+            )
         stack = stack if stack is not None else resolve_stack()
         # ids and aliases too, as predict takes them (one result per item, in order)
         gpus = [get_gpu(g) for g in _as_list(gpus)]

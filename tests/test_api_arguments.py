@@ -69,6 +69,17 @@ def test_a_factory_error_of_several_lines_is_one_line(tmp_path) -> None:
     assert "\n" not in str(err.value) and str(err.value).endswith("RuntimeError: second line")
 
 
+def test_sys_exit_in_a_model_file_is_one_line(tmp_path) -> None:
+    """A factory or a module body calling sys.exit(3) had ended the run with status 3 and
+    not a word (SystemExit is no Exception)."""
+    (tmp_path / "quits.py").write_text("import sys\ndef make():\n    sys.exit(3)\n")
+    (tmp_path / "leaves.py").write_text("import sys\nsys.exit('bye')\n")
+    with pytest.raises(InvalidInputError, match=r"quits\.py:make raised SystemExit: 3$"):
+        boom_ml.predict(f"file:{tmp_path / 'quits.py'}:make", gpu="l4", image_size=32)
+    with pytest.raises(InvalidInputError, match=r"leaves\.py raised SystemExit: bye$"):
+        boom_ml.predict(f"file:{tmp_path / 'leaves.py'}:make", gpu="l4", image_size=32)
+
+
 def test_a_misspelt_keyword_is_a_boom_error_with_a_suggestion() -> None:
     """It was Python's TypeError, which an ``except BoomError`` around predict missed."""
     with pytest.raises(InvalidInputError) as err:
@@ -99,6 +110,8 @@ def test_session_takes_gpu_ids_and_reads_cache_words() -> None:
     by_spec = session.evaluate(step, [get_gpu("l4"), get_gpu("t4"), get_gpu("l4")])
     assert [g.gpu for g in by_id] == ["l4", "t4", "l4"]  # one result per item, in order
     assert [g.time.step_ms for g in by_id] == [g.time.step_ms for g in by_spec]
+    with pytest.raises(InvalidInputError, match=r"^Session.evaluate takes a StepSpec .*str 'bad'"):
+        session.evaluate("bad", ["l4"])  # replace()'s TypeError had said nothing of it
 
 
 def test_to_dict_holds_plain_str_keys() -> None:

@@ -44,6 +44,13 @@ def test_lora_targets_where_peft_has_no_default(tmp_path: Path) -> None:
     plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     with pytest.raises(InvalidInputError, match=r"this model's linear layers: 0, 2\)"):
         apply_recipe(plain, lora)
+    # a hunt: a Sequential inside a module had its layers listed as 0, 10, 2, ... (names
+    # finetune.targets does not take alone); now as it takes them, in order
+    nested = torch.nn.Module()
+    nested.net = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(11)])
+    names = ", ".join(f"net.{i}" for i in range(11))
+    with pytest.raises(InvalidInputError, match=rf"this model's linear layers: {names}\)"):
+        apply_recipe(nested, lora)
 
 
 # synthetic: a 2-layer Mixtral of width 64 with 4 experts of 64

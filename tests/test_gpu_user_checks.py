@@ -28,7 +28,13 @@ BODY = ("name: mine\narchitecture: ampere\ncompute_capability: '8.0'\nsm_count: 
         ("boost_clock_mhz: 1.41\n", "is it in MHz?"),
         ("fp16_tflops: 312000000000000\n", "is it in TFLOPS?"),
         ("memory_bytes: 8589934592\n", "memory_bytes 8589934592 is not memory_gb 80 in bytes"),
-        ("total_memory_bytes: 90000000000\n", "exceeds memory_bytes 85899345920"),
+        ("total_memory_bytes: 90000000000\n", "exceeds memory_gb 80 (85899345920 bytes)"),
+        # a hunt: bytes as a float, 25769803776.0
+        (
+            "memory_bytes: 85899345920.0\ntotal_memory_bytes: 9e10\n",
+            "total_memory_bytes 90000000000 (what PyTorch reports usable) exceeds memory_bytes"
+            " 85899345920",
+        ),
         # a hunt: TDP in kW, and CUDA cores as SMs (below), loaded and timed without a word
         ("tdp_w: 0.4\n", "field 'tdp_w' is 0.4, outside 3.5-20000"),
     ],

@@ -72,6 +72,10 @@ def check_ranges(values: dict[str, Any], where: str, packaged: Sequence[GpuSpec]
     physical = values.get("memory_bytes") or (values.get("memory_gb") or 0) * GIB
     if total and physical and total > physical:
         raise InvalidInputError(
-            f"{where}: total_memory_bytes {total} (what PyTorch reports usable) exceeds "
-            f"memory_bytes {physical}"
+            f"{where}: total_memory_bytes {total:.0f} (what PyTorch reports usable) exceeds "
+            + (
+                f"memory_bytes {physical:.0f}"
+                if values.get("memory_bytes")
+                else f"memory_gb {values['memory_gb']:g} ({physical:.0f} bytes)"
+            )  # fmt: skip
         )

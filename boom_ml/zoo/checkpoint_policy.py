@@ -117,9 +117,18 @@ def configure(module: nn.Module, mode: str, every: int, what: str) -> int:
     if not units:
         if mode == "full" and every == 1:
             return 0  # the model's own switch did it (timm, segmented stages)
+        segmented = any(getattr(m, _FLAG, False) for m in module.modules())
         raise InvalidInputError(
-            f"{what}: checkpointing={mode} with checkpointing.every={every} needs per-block "
-            "checkpointing (hf models, or blocks in nn.Sequential / nn.ModuleList stages)"
+            f"{what}: checkpointing={mode} with checkpointing.every={every} needs blocks to"
+            " checkpoint one by one (hf models' layers, or modules of several layers inside"
+            " an nn.Sequential / nn.ModuleList)"
+            # a hunt: an nn.Sequential of single layers had been told to use nn.Sequential
+            + (
+                "; this model's nn.Sequential stages hold single layers, which"
+                " checkpointing=full checkpoints in segments"
+                if segmented
+                else ""
+            )  # fmt: skip
         )
     if every > len(units):  # a hunt: every=100 of 16 blocks read as ckpt=full in the header
         raise InvalidInputError(

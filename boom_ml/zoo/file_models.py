@@ -82,7 +82,7 @@ def _import(path: Path, what: str) -> ModuleType:
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit() in it had ended the run without a word
         sys.modules.pop(mod_name, None)
         raise InvalidInputError(
             f"{what}: importing {path} raised {type(err).__name__}: {last_line(err)}"
@@ -156,7 +156,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         raise InvalidInputError(f"{what}: {factory_name!r} is not callable")
     try:
         module = build_on_device(lambda: factory(**spec.options), device)
-    except Exception as err:
+    except (Exception, SystemExit) as err:
         raise InvalidInputError(f"{what} raised {type(err).__name__}: {last_line(err)}") from err
     if not isinstance(module, nn.Module):
         raise InvalidInputError(

@@ -104,8 +104,9 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
         target_modules=targets,
     )
     # named before peft, which may have wrapped some of them when it stops
-    linear = sorted({n.rpartition(".")[2] for n, m in module.named_modules()
-                     if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"})  # fmt: skip
+    linear = sorted({_target_name(n) for n, m in module.named_modules()
+                     if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"},
+                    key=_natural)  # fmt: skip
     try:
         # Injects the adapters into ``module`` itself: the tracer keeps running ``module``.
         with warnings.catch_warnings():  # peft reads transformers' deprecated alias
@@ -318,3 +319,19 @@ def logical_parameters(module: nn.Module) -> int:
     """Parameters the model stands for: NF4 layers count their weights, not their bytes."""
     params = sum(p.numel() for p in module.parameters())
     return params + sum(m.logical_numel for m in module.modules() if isinstance(m, NF4Linear))
+
+
+def _target_name(name: str) -> str:
+    """The name a ``finetune.targets`` entry matches a module by: its last part, with the
+    parts before it while that is an index (``net.0`` in an nn.Sequential, where ``0`` alone
+    had been listed)."""
+    parts = name.split(".")
+    keep = 1
+    while keep < len(parts) and parts[-keep].isdigit():
+        keep += 1
+    return ".".join(parts[-keep:])
+
+
+def _natural(name: str) -> list[tuple[bool, int, str]]:
+    """Sort key: ``net.2`` before ``net.11``."""
+    return [(t.isdigit(), int(t) if t.isdigit() else 0, t) for t in name.split(".")]
