@@ -75,7 +75,7 @@ def test_nothing_fits_on_one_gpu_proposes_cheapest_fitting_layouts(model: str) -
     text = "\n".join(advice_lines(p))
     assert "cheapest layouts that fit" in text and "consider sharding" not in text
     assert (
-        f"$ per step of the requested batch; within {NEAR_TIE:.0%} of the cheapest, fewest GPUs first):"
+        f"$ per step of the requested batch; cheapest first, within {NEAR_TIE:.0%} of each other fewest GPUs first):"
         in text
     )
 

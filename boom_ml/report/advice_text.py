@@ -114,7 +114,7 @@ def layout_lines(found: dict[str, Any]) -> list[str]:
         f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
         f"{found['seconds']:.1f} s; $ per step of the requested batch"
         + (
-            f"; within {found['near_tie']:.0%} of the cheapest, fewest GPUs first"
+            f"; cheapest first, within {found['near_tie']:.0%} of each other fewest GPUs first"
             if found.get("near_tie")
             else ""
         )  # fmt: skip
