@@ -61,6 +61,19 @@ def check_ranges(values: dict[str, Any], where: str, packaged: Sequence[GpuSpec]
                 f"{where}: field '{field}' is {value:g}, outside {low:g}-{high:g} ({UNIT_SLACK}x "
                 f"beyond the packaged GPUs' range): is it in {unit}?"
             )
+    # Tensor cores (fp16 from compute capability 7.0, bf16 and TF32 from 8.0) run at least
+    # the fp32 rate on every packaged GPU: a lower figure is another rate (a non-tensor one),
+    # and a TF32 rate had been derived from it below the fp32 one (a hunt)
+    major = int(str(values.get("compute_capability") or "0").partition(".")[0] or 0)
+    fp32 = values.get("fp32_tflops")
+    for field, since in (("fp16_tflops", 7), ("bf16_tflops", 8), ("tf32_tflops", 8)):
+        value = values.get(field)
+        if fp32 and value and major >= since and value < fp32:
+            raise InvalidInputError(
+                f"{where}: field '{field}' is {value:g}, below fp32_tflops {fp32:g}; compute"
+                f" capability {values['compute_capability']} runs it on tensor cores, at least"
+                " the fp32 rate (the datasheet's dense tensor-core figure)"
+            )
     if values.get("memory_bytes") and values.get("memory_gb"):
         share = values["memory_bytes"] / (values["memory_gb"] * GIB)
         if not MEMORY_AGREEMENT[0] <= share <= MEMORY_AGREEMENT[1]:
