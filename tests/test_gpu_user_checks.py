@@ -36,8 +36,11 @@ BODY = ("name: mine\narchitecture: ampere\ncompute_capability: '8.0'\nsm_count: 
             " 85899345920",
         ),
         # a hunt: a tensor-core rate below fp32's (a TF32 rate had been derived from it)
-        ("fp16_tflops: 10\n", "field 'fp16_tflops' is 10, below fp32_tflops 19.5; compute"
-         " capability 8.0 runs it on tensor cores"),
+        (
+            "fp16_tflops: 10\n",
+            "field 'fp16_tflops' is 10, below fp32_tflops 19.5; compute"
+            " capability 8.0 runs it on tensor cores",
+        ),
         ("tf32_tflops: 19.4\n", "field 'tf32_tflops' is 19.4, below fp32_tflops 19.5"),
         # a hunt: TDP in kW, and CUDA cores as SMs (below), loaded and timed without a word
         ("tdp_w: 0.4\n", "field 'tdp_w' is 0.4, outside 3.5-20000"),
