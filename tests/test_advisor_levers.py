@@ -344,3 +344,23 @@ def test_a_split_bisection_asks_the_larger_divisor_first() -> None:
     assert advised[gpu.id][0].change == "batch_size=60 x 6 accumulation steps"
     probes = [c.batch_size for c in asked if c.batch_size in (60, 72)]
     assert probes == [72, 60]
+
+
+def test_a_candidate_two_levels_reach_is_asked_and_listed_once() -> None:
+    """A hunt: Llama-3-8B LoRA at 2 x 512 on an L4 listed 'params_dtype=bf16 + batch_size=1 x
+    2' twice, the stacked walk and the split under fewer levers both reaching it. Synthetic
+    fits: bf16 weights at micro-batch 1, or checkpointed."""
+    from boom_ml.report.advisor import advise
+
+    step = StepSpec(batch_size=2, seq_len=512, finetune_method="lora")
+    gpu, asked = get_gpu("l4"), []
+    evaluate = _synthetic(
+        lambda c: c.params_dtype == "bf16" and (c.batch_size == 1 or c.checkpointing == "full"),
+        asked,
+    )
+    advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
+    assert [a.change for a in advised[gpu.id]] == [
+        "params_dtype=bf16 + checkpointing=full",
+        "params_dtype=bf16 + batch_size=1 x 2 accumulation steps",
+    ]
+    assert len(asked) == len(set(asked)) == 7

@@ -27,7 +27,7 @@ def make():
 def test_advice_skips_a_change_the_model_cannot_take(tmp_path):
     """A model without blocks cannot be checkpointed: that candidate is no advice, and the
     prediction asked for (checkpointing=none) still prints, with the changes that work."""
-    options = {**BASE, "model": _factory_file(tmp_path, FLAT_CNN), "batch_size": 64,
+    options = {**BASE, "model": _factory_file(tmp_path, FLAT_CNN), "batch_size": 128,
                "image_size": 512, "advice": True, "max_batch": "off"}  # fmt: skip
     result = json.loads(run(options))
     assert result["gpus"][0]["memory"]["fits"] is False
@@ -81,7 +81,7 @@ def test_a_candidate_that_fails_to_trace_is_no_advice(tmp_path):
     gpu.write_text("name: small\narchitecture: ampere\ncompute_capability: '8.6'\nsm_count: 10\n"
                    "memory_gb: 0.3\nmemory_bandwidth_gbs: 100\nfp32_tflops: 5\n")  # fmt: skip
     options = {**BASE, "model": _factory_file(tmp_path, BN_HEAD), "gpu": str(gpu),
-               "batch_size": 2, "image_size": 256, "max_batch": "off"}  # fmt: skip
+               "batch_size": 2, "image_size": 512, "max_batch": "off"}  # fmt: skip
     result = json.loads(run(options))
     assert result["gpus"][0]["memory"]["fits"] is False
     assert not any("batch_size=1" in a["change"] for a in result["advice"].get("small", []))

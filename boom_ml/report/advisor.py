@@ -117,6 +117,7 @@ def advise(
 
     recipes: dict[str, list[Advice]] = {}
     refused: set[StepSpec] = set()  # candidates the model cannot take
+    asked: set[tuple[str, StepSpec, int, bool]] = set()  # (GPU, candidate, micro-batches, recipe)
     # each GPU's largest batch of the step, where the search found one (not a lower bound)
     largest = {spec.id: result.memory.max_batch_size for spec, result in failing
                if result.memory.max_batch_size is not None and not result.memory.max_batch_error
@@ -127,9 +128,14 @@ def advise(
     ) -> None:
         # the step's own split above its largest batch does not fit (accumulation only adds
         # the kept gradients): not traced (resnet50 at 5000 had traced 2500, 1250 and 625)
+        # a candidate asked of a GPU before is not asked again: two levels can reach one
+        # (Llama-3-8B LoRA on an L4 had listed params_dtype=bf16 + 1 x 2 twice; a hunt)
         asks = {changed: kept for changed, group in asks.items()
                 if (kept := [g for g in group
-                             if not above_largest(step, changed, largest.get(g[0].id))])}  # fmt: skip
+                             if not above_largest(step, changed, largest.get(g[0].id))
+                             and (g[0].id, changed, g[2], recipe) not in asked])}  # fmt: skip
+        asked.update((g[0].id, changed, g[2], recipe) for changed, group in asks.items()
+                     for g in group)  # fmt: skip
         for changed, group in asks.items() if prefetch is not None else ():
             prefetch(changed, [spec for spec, _, _ in group])
         for changed, group in asks.items():

@@ -1,0 +1,34 @@
+"""The max-batch search bounds a batch by its allocated peak without the cuDNN workspaces a
+capped replay drops where they do not fit (max_batch.py: _unbounded_peaks, _allocated_bound)."""
+
+from __future__ import annotations
+
+import boom_ml
+
+# two convolutions of 64 channels at 512 px: activations of 64 x 512 x 512 floats a sample
+FLAT_CNN = """
+import torch
+def make():
+    class Flat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 64, 3, padding=1)
+            self.b = torch.nn.Conv2d(64, 64, 3, padding=1)
+            self.head = torch.nn.Linear(64, 10)
+        def forward(self, x):
+            return self.head(self.b(self.a(x)).mean(dim=(2, 3)))
+    return Flat()
+"""
+
+
+def test_a_batch_that_fits_is_never_above_the_max_batch(tmp_path) -> None:
+    """Batch 64 fits this CNN on an L4 at every level (its p90 replay drops the workspaces
+    that do not fit), and the search from it had answered 63: its allocated-peak bound held
+    the workspaces, 24.2 GiB at 64. The answer is the same from either side now."""
+    path = tmp_path / "flat.py"
+    path.write_text(FLAT_CNN)
+    kw = dict(gpu="l4", image_size=512, advice=False)
+    at_64 = boom_ml.predict(f"file:{path}:make", batch_size=64, **kw).gpus[0]
+    at_128 = boom_ml.predict(f"file:{path}:make", batch_size=128, **kw).gpus[0]
+    assert at_64.memory.fit == "yes" and at_128.memory.fit == "no"
+    assert at_64.memory.max_batch_size == at_128.memory.max_batch_size == 111
