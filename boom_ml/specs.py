@@ -204,6 +204,11 @@ class StepSpec:
                 raise InvalidInputError(
                     f"finetune.targets must be a list of module names, got {targets!r}"
                 )
+            if "all-linear" in targets and len(targets) > 1:  # it had "named no module"
+                raise InvalidInputError(
+                    f"finetune.targets: all-linear stands alone (peft reads it as the whole"
+                    f" list: every linear layer but the head), got [{','.join(targets)}]"
+                )
             # a list from JSON or Hydra: a tuple keeps the spec hashable (trace caches key on it)
             object.__setattr__(self, "lora_targets", tuple(targets))
         if self.amp == "fp16" and self.params_dtype == "fp16":

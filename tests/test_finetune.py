@@ -192,6 +192,11 @@ def test_api_finetune_mapping() -> None:
     assert finetune_fields({"method": "full", "r": 8, "alpha": 16, "dropout": 0.05,
                             "targets": None, "double_quant": True})["lora_r"] == 8  # fmt: skip
     assert torch.float32  # torch imported for the fake-mode trace above
+    # a hunt: all-linear beside a module name had been told it "names no module"
+    with pytest.raises(
+        InvalidInputError, match=r"all-linear stands alone .* got \[all-linear,q_proj\]$"
+    ):
+        StepSpec(finetune_method="lora", lora_targets=["all-linear", "q_proj"])
 
 
 def test_synthetic_config_is_what_it_says(tiny_llama: str) -> None:
@@ -232,6 +237,12 @@ def test_recipe_line_names_where_the_bytes_go() -> None:
     moe = recipe_line({"finetune": "qlora", "params_dtype": "bf16", "bytes": {},
                        "unquantized_expert_parameters": 45_097_156_608})  # fmt: skip
     assert moe.startswith("Recipe: MoE expert weights not quantised 45.10 B (bf16); LoRA")
+    # a hunt: 46,080 adapter parameters had read 0.0 M, and one NF4 layer "(1 layers)"
+    small = recipe_line({"finetune": "qlora", "nf4_layers": 1, "lora_targets": ["fc"],
+                         "peft_trainable_parameters": 46_080,
+                         "bytes": {"base_weights_4bit": 2**20, "trainable_parameters": 184_320}})  # fmt: skip
+    assert small == ("Recipe: base weights 4-bit NF4 0.00 GiB (1 layer); LoRA adapters 46.1 K"
+                     " trainable (0.2 MiB, targets fc).")  # fmt: skip
 
 
 def test_bf16_true_time_takes_the_amp_cell(tiny_llama: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from boom_ml.report.table import recipe_line
+from boom_ml.specs import StepSpec
 from tests.test_finetune import TINY_LLAMA, TINY_OTHERS, adopted_bytes, trace
 
 # TINY_OTHERS["t5"]: d_model 32, d_ff 64, one encoder and one decoder block, each with a
@@ -103,3 +104,20 @@ def test_adapters_take_their_base_layers_dtype(tiny_t5: str) -> None:
     assert dtypes and all(
         d == (torch.float32 if ".wo." in n else torch.float16) for n, d in dtypes.items()
     )
+
+
+def test_qlora_keeps_the_module_of_the_last_weight_as_transformers_does() -> None:
+    """transformers' get_keys_to_not_convert keeps the owner of the model's last parameter
+    unquantised where that is a ``.weight`` (a bias-free head; ViT's classifier, whose last
+    parameter is its bias, is quantised); the recipe had kept only the output embeddings."""
+    from boom_ml.zoo.finetune import apply_recipe
+
+    step = StepSpec(finetune_method="qlora", lora_targets=("0",), params_dtype="bf16")
+    layers = {}
+    for bias in (True, False):
+        with torch.device("meta"):
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                        torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                        torch.nn.Linear(64, 8, bias=bias))  # fmt: skip
+        layers[bias] = apply_recipe(model, step)["nf4_layers"]
+    assert layers == {True: 3, False: 2}  # the LoRA target's base layer is quantised either way

@@ -106,7 +106,7 @@ def recipe_line(recipe: dict) -> str:
     if nbytes.get("base_weights_4bit"):
         parts.append(
             f"base weights 4-bit NF4 {nbytes['base_weights_4bit'] / GIB:.2f} GiB "
-            f"({recipe.get('nf4_layers', 0)} layers)"
+            f"({recipe.get('nf4_layers', 0)} layer{'' if recipe.get('nf4_layers') == 1 else 's'})"
         )
     if recipe.get("fp32_parameters"):
         parts.append(
@@ -120,7 +120,7 @@ def recipe_line(recipe: dict) -> str:
         )
     if recipe.get("finetune") in ("lora", "qlora"):
         parts.append(
-            f"LoRA adapters {recipe.get('peft_trainable_parameters', 0) / 1e6:.1f} M trainable "
+            f"LoRA adapters {count_text(recipe.get('peft_trainable_parameters', 0))} trainable "
             f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
             f"targets {','.join(recipe.get('lora_targets', []))}"
             + (

@@ -55,11 +55,12 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             facts["fp32_parameters"] = kept
     if step.finetune_method == "full":
         return facts
+    last = _last_weight_module(module)  # named before peft renames the model's modules
     facts.update(_add_lora(module, step))
     if dtype != torch.float32:
         _adapters_in_base_dtype(module)
     if step.finetune_method == "qlora":
-        layers = quantize_linears(module, compute_dtype(step), step.double_quant)
+        layers = quantize_linears(module, compute_dtype(step), step.double_quant, last)
         facts["nf4_layers"] = layers
         facts["method_notes"] = [
             "qlora: NF4 weights and dequantise kernels analytic (bitsandbytes layout)"
@@ -276,11 +277,24 @@ def _output_heads(module: nn.Module) -> set[int]:
     return {id(head)} | ({id(base)} if isinstance(base, nn.Module) else set())
 
 
-def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) -> int:
+def _last_weight_module(module: nn.Module) -> nn.Module | None:
+    """The module transformers' ``get_keys_to_not_convert`` keeps unquantised as the model's
+    last: the owner of its last parameter, where that is a ``.weight`` (it strips that suffix
+    alone, so a head whose last parameter is its bias, ViT's classifier, is quantised)."""
+    names = [name for name, _ in module.named_parameters()]
+    if not names or not names[-1].endswith(".weight"):
+        return None
+    return module.get_submodule(names[-1].removesuffix(".weight"))
+
+
+def quantize_linears(
+    module: nn.Module, dtype: torch.dtype, double_quant: bool, last: nn.Module | None = None
+) -> int:
     """Replace the frozen layers transformers' bitsandbytes integration converts
     (``replace_with_bnb_linear``: exactly ``nn.Linear``, not its subclasses, and GPT-2's
     ``Conv1D``) by NF4Linear, but the output head and the model's ``_keep_in_fp32_modules``
-    (T5's ``wo``, matched as transformers matches them); returns the count.
+    (T5's ``wo``, matched as transformers matches them) and ``last`` (``_last_weight_module``
+    of the model before peft); returns the count.
 
     LoRA's own ``lora_A`` / ``lora_B`` (trainable) stay as they are; the base layer a LoRA
     layer wraps is quantised and clones its output, as peft's 4-bit LoRA layer does.
@@ -294,7 +308,7 @@ def quantize_linears(module: nn.Module, dtype: torch.dtype, double_quant: bool) 
         def should_convert_module(path: str, patterns: list[str]) -> bool:
             return not any(path == k or path.endswith("." + k) for k in patterns)
 
-    skip = _output_heads(module)
+    skip = _output_heads(module) | ({id(last)} if last is not None else set())
     keep = _keep_in_fp32(module)
     swaps: list[tuple[nn.Module, str, nn.Module, bool]] = []
     for name, parent in module.named_modules():
