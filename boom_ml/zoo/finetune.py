@@ -122,6 +122,10 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             # a tied head as a target: peft warns of merging and exporting the adapter, which
             # change neither the step's memory nor its time
             warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True`")
+            # all-linear on fused MoE experts: peft warns that the rank and alpha patterns it
+            # sets for gate_up_proj matched nothing (a hunt: the lines reached the user); the
+            # trainable count is peft's own either way
+            warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys")
             peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
