@@ -4,21 +4,7 @@ capped replay drops where they do not fit (max_batch.py: _unbounded_peaks, _allo
 from __future__ import annotations
 
 import boom_ml
-
-# two convolutions of 64 channels at 512 px: activations of 64 x 512 x 512 floats a sample
-FLAT_CNN = """
-import torch
-def make():
-    class Flat(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Conv2d(3, 64, 3, padding=1)
-            self.b = torch.nn.Conv2d(64, 64, 3, padding=1)
-            self.head = torch.nn.Linear(64, 10)
-        def forward(self, x):
-            return self.head(self.b(self.a(x)).mean(dim=(2, 3)))
-    return Flat()
-"""
+from tests.test_predict_cli_advice import FLAT_CNN  # two 64-channel convolutions, no blocks
 
 
 def test_a_batch_that_fits_is_never_above_the_max_batch(tmp_path) -> None:
