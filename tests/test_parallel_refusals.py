@@ -4,6 +4,7 @@ lacks, and encoder-decoder models."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -192,3 +193,33 @@ def test_cluster_keys_no_layout_search_read_are_said_under_advice(monkeypatch) -
         " of cluster.gpus_per_node=8), and advice=true searches layouts, which read it, only"
         " where the layout does not fit"
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [({"model_type": "swin", "embed_dim": 96, "depths": [2, 2, 6, 2],
+       "num_heads": [3, 6, 12, 24]},
+      "'swin': its layers come in stages of different sizes (num_heads=[3, 6, 12, 24])"),
+     ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4},
+      "'llama': its config names no layer count (num_hidden_layers / n_layer / num_layers; the"
+      " class default applies on one GPU): set one with model_options.num_hidden_layers=N"),
+     ({"model_type": "albert", "hidden_size": 64, "num_attention_heads": 4,
+       "num_hidden_layers": 12, "num_hidden_groups": 1},
+      "'albert': its 12 layers share the weights of 1 (num_hidden_groups)")],
+)  # fmt: skip
+def test_a_config_that_is_not_one_stack_of_equal_layers_is_refused(raw, words, tmp_path) -> None:
+    """A hunt: Swin's per-stage heads and a config without a layer count had been
+    tracebacks under parallel.dp=2 (TypeError in the layout's checks), and ALBERT's shared
+    layers had been counted as 4.1 M parameters where it has 11.2 M (its DDP all-reduce 2.7x
+    too small)."""
+    from boom_ml.parallel.layout import Layout
+    from boom_ml.parallel.shard import check_model, config_facts
+
+    with pytest.raises(InvalidInputError) as err:
+        check_model(raw, Layout(dp=2))
+    assert str(err.value) == (
+        f"parallel layouts cut one stack of equal layers; {words}; predict it on one GPU"
+    )
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    assert config_facts(f"hf:{path}") == {}  # the checks before torch leave it to check_model

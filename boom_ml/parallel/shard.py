@@ -96,6 +96,26 @@ def model_facts(raw: dict[str, Any]) -> dict[str, int | None]:
     return {"heads": heads, "kv_heads": kv, "hidden": hidden, "layers": layers}
 
 
+def shape_problem(raw: dict[str, Any]) -> str | None:
+    """Why a config is not one stack of equal layers the per-rank traces can cut (None if it
+    is): stages of different widths (Swin's heads per stage), no layer count in the config
+    (its class default applies), layers that share weights (ALBERT: a 1- and a 2-layer trace
+    differ by no parameters, and every stage would need the shared ones)."""
+    sizes = {k: v for k, v in ((*_first(raw, HEAD_KEYS),), (*_first(raw, HIDDEN_KEYS),),
+                                (*_first(raw, HF_LAYER_KEYS),)) if k is not None}  # fmt: skip
+    staged = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, list | tuple)]
+    if staged:
+        return f"its layers come in stages of different sizes ({', '.join(staged)})"
+    _, layers = _first(raw, HF_LAYER_KEYS)
+    if not isinstance(layers, int):
+        return (f"its config names no layer count ({' / '.join(HF_LAYER_KEYS)}; the class"
+                " default applies on one GPU): set one with model_options.num_hidden_layers=N")  # fmt: skip
+    groups = raw.get("num_hidden_groups")
+    if isinstance(groups, int) and groups < layers:
+        return f"its {layers} layers share the weights of {groups} (num_hidden_groups)"
+    return None
+
+
 def config_facts(model: str) -> dict[str, int | None]:
     """``model_facts`` of a shipped HF config or a config file named by ``hf:<path>``, read
     without torch or transformers, so that a layout the model cannot take is refused before
@@ -108,9 +128,11 @@ def config_facts(model: str) -> dict[str, int | None]:
     if found is None and not (model.startswith("hf:") and path.suffix == ".json"):
         return {}
     try:
-        return model_facts(json.loads(path.read_text()))
+        raw = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}  # the trace's own reading says what is wrong with it
+    # a config the layouts cannot cut is refused by check_model, with its reason
+    return model_facts(raw) if isinstance(raw, dict) and shape_problem(raw) is None else {}
 
 
 def stage_layers(layers: int, pp: int) -> list[int]:
@@ -299,6 +321,12 @@ def check_model(raw: dict[str, Any], layout: Layout) -> dict[str, int | None]:
             f"parallel layouts cut one stack of layers; {raw.get('model_type')!r} is an "
             "encoder-decoder (an encoder and a decoder stack), which they do not model: "
             "predict it on one GPU"
+        )
+    problem = shape_problem(raw)
+    if problem is not None:
+        raise InvalidInputError(
+            f"parallel layouts cut one stack of equal layers; {raw.get('model_type')!r}: "
+            f"{problem}; predict it on one GPU"
         )
     facts = model_facts(raw)
     if layout.tp > 1 and raw.get("model_type") not in HEAD_DIM_TYPES:
