@@ -208,6 +208,33 @@ def test_hf_seq_len_beyond_learned_positions() -> None:
         built.make_inputs(StepSpec(batch_size=1, seq_len=2048), CPU)
 
 
+def test_roberta_positions_start_after_its_padding_index(tmp_path: Path) -> None:
+    """A hunt: RoBERTa's 514 positions traced at 514, where transformers numbers them from
+    padding_idx + 1 and a GPU fails past 512; its default length keeps inside them too."""
+    cfg = {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"], "hidden_size": 32,
+           "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 64,
+           "vocab_size": 100, "max_position_embeddings": 130, "pad_token_id": 1}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    built = build_model(f"hf:{tmp_path / 'config.json'}")
+    assert built.make_inputs(StepSpec(batch_size=1), CPU)["input_ids"].shape == (1, 128)
+    with pytest.raises(InvalidInputError, match=r"129 exceeds its 128 learned positions \(numbered"
+                       r" from padding_idx \+ 1 = 2\)$"):  # fmt: skip
+        built.make_inputs(StepSpec(batch_size=1, seq_len=129), CPU)
+
+
+def test_a_model_of_text_and_images_together_is_one_line(tmp_path: Path) -> None:
+    """A hunt: CLIPModel (vocabulary in text_config) had failed in randint(0, 0)."""
+    sub = {"hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 1,
+           "intermediate_size": 64}  # fmt: skip
+    cfg = {"model_type": "clip", "architectures": ["CLIPModel"],
+           "text_config": {**sub, "vocab_size": 100},
+           "vision_config": {**sub, "image_size": 32, "patch_size": 8}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InvalidInputError, match="CLIPModel has no vocab_size at its config's top"
+                       " level, and takes text and images together"):  # fmt: skip
+        build_model(f"hf:{tmp_path / 'config.json'}")
+
+
 def test_hf_local_config_and_overrides(tmp_path: Path) -> None:
     cfg = json.loads(shipped()["gpt2"].read_text())
     (tmp_path / "config.json").write_text(json.dumps(cfg))

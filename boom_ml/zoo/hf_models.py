@@ -243,8 +243,26 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     # Learned absolute positions cannot index past their table (fake tensors would not
     # notice, a GPU would); rotary models extrapolate, so they get no limit.
     seq_limit = max_pos if max_pos and not _rope(config) else None
+    # RoBERTa's family numbers positions from padding_idx + 1 (transformers'
+    # create_position_ids_from_input_ids): two fewer than its table (a hunt: 514 had traced)
+    start = next((int(m.padding_idx) + 1 for m in module.modules()
+                  if hasattr(type(m), "create_position_ids_from_input_ids")
+                  and isinstance(getattr(m, "padding_idx", None), int)), 0)  # fmt: skip
+    if seq_limit is not None:
+        seq_limit -= start
+        seq_default = min(seq_default, seq_limit) if seq_default else seq_default
     image_size = int(getattr(config, "image_size", 224)) if vision else None
     vocab = int(getattr(config, "vocab_size", 0) or 0)
+    if not vision and not speech and vocab <= 0:  # randint(0, 0) had been the error (a hunt)
+        raise InvalidInputError(
+            f"{what}: {head} has no vocab_size at its config's top level"
+            + (
+                ", and takes text and images together (input_ids and pixel_values), which the hf"
+                " zoo does not make: it makes text or images alone"
+                if "pixel_values" in params
+                else ""
+            )  # fmt: skip
+        )
     num_labels = int(getattr(config, "num_labels", 2))
 
     def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
@@ -266,6 +284,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         if seq_limit is not None and seq > seq_limit:
             raise InvalidInputError(
                 f"{what}: seq_len {seq} exceeds its {seq_limit} learned positions"
+                + (f" (numbered from padding_idx + 1 = {start})" if start else "")
             )
         if speech:
             # Whisper's encoder takes exactly 2 x max_source_positions mel frames (two
