@@ -361,3 +361,12 @@ def test_a_shipped_id_without_its_org_is_that_config() -> None:
     assert lookup("gpt2") == "gpt2" and lookup("Llama-3.2") is None
     assert resolve_name("Qwen2.5-0.5B") == "hf:Qwen2.5-0.5B"
     assert build_model("Qwen2.5-0.5B").info["config_path"] == str(shipped()["Qwen/Qwen2.5-0.5B"])
+
+
+def test_a_model_without_attention_records_no_implementation(tmp_path: Path) -> None:
+    """A hunt: HF's ConvNeXt came out with attn=eager in the table's header."""
+    cfg = {"model_type": "convnext", "architectures": ["ConvNextForImageClassification"],
+           "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1], "image_size": 32}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert build_model(f"hf:{tmp_path / 'config.json'}").info["attn_implementation"] is None
+    assert build_model("hf:gpt2").info["attn_implementation"] == "sdpa"

@@ -26,7 +26,7 @@ from boom_ml.zoo.common import build_on_device, generic_loss
 from boom_ml.zoo.hf_config import config_path, load_config
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
-from boom_ml.zoo.hf_notes import attention_note, build_notes
+from boom_ml.zoo.hf_notes import attention_note, build_notes, has_attention
 
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
@@ -350,7 +350,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "class_from_architectures": from_arch,
             "vocab_size": vocab or None,
             "max_positions": max_pos,
-            "attn_implementation": getattr(module.config, "_attn_implementation", None),
+            # none where nothing attends (ConvNeXt's header had said attn=eager; a hunt)
+            "attn_implementation": getattr(module.config, "_attn_implementation", None)
+            if has_attention(module)
+            else None,
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced

@@ -60,9 +60,15 @@ def attention_note(module: Any, asked: str, head: str) -> list[str]:
     built = getattr(module.config, "_attn_implementation", None)
     if built is None or built == asked:
         return []
-    if not any("Attention" in type(m).__name__ for m in module.modules()):
+    if not has_attention(module):
         return []
     return [
         f"attention={asked}: transformers' {head} has no {asked} attention; traced with {built}"
         " attention, which transformers runs for it by default"
     ]
+
+
+def has_attention(module: Any) -> bool:
+    """Whether the model has attention modules (ConvNeXt, a Mamba have none: whatever
+    implementation transformers records for them runs nothing)."""
+    return any("Attention" in type(m).__name__ for m in module.modules())
