@@ -152,3 +152,13 @@ def test_seq2seq_sequence_classifier_is_a_one_line_error(tmp_path: Path) -> None
     name = tiny_config(tmp_path, "bart", "BartForSequenceClassification", **small)
     with pytest.raises(InvalidInputError, match="EOS tokens it finds by value"):
         build_model(name)
+
+
+def test_a_segmentation_head_gets_a_label_per_pixel(tmp_path: Path) -> None:
+    """A hunt: SegformerForSemanticSegmentation got one label per image and failed in its
+    loss's interpolate; it takes a class per pixel."""
+    spec = tiny_config(tmp_path, "segformer", "SegformerForSemanticSegmentation",
+                       hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                       num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=16, num_labels=5)  # fmt: skip
+    batch = fake_step(build_model(spec), StepSpec(batch_size=2, image_size=32))
+    assert tuple(batch["labels"].shape) == (2, 32, 32)

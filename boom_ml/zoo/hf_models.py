@@ -278,7 +278,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             chans = int(getattr(config, "num_channels", 3))
             batch: dict[str, Any] = {"pixel_values": torch.randn(b, chans, size, size, device=dev)}
             if "labels" in params:
-                batch["labels"] = torch.randint(0, num_labels, (b,), device=dev)
+                # a segmentation head takes a class per pixel (its loss upsamples the logits to
+                # them; one label per image had failed in interpolate, a hunt)
+                shape = (b, size, size) if head.endswith("ForSemanticSegmentation") else (b,)
+                batch["labels"] = torch.randint(0, num_labels, shape, device=dev)
             return batch
         seq = step.seq_len or seq_default
         if seq_limit is not None and seq > seq_limit:
