@@ -266,8 +266,12 @@ def test_offline_error_names_close_shipped_configs(offline_cache: Path) -> None:
     text = str(err.value)
     assert "\n" not in text and text.startswith("hf:Qwen/Qwen2.5-7B-Instruct is not shipped")
     assert text.endswith(
-        "(shipped, same family: hf:Qwen/Qwen2.5-7B, hf:Qwen/Qwen2.5-72B, hf:Qwen/Qwen2.5-3B)"
+        "(shipped, close in name: hf:Qwen/Qwen2.5-7B, hf:Qwen/Qwen2.5-72B, hf:Qwen/Qwen2.5-3B)"
     )
+    # a hunt: a revision the cache lacks had been pointed at other models ("same family")
+    with pytest.raises(UnknownModelError) as err:
+        build_model("hf:Qwen/Qwen2.5-7B-Instruct@nope")
+    assert "shipped, close in name" not in str(err.value)
 
 
 def test_an_unknown_model_type_is_one_short_line(tmp_path: Path) -> None:

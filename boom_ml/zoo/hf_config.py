@@ -47,12 +47,14 @@ def config_path(name: str) -> Path:
         try:
             return hf_hub.fetch_config(name)
         except UnknownModelError as err:
-            # an -Instruct / -chat variant has its base model's architecture: say which
-            hits = closest(name, list(shipped()))
+            # an -Instruct / -chat variant has its base model's architecture: say which (by
+            # name alone: pythia-70m had been told gpt-neo-125M was its family; and not for a
+            # revision, whose model the cache may hold)
+            hits = [] if "@" in name else closest(name, list(shipped()))
             if not hits:
                 raise
             close = ", ".join("hf:" + h for h in hits)
-            raise UnknownModelError(f"{err} (shipped, same family: {close})") from err
+            raise UnknownModelError(f"{err} (shipped, close in name: {close})") from err
     bare = ""
     if hf_hub.looks_like_bare_id(name):
         cached = hf_hub.cached_config(name)
