@@ -35,6 +35,7 @@ from boom_ml.specs import (
     ATTENTION_CHOICES,
     FINETUNE_KEYS,
     MAX_BATCH_AUTO_GPUS,
+    ModelSpec,
     StepSpec,
     cache_setting,
     check_bool,
@@ -181,8 +182,6 @@ def predict(
     if not layout.is_single:
         return _predict_parallel(model, gpus, step, layout, nodes, software, options,
                                  cache=cache, advice=advice, plot=plot)  # fmt: skip
-    from boom_ml.zoo import resolve_name
-
     session = Session(model, cache=cache, options=options)
     search = search_max_batch(max_batch, len(gpus))
     results = session.evaluate(step, gpus, software, max_batch=search)
@@ -222,7 +221,7 @@ def predict(
                 partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
             )
     prediction = Prediction(
-        model=resolve_name(session.model.text),  # a bare name as its scheme names it (hf:gpt2)
+        model=_scheme_name(session.model),  # a bare name as its scheme names it (hf:gpt2)
         batch_size=batch_size,
         step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={
@@ -362,6 +361,16 @@ def _checked(kind: type, fields: dict[str, Any] | None, prefix: str) -> Any:
 def _impl(optimizer: str, impl: str, stack: Stack) -> str:
     resolved = resolve_optimizer_impl(optimizer, impl, stack)
     return "auto" if resolved == "none" else resolved
+
+
+def _scheme_name(spec: ModelSpec) -> str:
+    """``scheme:name`` of a model spec; the zoo (torch, torchvision: seconds where the trace
+    came from the cache) is imported only to look up a bare name."""
+    if spec.scheme is not None:
+        return spec.text
+    from boom_ml.zoo import resolve_name
+
+    return resolve_name(spec.text)
 
 
 def _predict_parallel(

@@ -150,6 +150,8 @@ class BatchSearch:
     _scaling: BatchScaling | None = None
     _scaling_tried: bool = False
     _unbounded: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    _optional: set[tuple] = field(default_factory=set)  # replays with optional workspaces
+    _floors: dict[tuple, int] = field(default_factory=dict)  # their allocated peaks without
     _templates: dict[int, Replay] = field(default_factory=dict)  # arch major → replay
 
     def __post_init__(self) -> None:
@@ -220,18 +222,25 @@ class BatchSearch:
         key = (batch, gpu.sm_version // 10)
         if key not in self._unbounded:
             sm = simulate_step(graph, gpu, capacity=False, **self._replay_options())
-            allocated = sm.result.peak_allocated
+            self._unbounded[key] = (sm.result.peak_reserved, sm.result.peak_allocated)
             if sm.replay.optional:
-                # cuDNN workspaces, which a capped replay drops where they do not fit: the
-                # bound is the allocated peak without them, the p10 level's (it has none; a
-                # CNN on an L4 fitting yes at 64 had been searched no higher than 63)
-                options = {**self._replay_options(), "level": "p10"}
-                allocated = simulate_step(
-                    graph, gpu, capacity=False, **options
-                ).result.peak_allocated
-            self._unbounded[key] = (sm.result.peak_reserved, allocated)
+                self._optional.add(key)
         outside = sum(self.table.outside_allocator(gpu, graph, self.stack, LEVEL).values())
         return (*self._unbounded[key], outside)
+
+    def _allocated_floor(self, batch: int, gpu: GpuSpec) -> int:
+        """The allocated peak without the cuDNN workspaces, which a capped replay drops where
+        they do not fit: the p10 level's, which has none (a CNN on an L4 fitting yes at 64
+        had been searched no higher than 63, its bound holding them); asked only where the
+        peak with them does not fit."""
+        key = (batch, gpu.sm_version // 10)
+        if key not in self._optional:
+            return self._unbounded[key][1]
+        if key not in self._floors:
+            options = {**self._replay_options(), "level": "p10"}
+            sm = simulate_step(self.graph_at(batch), gpu, capacity=False, **options)
+            self._floors[key] = sm.result.peak_allocated
+        return self._floors[key]
 
     def need(self, batch: int, gpu: GpuSpec) -> int:
         """What ``batch`` needs on ``gpu`` with an unbounded allocator (nvidia-smi bytes)."""
@@ -265,7 +274,9 @@ class BatchSearch:
 
         def alloc_ok(b: int) -> bool:
             _, allocated, outside = self._unbounded_peaks(b, gpu)
-            return allocated + outside <= cap
+            if allocated + outside <= cap:
+                return True
+            return self._allocated_floor(b, gpu) + outside <= cap
 
         b0 = min(self.batch, limit)
         if need_ok(b0):
