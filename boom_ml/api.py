@@ -221,7 +221,7 @@ def predict(
                 partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
             )
     prediction = Prediction(
-        model=_scheme_name(session.model),  # a bare name as its scheme names it (hf:gpt2)
+        model=(name := _scheme_name(session.model)),  # a bare name as its scheme names it
         batch_size=batch_size,
         step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={
@@ -260,7 +260,8 @@ def predict(
             # cluster.* with advice=true: read by a layout search, which no GPU needed
             | (
                 dict(k.split("=", 1) for k in unread_cluster_keys(layout, nodes)[0])
-                if advice and all(r.fits for r in results)
+                # (the layout search takes hf: models alone: for others it never reads them)
+                if advice and (all(r.fits for r in results) or not name.startswith("hf:"))
                 else {}
             ),  # fmt: skip
             "unknown_ops": graph.unknown_ops,

@@ -181,6 +181,11 @@ def test_cluster_keys_no_layout_search_read_are_said_under_advice(monkeypatch) -
     assert ("Not used: cluster.gpus_per_node=4, cluster.inter=eth-25g (one GPU's step does not"
             " read them") in " ".join(render_table(out).split())  # fmt: skip
 
+    # a torchvision model's advice searches no layouts, so nothing reads them where it fails
+    fails = boom_ml.predict("torchvision:squeezenet1_1", gpu="t4", batch_size=4096,
+                            image_size=224, max_batch="off", cluster={"intra": "pcie"})  # fmt: skip
+    assert not fails.gpus[0].fits and fails.graph["unread"] == {"cluster.intra": "pcie"}
+
     def fits(model, gpus, step, layout, nodes, stack=None, options=None):
         return [{"gpu": g.id, "fits": True, "notes": []} for g in gpus]
 

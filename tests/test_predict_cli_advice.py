@@ -85,3 +85,21 @@ def test_a_candidate_that_fails_to_trace_is_no_advice(tmp_path):
     result = json.loads(run(options))
     assert result["gpus"][0]["memory"]["fits"] is False
     assert not any("batch_size=1" in a["change"] for a in result["advice"].get("small", []))
+
+
+def test_a_batchnorm_over_one_value_says_what_helps(tmp_path):
+    """A hunt: deeplabv3 at batch 1 stopped on PyTorch's words alone (a BatchNorm over its
+    pooled 1x1 map); inception's aux head had a hint, the rest none."""
+    import pytest
+
+    from boom_ml.errors import BoomError
+
+    options = {**BASE, "model": _factory_file(tmp_path, BN_HEAD), "batch_size": 1,
+               "advice": False, "max_batch": "off"}  # fmt: skip
+    with pytest.raises(BoomError) as err:
+        run(options)
+    assert str(err.value).endswith(
+        "Expected more than 1 value per channel when training, got input size"
+        " torch.Size([1, 64]) (a BatchNorm sees one value per channel: give batch_size >= 2,"
+        " or a larger image_size)"
+    )

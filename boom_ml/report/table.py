@@ -241,7 +241,7 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(
             f"Not used: {', '.join(cluster)} (one GPU's step does not read "
             f"{'them' if len(cluster) > 1 else 'it'}, and advice=true searches layouts, which"
-            " do, only for a GPU the step does not fit)",
+            " do, only for an hf: model a GPU does not fit)",
             highlight=False,
             soft_wrap=True,
         )

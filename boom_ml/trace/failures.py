@@ -38,10 +38,16 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
+    one_value = text.startswith("Expected more than 1 value per channel when training")
+    if one_value:
+        # a BatchNorm over a 1x1 map (deeplabv3's pooling branch; any CNN at a tiny image):
+        # PyTorch refuses it in training on a GPU as here (a hunt: no hint had followed)
+        text += (" (a BatchNorm sees one value per channel: give batch_size >= 2, or a larger"
+                 " image_size)")  # fmt: skip
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
     synthesised = built.info.get("synthesised_input")
     if (
-        synthesised and running and not getattr(exc, "boom_where", None)
+        synthesised and running and not getattr(exc, "boom_where", None) and not one_value
     ):  # ``running``: the step failed, not a recipe's set-up (nor the user's loss, which its
         # outputs reach): a user's module given the one batch we can guess (file_models.py)
         said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
