@@ -150,8 +150,8 @@ class BatchSearch:
     _scaling: BatchScaling | None = None
     _scaling_tried: bool = False
     _unbounded: dict[tuple, tuple[int, int]] = field(default_factory=dict)
-    _optional: set[tuple] = field(default_factory=set)  # replays with optional workspaces
-    _floors: dict[tuple, int] = field(default_factory=dict)  # their allocated peaks without
+    _optional: set[tuple] = field(default_factory=set)  # replays with cuDNN workspaces
+    _floors: dict[tuple, int] = field(default_factory=dict)  # _allocated_floor's
     _templates: dict[int, Replay] = field(default_factory=dict)  # arch major → replay
 
     def __post_init__(self) -> None:
@@ -229,18 +229,14 @@ class BatchSearch:
         return (*self._unbounded[key], outside)
 
     def _allocated_floor(self, batch: int, gpu: GpuSpec) -> int:
-        """The allocated peak without the cuDNN workspaces, which a capped replay drops where
-        they do not fit: the p10 level's, which has none (a CNN on an L4 fitting yes at 64
-        had been searched no higher than 63, its bound holding them); asked only where the
-        peak with them does not fit."""
+        """The allocated peak without the cuDNN workspaces a capped replay drops, the p10
+        level's (it has none); a CNN fitting at 64 had been searched no higher than 63."""
         key = (batch, gpu.sm_version // 10)
-        if key not in self._optional:
-            return self._unbounded[key][1]
-        if key not in self._floors:
+        if key in self._optional and key not in self._floors:
             options = {**self._replay_options(), "level": "p10"}
             sm = simulate_step(self.graph_at(batch), gpu, capacity=False, **options)
             self._floors[key] = sm.result.peak_allocated
-        return self._floors[key]
+        return self._floors.get(key, self._unbounded[key][1])
 
     def need(self, batch: int, gpu: GpuSpec) -> int:
         """What ``batch`` needs on ``gpu`` with an unbounded allocator (nvidia-smi bytes)."""
@@ -370,9 +366,8 @@ class BatchSearch:
         sign = np.where(replay.is_alloc, 1, -1)
         traced = src >= 0
         slope = np.where(traced, scaling.slope[np.maximum(src, 0)], 0) * sign
-        # the optional blocks (cuDNN workspaces) left out: a capped replay drops them
-        optional = np.isin(replay.block, np.fromiter(replay.optional, np.int64))
-        kept = np.where(optional, 0, replay.nbytes)
+        # without the optional blocks (cuDNN workspaces), which a capped replay drops
+        kept = np.where(np.isin(replay.block, list(replay.optional)), 0, replay.nbytes)
         base = np.where(traced, scaling.intercept[np.maximum(src, 0)], kept) * sign
         c, d = np.cumsum(base), np.cumsum(slope)
         _, _, outside = self._unbounded_peaks(self.batch, gpu)
