@@ -220,8 +220,9 @@ def predict(
                 partial(search, step=resolved),
                 partial(search, step=checkpointed) if resolved.checkpointing == "none" else None,
             )
+    name = _scheme_name(session.model)  # a bare name as its scheme names it (hf:gpt2)
     prediction = Prediction(
-        model=(name := _scheme_name(session.model)),  # a bare name as its scheme names it
+        model=name,
         batch_size=batch_size,
         step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={
@@ -259,7 +260,7 @@ def predict(
             )
             # cluster.* with advice=true: read by a layout search, which no GPU needed
             | (
-                dict(k.split("=", 1) for k in unread_cluster_keys(layout, nodes)[0])
+                unread_cluster_keys(layout, nodes)[0]
                 # (the layout search takes hf: models alone: for others it never reads them)
                 if advice and (all(r.fits for r in results) or not name.startswith("hf:"))
                 else {}
@@ -408,8 +409,8 @@ def _predict_parallel(
         if advice and not failing and keys:  # advice's layout search reads it; none ran
             for entry in out:
                 entry.setdefault("notes", []).append(
-                    f"{keys[0]} not used: {why}, and advice=true searches layouts, which read"
-                    " it, only where the layout does not fit"
+                    f"cluster.inter={keys['cluster.inter']} not used: {why}, and advice=true"
+                    " searches layouts, which read it, only where the layout does not fit"
                 )
     resolved = step.to_dict()
     # the tokens the layout took, as a one-GPU step says the default it took: a vision

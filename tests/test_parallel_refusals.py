@@ -177,7 +177,7 @@ def test_cluster_keys_no_layout_search_read_are_said_under_advice(monkeypatch) -
     out = boom_ml.predict("torchvision:squeezenet1_1", gpu="l4", batch_size=1, image_size=32,
                           max_batch="off", cluster={"inter": "eth-25g", "gpus_per_node": 4})  # fmt: skip
     assert out.gpus[0].fits
-    assert out.graph["unread"] == {"cluster.inter": "eth-25g", "cluster.gpus_per_node": "4"}
+    assert out.graph["unread"] == {"cluster.inter": "eth-25g", "cluster.gpus_per_node": 4}
     assert ("Not used: cluster.gpus_per_node=4, cluster.inter=eth-25g (one GPU's step does not"
             " read them") in " ".join(render_table(out).split())  # fmt: skip
 

@@ -150,20 +150,20 @@ def unread_keys(layout: Layout) -> str:
     return ""
 
 
-def unread_cluster_keys(layout: Layout, cluster: Cluster) -> tuple[list[str], str]:
+def unread_cluster_keys(layout: Layout, cluster: Cluster) -> tuple[dict[str, Any], str]:
     """The ``cluster.*`` keys set away from their defaults that a prediction reads only in a
-    layout search, and why: one GPU's step reads none, and a layout within one node crosses
-    no inter-node link."""
+    layout search (``{"cluster.inter": "eth-25g"}``), and why: one GPU's step reads none, and
+    a layout within one node crosses no inter-node link."""
     default = Cluster()
-    changed = [f"cluster.{k}={v}" for k, v in asdict(cluster).items() if v != getattr(default, k)]
+    changed = {f"cluster.{k}": v for k, v in asdict(cluster).items() if v != getattr(default, k)}
     if layout.is_single:
         return changed, "one GPU's step does not read it"
     if cluster.inter != default.inter and layout.world <= cluster.gpus_per_node:
-        return [f"cluster.inter={cluster.inter}"], (
+        return {"cluster.inter": cluster.inter}, (
             f"this layout does not read it (its {layout.world} GPUs fit in one node of"
             f" cluster.gpus_per_node={cluster.gpus_per_node})"
         )
-    return [], ""
+    return {}, ""
 
 
 def check_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> None:
@@ -171,14 +171,16 @@ def check_cluster_keys(layout: Layout, cluster: Cluster, advice: bool) -> None:
     search reads them (with it, the prediction says so where no search ran). (Not in
     :func:`validate`, which the layout search calls with the user's cluster on every
     candidate.)"""
-    keys, why = ([], "") if advice else unread_cluster_keys(layout, cluster)
+    if advice:
+        return
+    keys, why = unread_cluster_keys(layout, cluster)
+    given = ", ".join(f"{k}={v}" for k, v in keys.items())
     if keys and layout.is_single:
         raise InvalidInputError(
-            f"{', '.join(keys)}: for a multi-GPU layout, or advice=true (which searches"
-            f" layouts); {why}"
+            f"{given}: for a multi-GPU layout, or advice=true (which searches layouts); {why}"
         )
     if keys:
-        raise InvalidInputError(f"{keys[0]}: {why}")
+        raise InvalidInputError(f"{given}: {why}")
 
 
 def validate(

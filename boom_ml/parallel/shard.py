@@ -101,12 +101,11 @@ def shape_problem(raw: dict[str, Any]) -> str | None:
     is): stages of different widths (Swin's heads per stage), no layer count in the config
     (its class default applies), layers that share weights (ALBERT: a 1- and a 2-layer trace
     differ by no parameters, and every stage would need the shared ones)."""
-    sizes = {k: v for k, v in ((*_first(raw, HEAD_KEYS),), (*_first(raw, HIDDEN_KEYS),),
-                                (*_first(raw, HF_LAYER_KEYS),)) if k is not None}  # fmt: skip
-    staged = [f"{k}={v}" for k, v in sizes.items() if isinstance(v, list | tuple)]
+    found = [_first(raw, keys) for keys in (HEAD_KEYS, HIDDEN_KEYS, HF_LAYER_KEYS)]
+    staged = [f"{k}={v}" for k, v in found if isinstance(v, list | tuple)]
     if staged:
         return f"its layers come in stages of different sizes ({', '.join(staged)})"
-    _, layers = _first(raw, HF_LAYER_KEYS)
+    layers = found[2][1]
     if not isinstance(layers, int):
         return (f"its config names no layer count ({' / '.join(HF_LAYER_KEYS)}; the class"
                 " default applies on one GPU): set one with model_options.num_hidden_layers=N")  # fmt: skip

@@ -33,8 +33,9 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     op = getattr(exc, "func", None)
     where = f" in op {op}" if op is not None else ""
-    if getattr(exc, "boom_where", None):  # raised in the user's own hook (file_models.py)
-        where = f" {exc.boom_where}{where}"
+    hook = getattr(exc, "boom_where", None)  # raised in the user's own hook (file_models.py)
+    if hook:
+        where = f" {hook}{where}"
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
@@ -47,7 +48,7 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
     synthesised = built.info.get("synthesised_input")
     if (
-        synthesised and running and not getattr(exc, "boom_where", None) and not one_value
+        synthesised and running and not hook and not one_value
     ):  # ``running``: the step failed, not a recipe's set-up (nor the user's loss, which its
         # outputs reach): a user's module given the one batch we can guess (file_models.py)
         said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
