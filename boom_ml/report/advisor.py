@@ -40,7 +40,13 @@ from boom_ml.report.levers import (
     stacked_changes,
     step_diff,
 )
-from boom_ml.report.splits import above_largest, fewer_levers, largest_split, refine_splits
+from boom_ml.report.splits import (
+    above_largest,
+    fewer_levers,
+    largest_split,
+    refine_splits,
+    under_kept_gradients,
+)
 from boom_ml.specs import FINETUNE_KEYS, StepSpec
 
 MAX_ADVICE = 4
@@ -169,9 +175,11 @@ def advise(
     try_level(_by_step((spec, c) for spec in pending for c in singles[spec.id]))
     # where a split fits and autocast alone does not: autocast on the split (levers.py)
     fitted = {spec.id: max(_split_micros(found[spec.id]), default=0) for spec in pending}
+    # and where no split fitted alone, autocast on the largest batch's split (splits.py)
     try_level(_by_step((spec, c) for spec in pending
-                       if fitted[spec.id] and not any("amp" in a.settings for a in found[spec.id])
-                       for c in autocast_splits(step, spec, fitted[spec.id])))  # fmt: skip
+                       if not any("amp" in a.settings for a in found[spec.id])
+                       for c in (autocast_splits(step, spec, fitted[spec.id]) if fitted[spec.id]
+                                 else under_kept_gradients(step, spec, largest.get(spec.id)))))  # fmt: skip
     pending = [spec for spec in pending if not found[spec.id]]
     tried = {spec.id: {changed for _, changed, _ in singles[spec.id]} for spec in pending}
     # Two walks, each to its first fit: every lever stacked in order, and the same without

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
+    autocast_splits,
     divisors,
     halving_micros,
     single_changes,
@@ -161,3 +162,19 @@ def largest_split(step: StepSpec, largest: int | None) -> list[tuple[str, StepSp
         return []
     micro = max(d for d in divisors(step.batch_size) if d <= largest)
     return [split_change(step, micro)] if step.batch_size // micro > 8 else []
+
+
+def under_kept_gradients(
+    step: StepSpec, gpu: GpuSpec, largest: int | None
+) -> list[tuple[str, StepSpec, int]]:
+    """Where no split of the step fitted alone though its largest batch is known: the gradients
+    kept between micro-batches took the room (vit_l_16 at 256 on a T4, largest batch 33: 32 x 8
+    did not fit, and it was told checkpointing alone, 32.9 s, where fp16 autocast on 32 x 8
+    takes a sixth of that; a hunt). Autocast on the largest halving micro-batch the largest
+    batch holds and on the next larger one (``levers.autocast_splits``), and the split at the
+    halving below it alone; [] where no halving is at or below the largest batch."""
+    micros = [m for m in halving_micros(step.batch_size) if m <= (largest or 0)]
+    if not micros:
+        return []
+    below = [split_change(step, micros[1])] if len(micros) > 1 else []
+    return autocast_splits(step, gpu, micros[0]) + below
