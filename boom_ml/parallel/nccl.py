@@ -20,7 +20,10 @@ count, are left out (``nccl_algorithms.csv`` header). NVLS's algorithm bandwidth
 one at 8 GPUs, flat in the GPU count as measured (NCCL converts a fixed bus bandwidth by
 n / 2(n-1), which overstates NVLS on 2-4 GPUs, where it measures no faster than ring). Host CPUs
 are taken as x86 Intel (NCCL's default rows), and network latency as InfiniBand's (no extra
-per-NIC latency). CollNet (in-network SHARP switches) is not modelled.
+per-NIC latency). CollNet (in-network SHARP switches) is not modelled. NCCL's model ranks the
+pairs; the time it gives is floored at what the network carries across nodes (each node sends
+2(N - 1)/N of an all-reduce's buffer out through its NICs): on two nodes NCCL doubles
+NVLS-tree's network bandwidth and would otherwise price it faster than that.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +65,8 @@ class Estimate:
     protocol: str
     latency_us: float
     algbw_gbs: float  # bytes / (time - latency), after NCCL's size corrections
-    us: float
+    us: float  # the time: NCCL's, or the network's floor where that is longer (below)
+    tuner_us: float = 0.0  # NCCL's own predicted time, which its tuner ranks the pairs by
 
     @property
     def name(self) -> str:
@@ -218,7 +223,26 @@ def estimate(op: str, algorithm: str, protocol: str, nbytes: float, comm: Comm) 
             lat *= _c(
                 "ring_plateau_factor", "ring", "Simple", "sm80+" if comm.sm >= 80 else "below sm80"
             )
-    return Estimate(algorithm, protocol, lat, bw, lat + nbytes / (1e3 * bw))
+    tuner_us = lat + nbytes / (1e3 * bw)
+    # NCCL's model is a ranking: across two nodes it doubles NVLS-tree's network bandwidth
+    # (each direction of a NIC), which can price an all-reduce faster than the NICs carry it
+    # (4 H100s on 2 nodes: 16.2 ms for 1.98 GB through 92 GB/s per node, a hunt); the time
+    # is at least the network's floor
+    bw = min(bw, _network_algbw(op, comm))
+    return Estimate(algorithm, protocol, lat, bw, lat + nbytes / (1e3 * bw), tuner_us)
+
+
+def _network_algbw(op: str, comm: Comm) -> float:
+    """The most algorithm bandwidth (GB/s) the network lets through across ``comm.nodes``
+    nodes, each sending ``comm.busbw_gbs`` (its NICs' ring bus bandwidth) out: an all-reduce
+    sends at least 2(N - 1)/N of the buffer out of each node (a reduce-scatter, then an
+    all-gather, of the nodes' shares), an all-gather or a reduce-scatter (N - 1)/N; no bound
+    inside one node."""
+    nodes = comm.nodes
+    if nodes <= 1:
+        return math.inf
+    steps = 2 * (nodes - 1) if op == "all_reduce" else nodes - 1
+    return comm.busbw_gbs * nodes / steps
 
 
 def estimates(op: str, nbytes: float, comm: Comm) -> list[Estimate]:
@@ -234,5 +258,6 @@ def estimates(op: str, nbytes: float, comm: Comm) -> list[Estimate]:
 
 
 def best(op: str, nbytes: float, comm: Comm) -> Estimate:
-    """The pair NCCL's tuner picks: the smallest predicted time (first listed on a tie)."""
-    return min(estimates(op, nbytes, comm), key=lambda e: e.us)
+    """The pair NCCL's tuner picks: the smallest time its model predicts (first listed on a
+    tie)."""
+    return min(estimates(op, nbytes, comm), key=lambda e: e.tuner_us)
