@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 
 from boom_ml.zoo.base import BuiltModel
+from boom_ml.zoo.common import user_code_hint
 
 
 @contextlib.contextmanager
@@ -31,6 +32,7 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     """One line for a failure inside the user's model: the exception's first line, the op it
     met (fake tensors name it), and what would help where we know it."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = text[:300]  # the hints below are kept whole
     op = getattr(exc, "func", None)
     where = f" in op {op}" if op is not None else ""
     hook = getattr(exc, "boom_where", None)  # raised in the user's own hook (file_models.py)
@@ -39,13 +41,14 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
+    text += user_code_hint(exc)
     one_value = text.startswith("Expected more than 1 value per channel when training")
     if one_value:
         # a BatchNorm over a 1x1 map (deeplabv3's pooling branch; any CNN at a tiny image):
         # PyTorch refuses it in training on a GPU as here (a hunt: no hint had followed)
         text += (" (a BatchNorm sees one value per channel: give batch_size >= 2, or a larger"
                  " image_size)")  # fmt: skip
-    said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"[:400]
+    said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"
     synthesised = built.info.get("synthesised_input")
     if (
         synthesised and running and not hook and not one_value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -161,6 +162,9 @@ def floating_tensors(outputs: Any) -> list[torch.Tensor]:
         return [outputs] if outputs.is_floating_point() else []
     if isinstance(outputs, dict):  # HF ModelOutput is an OrderedDict
         outputs = list(outputs.values())
+    elif dataclasses.is_dataclass(outputs) and not isinstance(outputs, type):
+        # a dataclass of outputs had been said to hold no tensor (a hunt)
+        outputs = [getattr(outputs, f.name) for f in dataclasses.fields(outputs)]
     if isinstance(outputs, (list, tuple)):
         return [t for o in outputs for t in floating_tensors(o)]
     return []
@@ -170,7 +174,10 @@ def generic_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
     """A loss that touches every output: the sum of their means (in fp32, like a real loss)."""
     tensors = floating_tensors(outputs)
     if not tensors:
-        raise InvalidInputError("the model returned no floating-point tensor to compute a loss on")
+        raise InvalidInputError(
+            f"the model returned no floating-point tensor to compute a loss on (it returned "
+            f"{type(outputs).__name__}; define loss(outputs, inputs) to say which to train on)"
+        )
     return sum((t.float().mean() for t in tensors), torch.zeros((), device=tensors[0].device))
 
 
@@ -216,3 +223,31 @@ def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
         lowered.setdefault(c.lower(), c)
     hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
     return [lowered[h] for h in hits]
+
+
+# What helps, for failures a user's own model code meets on fake CPU tensors: (exception type
+# name or None for any, words in its message, the hint)
+_USER_CODE_HINTS = (
+    (None, ("no nvidia driver", "not compiled with cuda", "cpu and cuda", "cuda and cpu"),
+     "the model or its inputs ask for CUDA (.cuda(), .to('cuda'), device='cuda'); boom-ml "
+     "traces on this machine, without a GPU, and gpu= names the GPU: build the model on the "
+     "default device and make its inputs on example_inputs' device argument"),
+    ("DynamicOutputShapeException", (),
+     "an op whose output size depends on values (boolean-mask indexing, nonzero, "
+     "pack_padded_sequence); fake tensors have shapes, not values: mask with masked_fill and "
+     "an ignore_index, keep sequences padded"),
+    (None, ("sparsetensorimpl",),
+     "sparse gradients (nn.Embedding(sparse=True)) are not modelled: trace with sparse=False, "
+     "whose dense gradient is what AdamW and most optimizers need anyway"),
+)  # fmt: skip
+
+
+def user_code_hint(err: BaseException) -> str:
+    """' (what helps)' for a failure of the user's own model code we recognise, else ''."""
+    said = str(err).lower()
+    for name, words, hint in _USER_CODE_HINTS:
+        if (name is None or type(err).__name__ == name) and (
+            not words or any(w in said for w in words)
+        ):
+            return f" ({hint})"
+    return ""

@@ -41,6 +41,7 @@ from boom_ml.zoo.common import (
     generic_loss,
     guess_family,
     uncompiled,
+    user_code_hint,
 )
 
 
@@ -80,6 +81,11 @@ def _import(path: Path, what: str) -> ModuleType:
         raise InvalidInputError(f"{what}: cannot import {path} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
+    # its own folder first on the import path, as ``python model.py`` puts it: a project split
+    # into files (``from layers import block``) imports its siblings from anywhere (a hunt);
+    # kept there, for imports its functions make when called
+    if str(resolved.parent) not in sys.path:
+        sys.path.insert(0, str(resolved.parent))
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # sys.exit() in it had ended the run without a word
@@ -157,7 +163,9 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     try:
         module = build_on_device(lambda: factory(**spec.options), device)
     except (Exception, SystemExit) as err:
-        raise InvalidInputError(f"{what} raised {type(err).__name__}: {last_line(err)}") from err
+        raise InvalidInputError(
+            f"{what} raised {type(err).__name__}: {last_line(err)}{user_code_hint(err)}"
+        ) from err
     if not isinstance(module, nn.Module):
         raise InvalidInputError(
             f"{what} returned {type(module).__name__}, expected a torch.nn.Module"

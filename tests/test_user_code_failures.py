@@ -1,0 +1,142 @@
+"""What a user's own model file meets, and what it is told: a project split into files, a
+dataclass of outputs, CUDA in the model, value-dependent shapes, sparse gradients (a hunt ran
+each; the models here are small and made up for the test)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from boom_ml.errors import BoomError
+from boom_ml.predict import run
+from tests.test_predict_cli import BASE
+
+MODELS = textwrap.dedent(
+    """
+    import dataclasses
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from layers import block  # a sibling file, as `python model.py` would import it
+
+
+    class Net(nn.Module):
+        def __init__(self, mode):
+            super().__init__()
+            self.mode, self.fc1, self.fc2 = mode, block(64), nn.Linear(64, 10)
+
+        def forward(self, x):
+            h = self.fc1(x)
+            if self.mode == "cuda_tensor":
+                h = h + torch.zeros(h.shape[-1], device="cuda")
+            return self.fc2(h)
+
+        def example_inputs(self, batch_size, device):
+            return torch.randn(batch_size, 64, device=device)
+
+
+    def make(mode="plain"):
+        net = Net(mode)
+        return net.cuda() if mode == "cuda_model" else net
+
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        hidden: torch.Tensor
+
+
+    class Dataclass(Net):
+        def forward(self, x):
+            h = self.fc1(x)
+            return Out(self.fc2(h), h)
+
+
+    def dataclass_out():
+        return Dataclass("plain")
+
+
+    class Masked(nn.Module):
+        def __init__(self, sparse=False):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(100, 32, sparse=sparse), nn.Linear(32, 100)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids))
+
+        def example_inputs(self, batch_size, device):
+            ids = torch.randint(0, 100, (batch_size, 16), device=device)
+            return {"ids": ids, "_labels": ids}
+
+        def loss(self, out, batch):
+            keep = batch["_labels"] > 50
+            return F.cross_entropy(out[keep], batch["_labels"][keep])
+
+
+    def masked():
+        return Masked()
+
+
+    class Sparse(Masked):
+        def loss(self, out, batch):
+            return out.float().mean()
+
+
+    def sparse():
+        return Sparse(sparse=True)
+    """
+)
+CUDA = (
+    "(the model or its inputs ask for CUDA (.cuda(), .to('cuda'), device='cuda'); boom-ml "
+    "traces on this machine, without a GPU, and gpu= names the GPU: build the model on the "
+    "default device and make its inputs on example_inputs' device argument)"
+)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    (tmp_path / "layers.py").write_text(
+        "from torch import nn\n\n\ndef block(d):\n    return nn.Sequential(nn.Linear(d, d), nn.ReLU())\n"
+    )
+    (tmp_path / "model.py").write_text(MODELS)
+    return tmp_path / "model.py"
+
+
+def _options(model_file, factory: str, **kw) -> dict:
+    return {**BASE, "model": f"file:{model_file}:{factory}", "batch_size": 4, "advice": False,
+            "max_batch": "off", **kw}  # fmt: skip
+
+
+def test_a_file_imports_its_siblings_and_a_dataclass_output_is_trained(model_file):
+    """`from layers import block` works from any working directory; a dataclass's two float
+    fields get the default loss (it had been 'returned no floating-point tensor')."""
+    plain = json.loads(run(_options(model_file, "make")))
+    dataclass = json.loads(run(_options(model_file, "dataclass_out")))
+    # Linear(64, 64) and Linear(64, 10): 4,160 + 650 parameters, in both
+    assert plain["graph"]["num_parameters"] == dataclass["graph"]["num_parameters"] == 4810
+
+
+@pytest.mark.parametrize(
+    ("factory", "options", "ends"),
+    [
+        ("make", {"model_options": {"mode": "cuda_model"}}, "Found no NVIDIA driver"),
+        ("make", {"model_options": {"mode": "cuda_tensor"}}, "cpu and cuda:0!"),
+        ("masked", {}, "DynamicOutputShapeException: aten.nonzero.default"),
+        ("sparse", {"optimizer": "sgd"}, "Cannot access storage of SparseTensorImpl"),
+    ],
+)
+def test_failures_of_user_code_say_what_helps(model_file, factory, options, ends):
+    hint = {
+        "masked": "(an op whose output size depends on values (boolean-mask indexing, nonzero, "
+        "pack_padded_sequence); fake tensors have shapes, not values: mask with masked_fill "
+        "and an ignore_index, keep sequences padded)",
+        "sparse": "(sparse gradients (nn.Embedding(sparse=True)) are not modelled: trace with "
+        "sparse=False, whose dense gradient is what AdamW and most optimizers need anyway)",
+    }.get(factory, CUDA)
+    with pytest.raises(BoomError) as err:
+        run(_options(model_file, factory, **options))
+    said = str(err.value)
+    assert "\n" not in said and said.endswith(" " + hint)
+    assert ends in said
