@@ -47,7 +47,7 @@ from boom_ml.specs import (
     search_max_batch,
 )
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
-from boom_ml.timing.conv_layout import TENSOR_CORE_SM
+from boom_ml.timing.conv_layout import TENSOR_CORE_SM, has_channels_last_convolutions
 from boom_ml.trace.graph import reads_dtype
 
 __all__ = ["Session", "finetune_fields", "predict"]
@@ -242,10 +242,11 @@ def predict(
                 for k in ("seq_len", "image_size")
                 if getattr(step, k) and graph.meta["step"].get(k) is None
             }  # fmt: skip
-            # channels_last lays out convolutions' tensors: a model without one ignores it
+            # channels_last lays out 2-D and 3-D convolutions' tensors: a model without one
+            # ignores it
             | (
                 {"channels_last": True}
-                if step.channels_last and not graph.nodes["family"].eq("conv").any()
+                if step.channels_last and not has_channels_last_convolutions(graph.nodes)
                 else {}
             )
             | (

@@ -250,7 +250,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(f"Not used: {given} (this model's inputs do not read it)", highlight=False)
     if channels_last:
         console.print(
-            "Not used: channels_last=true (this model has no convolutions)", highlight=False
+            "Not used: channels_last=true (this model has no 2-D or 3-D convolutions)",
+            highlight=False,
         )
     for note in graph.get("model_notes") or []:
         console.print(f"Note: {note}.", highlight=False, soft_wrap=True)

@@ -17,6 +17,7 @@ from typing import Any
 from boom_ml.errors import ArtifactError
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus.spec import GpuSpec
+from boom_ml.timing import conv_layout
 from boom_ml.timing.basis import (
     basis,
     half_coverage,
@@ -180,8 +181,10 @@ def _fp32_method(graph: OpGraph, manifest: dict[str, Any], method: str) -> str:
 
 
 def _channels_last(graph: OpGraph) -> bool:
-    """Whether the traced step ran its convolutions on NHWC tensors (StepSpec.channels_last)."""
-    return bool(graph.meta.get("step", {}).get("channels_last", False))
+    """Whether the traced step ran its convolutions on NHWC tensors (StepSpec.channels_last,
+    on a model with a 2-D or 3-D convolution: ``conv_layout.has_channels_last_convolutions``)."""
+    asked = bool(graph.meta.get("step", {}).get("channels_last", False))
+    return asked and conv_layout.has_channels_last_convolutions(graph.nodes)
 
 
 def _per_op(graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32, top_n: int) -> list[TimeEstimate]:

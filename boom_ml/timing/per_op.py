@@ -185,7 +185,8 @@ def _node_rows(node: Any, family: str, flags: Tf32, channels_last: bool) -> list
         out = []
         for row, operands in convs:
             out.append({**base, "op": "conv2d", **row})
-            if not channels_last:  # NCHW: cuDNN's layout transforms around tensor cores
+            # NCHW: cuDNN's layout transforms around tensor cores
+            if not (channels_last and conv_layout.takes_channels_last(shapes)):
                 out += [
                     {**base, **r} for r in conv_layout.transform_rows(row, operands, base["dtype"])
                 ]
