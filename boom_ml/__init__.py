@@ -20,4 +20,6 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("boom_ml.predict")
     if name == "Session":  # lazily too: the session imports torch
         return importlib.import_module("boom_ml.session").Session
+    if name == "StepSpec":  # the step Session.evaluate takes
+        return importlib.import_module("boom_ml.specs").StepSpec
     raise AttributeError(f"module 'boom_ml' has no attribute {name!r}")

@@ -43,6 +43,7 @@ from boom_ml.specs import (
     check_model_options,
     check_model_syntax,
     check_number,
+    finetune_problem,
     max_batch_setting,
     search_max_batch,
 )
@@ -314,24 +315,9 @@ def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
     fields = {FINETUNE_KEYS[k]: v for k, v in finetune.items() if v is not None}
     if isinstance(fields.get("lora_targets"), str):  # finetune.targets=q_proj
         fields["lora_targets"] = [fields["lora_targets"]]
-    StepSpec(**fields)  # types and ranges first: "r must be an integer", not "applies to"
-    method = fields.get("finetune_method", "full")
-    # a key set away from its default that the method does not read would change nothing
-    # without a word (the CLI's config passes every key, at its default unless set)
-    default = StepSpec()
-    moved = [k for k in ("r", "alpha", "dropout", "targets", "double_quant")
-             if k in finetune and fields.get(FINETUNE_KEYS[k], getattr(default, FINETUNE_KEYS[k]))
-             != getattr(default, FINETUNE_KEYS[k])]  # fmt: skip
-    lora_only = [k for k in moved if k != "double_quant"]
-    if method == "full" and lora_only:
-        raise InvalidInputError(
-            f"finetune.{lora_only[0]} applies to finetune.method=lora or qlora, not full "
-            "(every weight trains)"
-        )
-    if method != "qlora" and "double_quant" in moved:
-        raise InvalidInputError(
-            f"finetune.double_quant applies to finetune.method=qlora, not {method}"
-        )
+    problem = finetune_problem(StepSpec(**fields))  # types and ranges first: "r must be an
+    if problem:  # integer", not "applies to"
+        raise InvalidInputError(problem)
     if fields.get("lora_targets") is not None and not list(fields["lora_targets"]):
         raise InvalidInputError(
             "finetune.targets=[] names no module; leave it out for peft's default targets"

@@ -22,8 +22,8 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.hf_notices import quiet_transformers
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
 from boom_ml.memory.estimate import estimate_memory
-from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax
-from boom_ml.stack import Stack, resolve_stack, stack_missing
+from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax, finetune_problem
+from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
@@ -171,6 +171,11 @@ class Session:
                 f" got {type(step).__name__} {step!r}"
             )
         stack = stack if stack is not None else resolve_stack()
+        # what predict() refuses, refused here too (a hunt: a fused Lion, finetune_method
+        # "full" with lora_r=16, had been predicted)
+        resolve_optimizer_impl(step.optimizer, step.optimizer_impl, stack)
+        if problem := finetune_problem(step):
+            raise InvalidInputError(problem)
         # ids and aliases too, as predict takes them (one result per item, in order)
         gpus = [get_gpu(g) for g in _as_list(gpus)]
         traced = replace(step, grad_accum=1, sdpa_group=None)

@@ -325,3 +325,21 @@ def search_max_batch(value: Any, n_gpus: int) -> bool:
     """Whether to search the largest batch: ``on``, or ``auto`` for a few GPUs."""
     setting = max_batch_setting(value)
     return setting == "on" or (setting == "auto" and n_gpus <= MAX_BATCH_AUTO_GPUS)
+
+
+def finetune_problem(step: StepSpec) -> str:
+    """Why ``step``'s adapter settings would change nothing ('' when none would): a LoRA key
+    away from its default under ``finetune_method="full"``, ``double_quant`` away from its
+    default without QLoRA. ``api.predict`` and ``Session.evaluate`` refuse such a step."""
+    default = StepSpec()
+    moved = [key for key, name in FINETUNE_KEYS.items()
+             if key != "method" and getattr(step, name) != getattr(default, name)]  # fmt: skip
+    lora_only = [key for key in moved if key != "double_quant"]
+    if step.finetune_method == "full" and lora_only:
+        return (
+            f"finetune.{lora_only[0]} applies to finetune.method=lora or qlora, not full "
+            "(every weight trains)"
+        )
+    if step.finetune_method != "qlora" and "double_quant" in moved:
+        return f"finetune.double_quant applies to finetune.method=qlora, not {step.finetune_method}"
+    return ""

@@ -236,3 +236,41 @@ def test_a_bare_name_is_reported_as_its_scheme_names_it() -> None:
     out = boom_ml.predict("squeezenet1_1", gpu="l4", batch_size=1, image_size=32, advice=False,
                           max_batch="off")  # fmt: skip
     assert out.model == out.to_dict()["model"] == "torchvision:squeezenet1_1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"optimizer": "lion", "optimizer_impl": "fused"}, "'lion' has no fused implementation"),
+        ({"optimizer": "adamw8bit", "optimizer_impl": "fused"}, "runs only its loop"),
+        ({"lora_r": 16}, "finetune.r applies to finetune.method=lora or qlora, not full"),
+        ({"finetune_method": "lora", "double_quant": False}, "double_quant applies to"),
+    ],
+)
+def test_session_evaluate_refuses_what_predict_refuses(fields, said) -> None:
+    """A hunt: Session.evaluate had predicted a fused Lion and LoRA keys under full training,
+    which predict() and the CLI refuse; and its hint named boom_ml.StepSpec, which was not
+    there."""
+    import boom_ml
+
+    step = boom_ml.StepSpec(batch_size=2, seq_len=64, **fields)
+    with pytest.raises(InvalidInputError, match=said):
+        boom_ml.Session("hf:gpt2").evaluate(step, ["l4"])
+
+
+def test_advice_arguments_are_predicts_keywords() -> None:
+    """An advice item's ``options`` are the CLI's keys (optimizer.impl, finetune.method), no
+    Python keywords (a hunt); its ``arguments`` are boom_ml.predict's."""
+    import inspect
+
+    from boom_ml.api import predict
+    from boom_ml.report.advisor import predict_arguments
+
+    settings = {"finetune_method": "qlora", "lora_r": 8, "params_dtype": "bf16",
+                "checkpointing": "full", "optimizer_impl": "auto", "checkpointing_every": 1,
+                "batch_size": 1, "grad_accum": 4}  # fmt: skip
+    arguments = predict_arguments(settings)
+    assert arguments == {"params_dtype": "bf16", "checkpointing": "full", "optimizer_impl": "auto",
+                         "checkpointing_every": 1, "batch_size": 1, "grad_accum": 4,
+                         "finetune": {"method": "qlora", "r": 8}}  # fmt: skip
+    assert set(arguments) <= set(inspect.signature(predict).parameters)

@@ -69,6 +69,9 @@ class Advice:
     # ``settings`` as the command line's keys (finetune.method=, not finetune_method=): what
     # to add to the command to run this advice
     options: dict[str, Any] = field(default_factory=dict)
+    # ``settings`` as ``boom_ml.predict``'s keyword arguments (finetune={"method": ...}):
+    # ``boom_ml.predict(model, ..., **advice.arguments)`` runs this advice
+    arguments: dict[str, Any] = field(default_factory=dict)
     # the p90 replay's total: the level that decides a tight fit (None: not traced)
     p90_bytes: int | None = None
     # the changed step's half-precision kernels no GPU of this one's architecture had measured
@@ -345,6 +348,7 @@ def _advice(
         change=label,
         settings=settings,
         options=command_options(settings),
+        arguments=predict_arguments(settings),
         accumulation_steps=accumulation,
         fits=result.fits,
         total_bytes=result.memory.total_bytes,
@@ -367,6 +371,16 @@ OPTION_KEYS = {**{name: f"finetune.{key}" for key, name in FINETUNE_KEYS.items()
 def command_options(settings: dict[str, Any]) -> dict[str, Any]:
     """StepSpec field changes as ``python -m boom_ml.predict`` keys."""
     return {OPTION_KEYS.get(k, k): v for k, v in settings.items()}
+
+
+def predict_arguments(settings: dict[str, Any]) -> dict[str, Any]:
+    """StepSpec field changes as ``boom_ml.predict`` keyword arguments: the adapter fields
+    gathered in its ``finetune`` mapping, the rest by their own names (a hunt: the CLI keys of
+    ``options``, optimizer.impl, are no Python keyword)."""
+    by_field = {name: key for key, name in FINETUNE_KEYS.items()}
+    out = {k: v for k, v in settings.items() if k not in by_field}
+    finetune = {by_field[k]: v for k, v in settings.items() if k in by_field}
+    return out | ({"finetune": finetune} if finetune else {})
 
 
 def nothing_fits(items: list[Advice]) -> bool:
