@@ -86,6 +86,16 @@ MODELS = textwrap.dedent(
 
     def sparse():
         return Sparse(sparse=True)
+
+
+    class Wrong(Net):
+        def __init__(self):
+            super().__init__("plain")
+            self.fc2 = nn.Linear(60, 10)  # fc1 gives 64 features
+
+
+    def wrong():
+        return Wrong()
     """
 )
 CUDA = (
@@ -140,3 +150,13 @@ def test_failures_of_user_code_say_what_helps(model_file, factory, options, ends
     said = str(err.value)
     assert "\n" not in said and said.endswith(" " + hint)
     assert ends in said
+
+
+def test_a_shape_mismatch_names_the_module_it_met(model_file):
+    """A hunt: in a large model the op and PyTorch's words alone did not say where."""
+    with pytest.raises(BoomError) as err:
+        run(_options(model_file, "wrong"))
+    assert str(err.value) == (
+        f"could not trace file:{model_file}:wrong in module fc2 (Linear): RuntimeError: a and b"
+        " must have same reduction dim, but got [4, 64] X [60, 10]."
+    )

@@ -35,6 +35,9 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     text = text[:300]  # the hints below are kept whole
     op = getattr(exc, "func", None)
     where = f" in op {op}" if op is not None else ""
+    module = _failing_module(built, exc)
+    if module:
+        where = f" in module {module}{where}"
     hook = getattr(exc, "boom_where", None)  # raised in the user's own hook (file_models.py)
     if hook:
         where = f" {hook}{where}"
@@ -57,3 +60,18 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
         said += (f" (its batch was synthesised as {synthesised} images; a model that takes other"
                  " inputs defines example_inputs(batch_size, device) on the module)")  # fmt: skip
     return said
+
+
+def _failing_module(built: BuiltModel, exc: BaseException) -> str:
+    """``name (Class)`` of the innermost submodule of the model whose method the exception
+    passed through ('' for none, or the model itself): a shape mismatch in a large model had
+    named the op alone (a hunt)."""
+    names = {id(m): n for n, m in built.module.named_modules() if n}
+    found = ""
+    tb = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in names:
+            found = f"{names[id(owner)]} ({type(owner).__name__})"
+        tb = tb.tb_next
+    return found
