@@ -160,3 +160,25 @@ def test_a_shape_mismatch_names_the_module_it_met(model_file):
         f"could not trace file:{model_file}:wrong in module fc2 (Linear): RuntimeError: a and b"
         " must have same reduction dim, but got [4, 64] X [60, 10]."
     )
+
+
+def test_a_model_built_in_bf16_says_params_dtype_names_it(tmp_path):
+    """A hunt: a factory returning model.to(torch.bfloat16) was labelled fp32 without a word,
+    and its time model followed the label."""
+    path = tmp_path / "half.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef make():\n"
+        "    return nn.Sequential(nn.Linear(64, 64), nn.ReLU()).to(torch.bfloat16)\n\n\n"
+        "def example_inputs(batch_size, device):\n"
+        "    return torch.randn(batch_size, 64, device=device, dtype=torch.bfloat16)\n"
+    )
+    note = (
+        "the factory's parameters are bf16 and are traced as built; params_dtype=bf16 names the"
+        " step so (its time model and the header follow the name, params_dtype=fp32)"
+    )
+    plain = json.loads(run({**BASE, "model": f"file:{path}:make", "advice": False,
+                            "max_batch": "off"}))  # fmt: skip
+    assert note in plain["graph"]["model_notes"]
+    named = json.loads(run({**BASE, "model": f"file:{path}:make", "advice": False,
+                            "max_batch": "off", "params_dtype": "bf16"}))  # fmt: skip
+    assert named["graph"]["model_notes"] == []

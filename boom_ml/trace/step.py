@@ -37,6 +37,7 @@ from boom_ml.trace.sdpa_select import DEFAULT_GROUP
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.checkpoint_policy import SelectiveSaves
 from boom_ml.zoo.checkpoint_policy import configure as configure_checkpointing
+from boom_ml.zoo.common import own_dtype_note
 from boom_ml.zoo.finetune import DTYPES, apply_recipe, logical_parameters
 from boom_ml.zoo.nf4 import NF4Linear
 
@@ -339,7 +340,8 @@ def trace_step_with_blocks(
             ),
             "recipe": runner.recipe,
             "model_notes": list(built.info.get("notes", []))  # what the zoo built instead
-            + _selective_note(step),
+            + _selective_note(step)
+            + own_dtype_note(built.info, step.params_dtype),
             "attention": built.info.get("attn_implementation"),
             "gradients": runner.gradient_sizes,
             "method_notes": runner.recipe.get("method_notes", [])

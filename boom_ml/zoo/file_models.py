@@ -40,6 +40,7 @@ from boom_ml.zoo.common import (
     ensure_meta,
     generic_loss,
     guess_family,
+    own_dtype,
     uncompiled,
     user_code_hint,
 )
@@ -236,6 +237,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "path": str(path),
             "factory": factory_name,
             "notes": compiled_note(compiled),
+            "own_dtype": own_dtype(module),  # a 16-bit model: zoo/common.py's own_dtype_note
             # the batch the tracer makes without example_inputs: a failure names it (trace/failures.py)
             "synthesised_input": None if has_example else f"{input_name}=(batch, 3, S, S)",
         },  # fmt: skip
