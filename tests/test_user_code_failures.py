@@ -182,3 +182,19 @@ def test_a_model_built_in_bf16_says_params_dtype_names_it(tmp_path):
     named = json.loads(run({**BASE, "model": f"file:{path}:make", "advice": False,
                             "max_batch": "off", "params_dtype": "bf16"}))  # fmt: skip
     assert named["graph"]["model_notes"] == []
+
+
+def test_an_image_too_small_for_a_head_says_what_helps():
+    """inception_v3 at 75 px (its main path's smallest) fails in its auxiliary head: the
+    module is named and both ways out said (a hunt had seen PyTorch's words alone)."""
+    options = {**BASE, "model": "torchvision:inception_v3", "image_size": 75, "advice": False,
+               "max_batch": "off"}  # fmt: skip
+    with pytest.raises(BoomError) as err:
+        run(options)
+    assert str(err.value) == (
+        "could not trace torchvision:inception_v3 in module AuxLogits (InceptionAux): "
+        "RuntimeError: Given input size: (768x3x3). Calculated output size: (768x0x0). Output "
+        "size is too small (the image shrinks below a layer's kernel on its way through the "
+        "model: give a larger image_size, or leave out the auxiliary head: "
+        "model_options.aux_logits=false)"
+    )

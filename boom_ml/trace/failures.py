@@ -44,7 +44,10 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
-    text += user_code_hint(exc)
+    hint = user_code_hint(exc)
+    if hint and "image_size" in hint and "aux" in module.lower():  # inception_v3 at 75 px
+        hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
+    text += hint
     one_value = text.startswith("Expected more than 1 value per channel when training")
     if one_value:
         # a BatchNorm over a 1x1 map (deeplabv3's pooling branch; any CNN at a tiny image):

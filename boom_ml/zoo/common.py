@@ -257,6 +257,9 @@ _USER_CODE_HINTS = (
      "an op whose output size depends on values (boolean-mask indexing, nonzero, "
      "pack_padded_sequence); fake tensors have shapes, not values: mask with masked_fill and "
      "an ignore_index, keep sequences padded"),
+    (None, ("output size is too small", "kernel size can't be greater than actual input size"),
+     "the image shrinks below a layer's kernel on its way through the model: give a larger "
+     "image_size"),
     (None, ("sparsetensorimpl",),
      "sparse gradients (nn.Embedding(sparse=True)) are not modelled: trace with sparse=False, "
      "whose dense gradient is what AdamW and most optimizers need anyway"),
