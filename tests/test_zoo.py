@@ -271,6 +271,17 @@ def test_fixed_size_vit_explains_option() -> None:
     )
 
 
+def test_a_fixed_size_timm_vit_says_how_to_build_it_for_another_size() -> None:
+    """It had said "pick a variant built for 33", which no timm ViT is (a hunt)."""
+    built = build_model("timm:vit_tiny_patch16_224")
+    with pytest.raises(InvalidInputError) as err:
+        built.make_inputs(StepSpec(batch_size=1, image_size=33), CPU)
+    assert str(err.value) == (
+        "timm:vit_tiny_patch16_224 is built for 224x224 images; for 33, build it with "
+        "model_options={img_size:33} (or a timm variant of that size), or leave image_size out"
+    )
+
+
 def test_detection_and_optical_flow_rejected() -> None:
     for name in ("fasterrcnn_resnet50_fpn", "raft_small"):
         with pytest.raises(InvalidInputError, match="detection and optical flow are not"):
