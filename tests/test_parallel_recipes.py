@@ -235,6 +235,9 @@ def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
     assert (f"Recipe: qlora adapters r=8, alpha=16, targets peft's defaults for the model; the"
             f" worst rank trains {adapters / 1e6:.1f} M of its {(held + adapters) / 1e6:.1f} M"
             " parameters.") in text  # fmt: skip
+    # and explain's stage line counts them too (it had counted the rest alone)
+    (stage,) = ranks["parallel"][0]["time"]["per_stage"]
+    assert stage["logical_params"] == held + adapters
 
 
 def test_fsdp_holds_no_gathered_parameters_at_the_optimizer_step():

@@ -269,15 +269,17 @@ def _recipe_key(step: StepSpec) -> list[Any]:
 
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
     """Parameters per layer, of the embedding (first stage) and of the rest (last stage), the
-    same prefixed ``trainable_``, and bytes per element of each (``param_split``)."""
+    same prefixed ``trainable_`` and ``logical_`` (``shard.param_split``), and bytes per
+    element of each."""
     key = key_of("params", raw, tp, _recipe_key(step))  # batch and sequence change nothing
     if key in _MEMO:
         return _MEMO[key]
     hit = disk_get("params", key)
     if hit is None:
         (_, one), (_, two) = rank_graphs(raw, tp, step)
-        trainable = roles(one, two, "trainable_")
+        trainable, logical = roles(one, two, "trainable_"), roles(one, two, "logical_")
         hit = {**roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
+               **{f"logical_{k}": v for k, v in logical.items()},
                "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
         disk_put("params", key, hit)
     _MEMO[key] = hit

@@ -97,19 +97,29 @@ class Shape:
     trainable_layer: int | None = None
     trainable_first: int | None = None
     trainable_last: int | None = None
+    # of params_*, the parameters the model stands for (QLoRA's 4-bit weights counted as
+    # weights, not as the bytes that hold them: shard.param_counts' logical_*; None: the same)
+    logical_layer: int | None = None
+    logical_first: int | None = None
+    logical_last: int | None = None
 
-    def count(self, role: str, trainable: bool = False) -> int:
+    def count(self, role: str, trainable: bool = False, logical: bool = False) -> int:
         """Parameters per layer ('layer'), of the embedding ('first') or of the rest ('last');
-        with ``trainable``, those of them that have gradients."""
-        own = getattr(self, f"trainable_{role}") if trainable else None
+        with ``trainable``, those of them that have gradients; with ``logical``, as the model
+        stands for them."""
+        kind = "trainable" if trainable else "logical" if logical else None
+        own = getattr(self, f"{kind}_{role}") if kind else None
         return getattr(self, f"params_{role}") if own is None else own
 
-    def stage_params(self, layers: int, first: bool, last: bool, trainable: bool = False) -> int:
-        """Parameters (or trainable ones) of a stage's layers and ends."""
-        ends = (self.count("first", trainable) if first else 0) + (
-            self.count("last", trainable) if last else 0
+    def stage_params(
+        self, layers: int, first: bool, last: bool, trainable: bool = False, logical: bool = False
+    ) -> int:
+        """Parameters (or trainable ones, or those the model stands for) of a stage's layers
+        and ends."""
+        ends = (self.count("first", trainable, logical) if first else 0) + (
+            self.count("last", trainable, logical) if last else 0
         )
-        return layers * self.count("layer", trainable) + ends
+        return layers * self.count("layer", trainable, logical) + ends
 
 
 def tp_collectives(
@@ -328,13 +338,14 @@ def step_time(
             c.exposed_ms *= m
         params = shape.stage_params(n, first, last)
         trainable = shape.stage_params(n, first, last, trainable=True)
+        logical = shape.stage_params(n, first, last, logical=True)
         opt = compute_scale * (n * prof.opt_layer_ms + ends_share(first, last) * prof.opt_ends_ms)
         if layout.zero_stage >= 1:
             opt /= layout.dp  # each rank steps its shard
         stages.append({"stage": s, "layers": n, "compute_ms": compute, "comm_ms": crit,
                        "micro_ms": compute + crit, "optimizer_ms": opt, "params": params,
                        "accumulate_ms": accumulate,
-                       "trainable": trainable,
+                       "trainable": trainable, "logical_params": logical,
                        "collectives": colls, "first": first, "last": last})  # fmt: skip
     p2p = 0.0
     if pp > 1:

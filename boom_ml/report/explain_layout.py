@@ -53,7 +53,7 @@ def _time_lines(entry: dict[str, Any]) -> list[str]:
             f"    stage {st['stage']}: {st['layers']} layers, compute {st['compute_ms']:.2f} ms"
             f" + comm {st['comm_ms']:.2f} ms a micro-batch; busy {st.get('busy_ms', 0):.1f} ms,"
             f" adds {st['accumulate_ms']:.2f} ms, optimizer {st['optimizer_ms']:.2f} ms,"
-            f" {st['params'] / 1e6:.1f} M parameters{mark}"
+            f" {st.get('logical_params', st['params']) / 1e6:.1f} M parameters{mark}"
         )
     if lay["pp"] > 1:
         lines.append(
