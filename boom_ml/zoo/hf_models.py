@@ -26,7 +26,7 @@ from boom_ml.zoo.common import build_on_device, generic_loss
 from boom_ml.zoo.hf_config import config_path, load_config
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
-from boom_ml.zoo.hf_notes import attention_note, build_notes, has_attention
+from boom_ml.zoo.hf_notes import attention_note, build_notes, has_attention, tied_head_note
 
 # Default sequence lengths: encoders are trained at <= 512, decoders at >= 1024 (GPT-2's limit).
 ENCODER_SEQ_LEN = 512
@@ -360,6 +360,8 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "moe_layers": moe_layers,
             "moe_imbalance": imbalance if moe_layers else None,
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
-            "notes": build_notes(config, head, from_arch) + attention_note(module, attention, head),
+            "notes": build_notes(config, head, from_arch)
+            + attention_note(module, attention, head)
+            + tied_head_note(path, module),
         },
     )

@@ -3,6 +3,7 @@ the traced model is that the user did not name or that a GPU run would do otherw
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -72,3 +73,28 @@ def has_attention(module: Any) -> bool:
     """Whether the model has attention modules (ConvNeXt, a Mamba have none: whatever
     implementation transformers records for them runs nothing)."""
     return any("Attention" in type(m).__name__ for m in module.modules())
+
+
+def tied_head_note(path: Any, module: Any) -> list[str]:
+    """A config that unties its output layer (``tie_word_embeddings: false``) built tied all
+    the same (transformers 5's T5Config ties it whatever the config says: flan-t5): the
+    checkpoint's own output layer is not in the trace, so say so (a hunt: flan-t5-base came
+    out 222.9 M parameters, its card says 248 M, without a word)."""
+    import json
+
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError, TypeError):
+        return []
+    out = getattr(module, "get_output_embeddings", lambda: None)()
+    emb = getattr(module, "get_input_embeddings", lambda: None)()
+    if raw.get("tie_word_embeddings") is not False or out is None or emb is None:
+        return []
+    if getattr(out, "weight", None) is not emb.weight:
+        return []
+    return [
+        f"the config unties the output layer (tie_word_embeddings: false), but transformers "
+        f"builds {type(module).__name__} with it tied to the input embeddings, so the "
+        f"checkpoint's own output layer ({out.weight.numel() / 1e6:.1f} M parameters, with "
+        "its gradient and optimizer state) is not counted"
+    ]
