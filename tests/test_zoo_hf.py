@@ -290,6 +290,8 @@ def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path:
         ({"num_hidden_layers": "two"}, "expected int, got str"),
         ({"num_attention_heads": 0}, "division or modulo by zero"),
         ({"num_hidden_layers": -1}, "num_hidden_layers=-1: a count or size cannot be negative"),
+        # zero layers had built the embedding and head alone, without a word (a hunt)
+        ({"num_hidden_layers": 0}, "num_hidden_layers=0 leaves the model without layers"),
     ):
         with pytest.raises(InvalidInputError, match=words):
             build_model(ModelSpec(f"hf:{path}", options=options))

@@ -138,6 +138,13 @@ def _init_default(model_type: str, field: str) -> Any:
 COUNT_FIELD = re.compile(r"^(num|n)_|_(size|layers|heads|dim|experts)$")
 
 
+# the fields that count a model's layers (GPT-2's n_layer, T5's num_decoder_layers, BART's
+# encoder_layers, ...)
+LAYER_COUNT = re.compile(
+    r"(num_hidden_layers|n_layers?|num_layers|num_decoder_layers|encoder_layers|decoder_layers)$"
+)
+
+
 def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Refuse an override that looks like a misspelled config field: unknown to the config
     and its class, and close to a name that is known (transformers accepts any name and
@@ -146,6 +153,11 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     for key, value in (overrides or {}).items():
+        if type(value) is int and value == 0 and LAYER_COUNT.match(key):
+            # zero layers built an embedding and its head alone, without a word (a hunt)
+            raise InvalidInputError(
+                f"model_options.{key}=0 leaves the model without layers; give at least 1"
+            )
         # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer);
         # a field whose own default is negative (ViLT's num_images=-1) means something by it
         if type(value) is int and value < 0 and COUNT_FIELD.search(key):
