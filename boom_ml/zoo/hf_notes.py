@@ -86,9 +86,13 @@ def tied_head_note(path: Any, module: Any) -> list[str]:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError, TypeError):
         return []
-    out = getattr(module, "get_output_embeddings", lambda: None)()
-    emb = getattr(module, "get_input_embeddings", lambda: None)()
-    if raw.get("tie_word_embeddings") is not False or out is None or emb is None:
+    if raw.get("tie_word_embeddings") is not False:
+        return []
+    try:  # transformers raises for a class that has no embeddings (ConvNext)
+        out, emb = module.get_output_embeddings(), module.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return []
+    if out is None or emb is None:
         return []
     if getattr(out, "weight", None) is not emb.weight:
         return []
