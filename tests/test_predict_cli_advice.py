@@ -100,6 +100,7 @@ def test_a_batchnorm_over_one_value_says_what_helps(tmp_path):
         run(options)
     assert str(err.value).endswith(
         "Expected more than 1 value per channel when training, got input size"
-        " torch.Size([1, 64]) (a BatchNorm sees one value per channel: give batch_size >= 2,"
-        " or a larger image_size)"
+        " torch.Size([1, 64]) (a BatchNorm sees one value per channel: give batch_size >= 2;"
+        " a larger image_size helps only a map made 1x1 by a small image, not one after a"
+        " global pool, as in DeepLabV3's head)"
     )

@@ -198,3 +198,37 @@ def test_an_image_too_small_for_a_head_says_what_helps():
         "model: give a larger image_size, or leave out the auxiliary head: "
         "model_options.aux_logits=false)"
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "hint"),
+    [
+        ("torchvision:maxvit_t", 448, "model_options={input_size:[448,448]}"),
+        ("timm:mixer_b16_224", 256, "model_options={img_size:256}"),
+    ],
+)
+def test_a_fixed_size_model_at_another_size_names_the_keyword_that_builds_it(model, size, hint):
+    """A hunt: maxvit_t at 448 and timm's MLP-Mixer at 256 had stopped on a reshape's or an
+    assertion's words alone; their constructors take the size by these keywords."""
+    options = {**BASE, "model": model, "image_size": size, "advice": False, "max_batch": "off"}
+    with pytest.raises(BoomError) as err:
+        run(options)
+    assert str(err.value).endswith(
+        f" (it is built for 224x224 images; build it for {size} with {hint}, where its"
+        " architecture allows that size)"
+    )
+
+
+def test_torchvision_sizes_and_classes_say_what_they_take():
+    """A ViT side its patches do not tile had been told to build for it, which torchvision
+    refuses; num_classes=0 had failed drawing labels (a hunt)."""
+    with pytest.raises(BoomError) as err:
+        run({**BASE, "model": "torchvision:vit_b_16", "image_size": 225, "advice": False,
+             "max_batch": "off"})  # fmt: skip
+    assert str(err.value) == (
+        "torchvision:vit_b_16 takes image sides that are a multiple of its patch size 16 (224 "
+        "or 240), not 225; it is built for 224x224 and takes another such side built with "
+        "model_options={image_size:240}"
+    )
+    with pytest.raises(BoomError, match=r"num_classes=0: a torchvision classifier needs"):
+        run({**BASE, "model_options": {"num_classes": 0}, "advice": False, "max_batch": "off"})

@@ -295,7 +295,9 @@ def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path:
     ):
         with pytest.raises(InvalidInputError, match=words):
             build_model(ModelSpec(f"hf:{path}", options=options))
-    with pytest.raises(InvalidInputError, match="torchvision:resnet18: cannot build: RuntimeError"):
+    with pytest.raises(InvalidInputError, match="torchvision:resnet50: cannot build: RuntimeError"):
+        build_model(ModelSpec("torchvision:resnet50", options={"width_per_group": -64}))
+    with pytest.raises(InvalidInputError, match="num_classes=-5: a torchvision classifier needs"):
         build_model(ModelSpec("torchvision:resnet18", options={"num_classes": -5}))
 
 

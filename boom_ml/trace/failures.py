@@ -4,6 +4,7 @@ without the traceback torch's fake-tensor logger would print first."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Iterator
 
@@ -28,9 +29,12 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) -> str:
+def describe_failure(
+    built: BuiltModel, exc: Exception, running: bool = True, image_size: int | None = None
+) -> str:
     """One line for a failure inside the user's model: the exception's first line, the op it
-    met (fake tensors name it), and what would help where we know it."""
+    met (fake tensors name it), and what would help where we know it (``image_size``: the
+    step's, where a model built for another may be why)."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     text = text[:300]  # the hints below are kept whole
     op = getattr(exc, "func", None)
@@ -44,16 +48,19 @@ def describe_failure(built: BuiltModel, exc: Exception, running: bool = True) ->
     if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
         text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
                  " scaling; fake tensors have shapes, not values)")  # fmt: skip
-    hint = user_code_hint(exc)
-    if hint and "image_size" in hint and "aux" in module.lower():  # inception_v3 at 75 px
-        hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
-    text += hint
     one_value = text.startswith("Expected more than 1 value per channel when training")
     if one_value:
-        # a BatchNorm over a 1x1 map (deeplabv3's pooling branch; any CNN at a tiny image):
-        # PyTorch refuses it in training on a GPU as here (a hunt: no hint had followed)
-        text += (" (a BatchNorm sees one value per channel: give batch_size >= 2, or a larger"
-                 " image_size)")  # fmt: skip
+        # a BatchNorm over a 1x1 map at batch 1 (deeplabv3's pooling branch; any CNN at a tiny
+        # image): PyTorch refuses it in training on a GPU as here; after a global pool no image
+        # size helps (a hunt had been told to try one at 1024 px)
+        text += (" (a BatchNorm sees one value per channel: give batch_size >= 2; a larger"
+                 " image_size helps only a map made 1x1 by a small image, not one after a"
+                 " global pool, as in DeepLabV3's head)")  # fmt: skip
+    else:
+        hint = user_code_hint(exc)
+        if hint and "image_size" in hint and "aux" in module.lower():  # inception_v3 at 75 px
+            hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
+        text += hint or _other_size_hint(built, image_size)
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"
     synthesised = built.info.get("synthesised_input")
     if (
@@ -78,3 +85,29 @@ def _failing_module(built: BuiltModel, exc: BaseException) -> str:
             found = f"{names[id(owner)]} ({type(owner).__name__})"
         tb = tb.tb_next
     return found
+
+
+# the keyword a vision model's constructor takes its image size by (timm's img_size, torchvision
+# ViT's image_size, MaxViT's input_size: a pair)
+_SIZE_KEYWORDS = ("img_size", "image_size", "input_size")
+
+
+def _other_size_hint(built: BuiltModel, size: int | None) -> str:
+    """Where a torchvision or timm model fails at an image size other than its own: the
+    keyword its constructor builds another size with (a hunt: maxvit_t at 448, timm's mixer,
+    LeViT and CoAtNet at 256 had stopped on a reshape's words alone)."""
+    native = built.default_image_size
+    if built.source not in ("timm", "torchvision") or not size or not native or size == native:
+        return ""
+    params: set[str] = set()
+    for cls in type(built.module).__mro__:  # LeViT's distilled class passes **kwargs up
+        with contextlib.suppress(TypeError, ValueError):
+            params |= set(inspect.signature(cls.__init__).parameters)
+    keyword = next((k for k in _SIZE_KEYWORDS if k in params), None)
+    if keyword is None:
+        return f" (it is built for {native}x{native} images: leave image_size out)"
+    value = f"[{size},{size}]" if keyword == "input_size" else str(size)
+    return (
+        f" (it is built for {native}x{native} images; build it for {size} with"
+        f" model_options={{{keyword}:{value}}}, where its architecture allows that size)"
+    )

@@ -269,7 +269,7 @@ def _materialised(built: BuiltModel, step: StepSpec) -> Iterator[_StepRunner]:
         except BoomError:
             raise  # already says what went wrong (a seq_len beyond the positions, say)
         except Exception as exc:  # noqa: BLE001 - a failure inside a model is the user's model
-            raise TraceError(describe_failure(built, exc)) from exc
+            raise TraceError(describe_failure(built, exc, image_size=step.image_size)) from exc
 
 
 def trace_step(built: BuiltModel, step: StepSpec) -> OpGraph:

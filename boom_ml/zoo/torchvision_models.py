@@ -4,6 +4,7 @@ segmentation and video models through ``torchvision_tasks``."""
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any
 
 import torch
@@ -103,6 +104,14 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
 
     options: dict[str, Any] = dict(spec.options)
     refuse_weights(options, f"torchvision:{name}")
+    classes = options.get("num_classes", 1000)
+    if not isinstance(classes, numbers.Integral) or isinstance(classes, bool) or classes < 1:
+        # 0 had built with a warning and failed drawing the labels; a string in empty()
+        raise InvalidInputError(
+            f"model_options.num_classes={classes}: a torchvision classifier needs an integer"
+            " number of classes, at least 1 (timm's num_classes=0, pooled features, has no"
+            " torchvision counterpart)"
+        )
     if name in _ROOT_BLOCK_MODELS:
         # Weight init is pointless on meta, and passing it silences torchvision's warning.
         # The aux heads stay on: real training of these nets uses them.
@@ -120,6 +129,16 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     def make_inputs(step: StepSpec, dev: torch.device) -> dict[str, Any]:
         size = step.image_size or image_size
         if fixed_size is not None and size != fixed_size:
+            # its patches must tile the image (torchvision asserts it when building)
+            patch = getattr(module, "patch_size", None)
+            if patch and size % patch:
+                above = (size // patch + 1) * patch
+                raise InvalidInputError(
+                    f"{what} takes image sides that are a multiple of its patch size {patch}"
+                    f" ({size // patch * patch} or {above}), not {size}; it is built for"
+                    f" {fixed_size}x{fixed_size} and takes another such side built with"
+                    f" model_options={{image_size:{above}}}"
+                )
             raise InvalidInputError(
                 f"{what} is built for {fixed_size}x{fixed_size} images; to use {size}, "
                 f"build it with model_options={{image_size:{size}}}"
