@@ -204,7 +204,8 @@ def predict(
         )
         if micro_key:  # grad_accum= beside parallel.microbatches= is refused
             advised = {g: [replace(a, options={("parallel.microbatches" if k == "grad_accum"
-                                                 else k): v for k, v in a.options.items()})
+                                                 else k): v for k, v in a.options.items()},
+                                   arguments=_as_microbatches(a.arguments))
                            for a in items] for g, items in advised.items()}  # fmt: skip
         # where nothing fits on one GPU: the cheapest multi-GPU layouts (boom_ml/parallel/search.py)
         search = partial(search_layouts_many, model, cluster=nodes, stack=software,
@@ -289,12 +290,21 @@ def predict(
     return prediction
 
 
+def _as_microbatches(arguments: dict[str, Any]) -> dict[str, Any]:
+    """An advice's ``grad_accum`` as ``parallel={"microbatches": n}``, for a call that names
+    its micro-batches so (``predict`` refuses both)."""
+    if "grad_accum" not in arguments:
+        return arguments
+    out = {k: v for k, v in arguments.items() if k != "grad_accum"}
+    return out | {"parallel": {"microbatches": arguments["grad_accum"]}}
+
+
 def _layout_notes(graph: Any, step: StepSpec) -> list[str]:
     """channels_last=true on a step whose convolutions are all fp32 (TF32): the same time and
     memory as NCHW, where only fp16/bf16 tensor-core ones lose transforms (timing/conv_layout)."""
+    if not step.channels_last or not has_channels_last_convolutions(graph.nodes):
+        return []  # a Conv1d model is told channels_last is not used (the table's line)
     convs = graph.nodes[graph.nodes["family"].eq("conv")]
-    if not step.channels_last or convs.empty:
-        return []
     if reads_dtype(convs, TENSOR_CORE_SM).any():
         return []
     return [

@@ -263,14 +263,24 @@ def test_advice_arguments_are_predicts_keywords() -> None:
     Python keywords (a hunt); its ``arguments`` are boom_ml.predict's."""
     import inspect
 
-    from boom_ml.api import predict
+    from boom_ml.api import _as_microbatches, predict
     from boom_ml.report.advisor import predict_arguments
 
-    settings = {"finetune_method": "qlora", "lora_r": 8, "params_dtype": "bf16",
-                "checkpointing": "full", "optimizer_impl": "auto", "checkpointing_every": 1,
-                "batch_size": 1, "grad_accum": 4}  # fmt: skip
-    arguments = predict_arguments(settings)
+    settings = {"finetune_method": "qlora", "params_dtype": "bf16", "checkpointing": "full",
+                "optimizer_impl": "auto", "batch_size": 1, "grad_accum": 4}  # fmt: skip
+    # a LoRA step at r=16 advised QLoRA: the whole mapping, so a merge over the call's own
+    # keeps its r (the diff alone would have reset it to 8)
+    changed = boom_ml.StepSpec(finetune_method="qlora", lora_r=16, params_dtype="bf16",
+                               checkpointing="full", batch_size=1, grad_accum=4)  # fmt: skip
+    arguments = predict_arguments(settings, changed)
     assert arguments == {"params_dtype": "bf16", "checkpointing": "full", "optimizer_impl": "auto",
-                         "checkpointing_every": 1, "batch_size": 1, "grad_accum": 4,
-                         "finetune": {"method": "qlora", "r": 8}}  # fmt: skip
+                         "batch_size": 1, "grad_accum": 4,
+                         "finetune": {"method": "qlora", "r": 16}}  # fmt: skip
     assert set(arguments) <= set(inspect.signature(predict).parameters)
+    assert predict_arguments({"amp": "bf16"}, boom_ml.StepSpec(amp="bf16")) == {"amp": "bf16"}
+    # a layout call names its micro-batches as parallel.microbatches, which grad_accum may not
+    # stand beside
+    assert _as_microbatches({"batch_size": 2, "grad_accum": 4}) == {
+        "batch_size": 2,
+        "parallel": {"microbatches": 4},
+    }

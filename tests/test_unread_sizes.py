@@ -134,3 +134,5 @@ def test_channels_last_leaves_a_conv1d_models_transforms(tmp_path) -> None:
         times[layout] = pred.gpus[0].time.per_op_ms
     assert times[True] == times[False]
     assert pred.graph["unread"] == {"channels_last": True}
+    # and no note that autocast would make it help (the review found one)
+    assert not any("channels_last" in note for note in pred.graph["model_notes"])

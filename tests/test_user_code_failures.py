@@ -194,9 +194,9 @@ def test_an_image_too_small_for_a_head_says_what_helps():
     assert str(err.value) == (
         "could not trace torchvision:inception_v3 in module AuxLogits (InceptionAux): "
         "RuntimeError: Given input size: (768x3x3). Calculated output size: (768x0x0). Output "
-        "size is too small (the image shrinks below a layer's kernel on its way through the "
-        "model: give a larger image_size, or leave out the auxiliary head: "
-        "model_options.aux_logits=false)"
+        "size is too small (the input shrinks below a layer's kernel on its way through the "
+        "model: give larger inputs (image_size, for an image model), or leave out the auxiliary "
+        "head: model_options.aux_logits=false)"
     )
 
 
@@ -232,3 +232,22 @@ def test_torchvision_sizes_and_classes_say_what_they_take():
     )
     with pytest.raises(BoomError, match=r"num_classes=0: a torchvision classifier needs"):
         run({**BASE, "model_options": {"num_classes": 0}, "advice": False, "max_batch": "off"})
+
+
+def test_sibling_modules_of_two_model_folders_stay_apart(tmp_path):
+    """Each folder's layers.py is its own (the review of the sys.path change: the first
+    folder's module had been reused by name for the second)."""
+    from boom_ml.zoo import build_model
+
+    counts = []
+    for width in (8, 16):
+        folder = tmp_path / f"w{width}"
+        folder.mkdir()
+        (folder / "layers.py").write_text(f"from torch import nn\n\nWIDTH = {width}\n")
+        (folder / "model.py").write_text(
+            "from torch import nn\nfrom layers import WIDTH\n\n\n"
+            "def make():\n    return nn.Linear(WIDTH, WIDTH)\n"
+        )
+        built = build_model(f"file:{folder / 'model.py'}:make")
+        counts.append(sum(p.numel() for p in built.module.parameters()))
+    assert counts == [8 * 8 + 8, 16 * 16 + 16]

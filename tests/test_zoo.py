@@ -278,7 +278,7 @@ def test_a_fixed_size_timm_vit_says_how_to_build_it_for_another_size() -> None:
         built.make_inputs(StepSpec(batch_size=1, image_size=33), CPU)
     assert str(err.value) == (
         "timm:vit_tiny_patch16_224 is built for 224x224 images; for 33, build it with "
-        "model_options={img_size:33} (or a timm variant of that size), or leave image_size out"
+        "model_options={img_size:33}, or leave image_size out"
     )
 
 

@@ -348,7 +348,7 @@ def _advice(
         change=label,
         settings=settings,
         options=command_options(settings),
-        arguments=predict_arguments(settings),
+        arguments=predict_arguments(settings, changed),
         accumulation_steps=accumulation,
         fits=result.fits,
         total_bytes=result.memory.total_bytes,
@@ -373,14 +373,20 @@ def command_options(settings: dict[str, Any]) -> dict[str, Any]:
     return {OPTION_KEYS.get(k, k): v for k, v in settings.items()}
 
 
-def predict_arguments(settings: dict[str, Any]) -> dict[str, Any]:
-    """StepSpec field changes as ``boom_ml.predict`` keyword arguments: the adapter fields
-    gathered in its ``finetune`` mapping, the rest by their own names (a hunt: the CLI keys of
-    ``options``, optimizer.impl, are no Python keyword)."""
+def predict_arguments(settings: dict[str, Any], changed: StepSpec) -> dict[str, Any]:
+    """StepSpec field changes as ``boom_ml.predict`` keyword arguments, to merge over the
+    call's own (``{**kwargs, **advice.arguments}``): the rest by their own names, and where an
+    adapter field changes, the whole ``finetune`` mapping of the ``changed`` step (a merge
+    replaces the call's mapping whole: LoRA r=16 advised QLoRA keeps its r). A hunt: the CLI
+    keys of ``options``, optimizer.impl, are no Python keyword."""
     by_field = {name: key for key, name in FINETUNE_KEYS.items()}
     out = {k: v for k, v in settings.items() if k not in by_field}
-    finetune = {by_field[k]: v for k, v in settings.items() if k in by_field}
-    return out | ({"finetune": finetune} if finetune else {})
+    if not any(k in by_field for k in settings):
+        return out
+    default = StepSpec()
+    finetune = {key: getattr(changed, name) for name, key in by_field.items()
+                if getattr(changed, name) != getattr(default, name) or key == "method"}  # fmt: skip
+    return out | {"finetune": finetune}
 
 
 def nothing_fits(items: list[Advice]) -> bool:

@@ -58,7 +58,8 @@ def describe_failure(
                  " global pool, as in DeepLabV3's head)")  # fmt: skip
     else:
         hint = user_code_hint(exc)
-        if hint and "image_size" in hint and "aux" in module.lower():  # inception_v3 at 75 px
+        aux = built.source == "torchvision" and "aux" in module.lower()
+        if hint and "image_size" in hint and aux:  # inception_v3 at 75 px
             hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
         text += hint or _other_size_hint(built, image_size)
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"

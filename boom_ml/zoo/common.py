@@ -157,7 +157,7 @@ def own_dtype_note(info: dict[str, Any], params_dtype: str) -> list[str]:
     ``params_dtype``: it is traced as built, and the name chooses how its time is predicted
     (a hunt: the same trace came out 4.96 ms as fp32 and 7.7 as bf16, without a word)."""
     own = info.get("own_dtype")
-    if own is None or own == params_dtype:
+    if own is None or params_dtype != "fp32":  # a 16-bit params_dtype casts the model to it
         return []
     return [
         f"the factory's parameters are {own} and are traced as built; params_dtype={own} names "
@@ -196,8 +196,8 @@ def generic_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
     tensors = floating_tensors(outputs)
     if not tensors:
         raise InvalidInputError(
-            f"the model returned no floating-point tensor to compute a loss on (it returned "
-            f"{type(outputs).__name__}; define loss(outputs, inputs) to say which to train on)"
+            "the model returned no floating-point tensor to compute a loss on (it returned "
+            f"{type(outputs).__name__})"
         )
     return sum((t.float().mean() for t in tensors), torch.zeros((), device=tensors[0].device))
 
@@ -258,8 +258,8 @@ _USER_CODE_HINTS = (
      "pack_padded_sequence); fake tensors have shapes, not values: mask with masked_fill and "
      "an ignore_index, keep sequences padded"),
     (None, ("output size is too small", "kernel size can't be greater than actual input size"),
-     "the image shrinks below a layer's kernel on its way through the model: give a larger "
-     "image_size"),
+     "the input shrinks below a layer's kernel on its way through the model: give larger "
+     "inputs (image_size, for an image model)"),
     (None, ("sparsetensorimpl",),
      "sparse gradients (nn.Embedding(sparse=True)) are not modelled: trace with sparse=False, "
      "whose dense gradient is what AdamW and most optimizers need anyway"),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -82,11 +83,15 @@ def _import(path: Path, what: str) -> ModuleType:
         raise InvalidInputError(f"{what}: cannot import {path} as Python")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    # its own folder first on the import path, as ``python model.py`` puts it: a project split
-    # into files (``from layers import block``) imports its siblings from anywhere (a hunt);
-    # kept there, for imports its functions make when called
-    if str(resolved.parent) not in sys.path:
-        sys.path.insert(0, str(resolved.parent))
+    # its own folder first on the import path while it is imported, as ``python model.py``
+    # puts it: a project split into files (``from layers import block``) imports its siblings
+    # from anywhere (a hunt). Then last (imports its functions make when called still find
+    # them; a peft.py there does not shadow the installed peft), and its siblings are dropped
+    # from sys.modules, so another folder's layers.py is its own.
+    folder, before = str(resolved.parent), set(sys.modules)
+    placed = folder not in sys.path  # a folder already on the path (the cwd) stays where it is
+    if placed:
+        sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # sys.exit() in it had ended the run without a word
@@ -94,6 +99,13 @@ def _import(path: Path, what: str) -> ModuleType:
         raise InvalidInputError(
             f"{what}: importing {path} raised {type(err).__name__}: {last_line(err)}"
         ) from err
+    finally:
+        if placed:
+            sys.path.remove(folder)
+            sys.path.append(folder)
+        for name in set(sys.modules) - before - {mod_name}:
+            if str(getattr(sys.modules[name], "__file__", "") or "").startswith(folder + os.sep):
+                del sys.modules[name]
     return module
 
 
@@ -209,7 +221,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
 
     def compute_loss(outputs: Any, inputs: dict[str, Any]) -> torch.Tensor:
         if user_loss is None:
-            return generic_loss(outputs, inputs)
+            try:
+                return generic_loss(outputs, inputs)
+            except InvalidInputError as err:  # the user's file can say which to train on
+                raise InvalidInputError(
+                    f"{err}; define loss(outputs, inputs) in {path.name} to say what it trains"
+                ) from err
         try:
             loss = user_loss(outputs, inputs)
         except Exception as err:

@@ -141,7 +141,7 @@ COUNT_FIELD = re.compile(r"^(num|n)_|_(size|layers|heads|dim|experts)$")
 # the fields that count a model's layers (GPT-2's n_layer, T5's num_decoder_layers, BART's
 # encoder_layers, ...)
 LAYER_COUNT = re.compile(
-    r"(num_hidden_layers|n_layers?|num_layers|num_decoder_layers|encoder_layers|decoder_layers)$"
+    r"(num_hidden_layers|n_layers?|num_layers|num_(en|de)coder_layers|(en|de)coder_layers)$"
 )
 
 
@@ -153,7 +153,12 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     for key, value in (overrides or {}).items():
-        if type(value) is int and value == 0 and LAYER_COUNT.match(key):
+        if (
+            type(value) is int
+            and value == 0
+            and LAYER_COUNT.match(key)
+            and _init_default(raw.get("model_type", ""), key) != 0  # where 0 is a choice
+        ):
             # zero layers built an embedding and its head alone, without a word (a hunt)
             raise InvalidInputError(
                 f"model_options.{key}=0 leaves the model without layers; give at least 1"

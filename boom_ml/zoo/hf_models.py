@@ -362,6 +362,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
             "notes": build_notes(config, head, from_arch)
             + attention_note(module, attention, head)
-            + tied_head_note(path, module),
+            + tied_head_note(path, module, overrides),
         },
     )

@@ -75,7 +75,7 @@ def has_attention(module: Any) -> bool:
     return any("Attention" in type(m).__name__ for m in module.modules())
 
 
-def tied_head_note(path: Any, module: Any) -> list[str]:
+def tied_head_note(path: Any, module: Any, overrides: dict[str, Any] | None = None) -> list[str]:
     """A config that unties its output layer (``tie_word_embeddings: false``) built tied all
     the same (transformers 5's T5Config ties it whatever the config says: flan-t5): the
     checkpoint's own output layer is not in the trace, so say so (a hunt: flan-t5-base came
@@ -86,15 +86,14 @@ def tied_head_note(path: Any, module: Any) -> list[str]:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError, TypeError):
         return []
-    if raw.get("tie_word_embeddings") is not False:
+    if {**raw, **(overrides or {})}.get("tie_word_embeddings") is not False:
         return []
     try:  # transformers raises for a class that has no embeddings (ConvNext)
         out, emb = module.get_output_embeddings(), module.get_input_embeddings()
     except (AttributeError, NotImplementedError):
         return []
-    if out is None or emb is None:
-        return []
-    if getattr(out, "weight", None) is not emb.weight:
+    weight = getattr(emb, "weight", None)
+    if out is None or weight is None or getattr(out, "weight", None) is not weight:
         return []
     return [
         f"the config unties the output layer (tie_word_embeddings: false), but transformers "

@@ -85,8 +85,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         if strict is not None and size != strict:
             raise InvalidInputError(
                 f"{what} is built for {strict}x{strict} images; for {size}, build it with"
-                f" model_options={{img_size:{size}}} (or a timm variant of that size), or leave"
-                " image_size out"
+                f" model_options={{img_size:{size}}}, or leave image_size out"
             )
         batch = image_batch(step.batch_size, size, max(num_classes, 1), dev)
         if in_chans != 3:

@@ -133,9 +133,10 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             patch = getattr(module, "patch_size", None)
             if patch and size % patch:
                 above = (size // patch + 1) * patch
+                near = " or ".join(str(n) for n in (size // patch * patch, above) if n)
                 raise InvalidInputError(
                     f"{what} takes image sides that are a multiple of its patch size {patch}"
-                    f" ({size // patch * patch} or {above}), not {size}; it is built for"
+                    f" ({near}), not {size}; it is built for"
                     f" {fixed_size}x{fixed_size} and takes another such side built with"
                     f" model_options={{image_size:{above}}}"
                 )
