@@ -70,7 +70,7 @@ class Advice:
     # to add to the command to run this advice
     options: dict[str, Any] = field(default_factory=dict)
     # ``settings`` as ``boom_ml.predict``'s keyword arguments (finetune={"method": ...}):
-    # ``boom_ml.predict(model, ..., **advice.arguments)`` runs this advice
+    # ``boom_ml.predict(**{**kwargs, **advice.arguments})`` runs this advice
     arguments: dict[str, Any] = field(default_factory=dict)
     # the p90 replay's total: the level that decides a tight fit (None: not traced)
     p90_bytes: int | None = None
