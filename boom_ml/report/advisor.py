@@ -374,11 +374,9 @@ def command_options(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def predict_arguments(settings: dict[str, Any], changed: StepSpec) -> dict[str, Any]:
-    """StepSpec field changes as ``boom_ml.predict`` keyword arguments, to merge over the
-    call's own (``{**kwargs, **advice.arguments}``): the rest by their own names, and where an
-    adapter field changes, the whole ``finetune`` mapping of the ``changed`` step (a merge
-    replaces the call's mapping whole: LoRA r=16 advised QLoRA keeps its r). A hunt: the CLI
-    keys of ``options``, optimizer.impl, are no Python keyword."""
+    """StepSpec field changes as ``boom_ml.predict`` keyword arguments (``options``' CLI keys
+    are none), to merge over the call's own; where an adapter field changes, the ``changed``
+    step's whole ``finetune`` mapping (a merge replaces the call's: LoRA r=16 keeps its r)."""
     by_field = {name: key for key, name in FINETUNE_KEYS.items()}
     out = {k: v for k, v in settings.items() if k not in by_field}
     if not any(k in by_field for k in settings):
