@@ -315,7 +315,14 @@ def _largest_batch(
             return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1)
     except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
         logging.getLogger(__name__).warning("max batch size search failed: %s", err)
-        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+        said = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if "one value per channel" in said:  # the search probes batch 1 only below 2's failure
+            # (a hunt: deeplabv3 at 1400 px on a T4 had been told to try a larger image)
+            return (
+                "no batch of 2 or more fits, and one sample leaves a BatchNorm one value per"
+                " channel, which training refuses"
+            )
+        return said
 
 
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:

@@ -104,3 +104,19 @@ def test_a_batchnorm_over_one_value_says_what_helps(tmp_path):
         " a larger image_size helps only a map made 1x1 by a small image, not one after a"
         " global pool, as in DeepLabV3's head)"
     )
+
+
+def test_no_batch_that_trains_a_batchnorm_fits_says_so(tmp_path):
+    """Batch 2 does not fit and batch 1 leaves a BatchNorm one value per channel: the search
+    says no batch fits, not PyTorch's words with a hint to try a larger image (a hunt:
+    deeplabv3 at 1400 px on a T4). The small synthetic GPU of the test above."""
+    gpu = tmp_path / "small.yaml"
+    gpu.write_text("name: small\narchitecture: ampere\ncompute_capability: '8.6'\nsm_count: 10\n"
+                   "memory_gb: 0.3\nmemory_bandwidth_gbs: 100\nfp32_tflops: 5\n")  # fmt: skip
+    options = {**BASE, "model": _factory_file(tmp_path, BN_HEAD), "gpu": str(gpu),
+               "batch_size": 2, "image_size": 512, "max_batch": "on", "advice": False}  # fmt: skip
+    result = json.loads(run(options))
+    assert result["gpus"][0]["memory"]["max_batch_error"] == (
+        "no batch of 2 or more fits, and one sample leaves a BatchNorm one value per channel,"
+        " which training refuses"
+    )
