@@ -60,3 +60,9 @@ def last_line(err: BaseException) -> str:
     validator first and the reason last; torch's name the tensor last), for a one-line error."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__
+
+
+def one_value_per_channel(err: BaseException) -> bool:
+    """Whether ``err`` is (or says, as a one-line TraceError does) PyTorch's refusal to train
+    a BatchNorm over one value per channel (a 1x1 map at batch 1)."""
+    return "expected more than 1 value per channel when training" in str(err).lower()

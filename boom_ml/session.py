@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from boom_ml import progress
-from boom_ml.errors import InvalidInputError
+from boom_ml.errors import InvalidInputError, one_value_per_channel
 from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
@@ -315,14 +315,13 @@ def _largest_batch(
             return max_batch_size(graph, gpu, trace_at, stack, step.grad_accum > 1)
     except Exception as err:  # noqa: BLE001 - a failed re-trace must not lose the estimate
         logging.getLogger(__name__).warning("max batch size search failed: %s", err)
-        said = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        if "one value per channel" in said:  # the search probes batch 1 only below 2's failure
+        if one_value_per_channel(err):  # the search probes batch 1 only below 2's failure
             # (a hunt: deeplabv3 at 1400 px on a T4 had been told to try a larger image)
             return (
                 "no batch of 2 or more fits, and one sample leaves a BatchNorm one value per"
                 " channel, which training refuses"
             )
-        return said
+        return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def accumulated(time: TimeEstimate, grad_accum: int) -> TimeEstimate:

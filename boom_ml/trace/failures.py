@@ -8,6 +8,7 @@ import inspect
 import logging
 from collections.abc import Iterator
 
+from boom_ml.errors import one_value_per_channel
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import user_code_hint
 
@@ -45,23 +46,12 @@ def describe_failure(
     hook = getattr(exc, "boom_where", None)  # raised in the user's own hook (file_models.py)
     if hook:
         where = f" {hook}{where}"
-    if type(exc).__name__ == "DataDependentOutputException":  # .item(), a branch on a value
-        text += (" (the model reads a tensor's value: .item(), a branch on data, dynamic RoPE"
-                 " scaling; fake tensors have shapes, not values)")  # fmt: skip
-    one_value = text.startswith("Expected more than 1 value per channel when training")
-    if one_value:
-        # a BatchNorm over a 1x1 map at batch 1 (deeplabv3's pooling branch; any CNN at a tiny
-        # image): PyTorch refuses it in training on a GPU as here; after a global pool no image
-        # size helps (a hunt had been told to try one at 1024 px)
-        text += (" (a BatchNorm sees one value per channel: give batch_size >= 2; a larger"
-                 " image_size helps only a map made 1x1 by a small image, not one after a"
-                 " global pool, as in DeepLabV3's head)")  # fmt: skip
-    else:
-        hint = user_code_hint(exc)
-        aux = built.source == "torchvision" and "aux" in module.lower()
-        if hint and "image_size" in hint and aux:  # inception_v3 at 75 px
-            hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
-        text += hint or _other_size_hint(built, image_size)
+    hint = user_code_hint(exc)  # the known failures' hints (zoo/common.py)
+    aux = built.source == "torchvision" and "aux" in module.lower()
+    if aux and "shrinks below" in hint:  # inception_v3 at 75 px
+        hint = hint[:-1] + ", or leave out the auxiliary head: model_options.aux_logits=false)"
+    text += hint or _other_size_hint(built, image_size)
+    one_value = one_value_per_channel(exc)
     said = f"could not trace {built.spec.text}{where}: {type(exc).__name__}: {text}"
     synthesised = built.info.get("synthesised_input")
     if (

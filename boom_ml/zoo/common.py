@@ -246,9 +246,19 @@ def closest(name: str, choices: list[str], n: int = 3) -> list[str]:
     return [lowered[h] for h in hits]
 
 
-# What helps, for failures a user's own model code meets on fake CPU tensors: (exception type
-# name or None for any, words in its message, the hint)
+# What helps, for failures a model meets on fake CPU tensors: (exception type name or None for
+# any, words in its message, the hint)
 _USER_CODE_HINTS = (
+    ("DataDependentOutputException", (),  # .item(), a branch on a value
+     "the model reads a tensor's value: .item(), a branch on data, dynamic RoPE scaling; fake "
+     "tensors have shapes, not values"),
+    # a BatchNorm over a 1x1 map at batch 1 (deeplabv3's pooling branch; any CNN at a tiny
+    # image): PyTorch refuses it in training on a GPU as here; after a global pool no image
+    # size helps (a hunt had been told to try one at 1024 px)
+    (None, ("expected more than 1 value per channel when training",),
+     "a BatchNorm sees one value per channel: give batch_size >= 2; a larger image_size helps "
+     "only a map made 1x1 by a small image, not one after a global pool, as in DeepLabV3's "
+     "head"),
     (None, ("no nvidia driver", "not compiled with cuda", "cpu and cuda", "cuda and cpu"),
      "the model or its inputs ask for CUDA (.cuda(), .to('cuda'), device='cuda'); boom-ml "
      "traces on this machine, without a GPU, and gpu= names the GPU: build the model on the "
@@ -267,7 +277,7 @@ _USER_CODE_HINTS = (
 
 
 def user_code_hint(err: BaseException) -> str:
-    """' (what helps)' for a failure of the user's own model code we recognise, else ''."""
+    """' (what helps)' for a failure of a model's code we recognise, else ''."""
     said = str(err).lower()
     for name, words, hint in _USER_CODE_HINTS:
         if (name is None or type(err).__name__ == name) and (

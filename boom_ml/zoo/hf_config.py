@@ -73,16 +73,25 @@ def config_path(name: str) -> Path:
     )
 
 
-def load_config(path: Path, overrides: dict[str, Any] | None = None) -> Any:
-    """Parse a config.json into a transformers config (overrides applied first)."""
-    from transformers import AutoConfig
-
+def read_config(path: Path) -> dict[str, Any]:
+    """A config.json's fields as written, checked to be an object with a model_type."""
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InvalidInputError(f"malformed HF config {path}: {err}") from err
     if not isinstance(raw, dict) or not isinstance(raw.get("model_type"), str):
         raise InvalidInputError(f"malformed HF config {path}: needs a JSON object with model_type")
+    return raw
+
+
+def load_config(
+    path: Path, overrides: dict[str, Any] | None = None, raw: dict[str, Any] | None = None
+) -> Any:
+    """Parse a config.json into a transformers config (overrides applied first); ``raw``: its
+    fields already read (``read_config``), left as they are."""
+    from transformers import AutoConfig
+
+    raw = dict(raw) if raw is not None else read_config(path)
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     check_fields(raw, overrides or {})

@@ -23,7 +23,7 @@ from boom_ml.hf_shipped import shipped
 from boom_ml.specs import ATTENTION_CHOICES, ModelSpec, StepSpec, check_choice
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import build_on_device, generic_loss
-from boom_ml.zoo.hf_config import config_path, load_config
+from boom_ml.zoo.hf_config import config_path, load_config, read_config
 from boom_ml.zoo.hf_longformer import patch_local_attention
 from boom_ml.zoo.hf_moe import DEFAULT_IMBALANCE, patch_moe
 from boom_ml.zoo.hf_notes import attention_note, build_notes, has_attention, tied_head_note
@@ -176,7 +176,8 @@ def _has_experts(config: Any) -> bool:
 def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> BuiltModel:
     overrides, attention, imbalance = split_options(spec.options)
     path = config_path(name)
-    config = load_config(path, overrides)
+    raw = read_config(path)  # as written: transformers may override what it says (tied_head_note)
+    config = load_config(path, overrides, raw)
     # A training step keeps no KV cache (checkpointing turns it off anyway): the same
     # graph with and without recomputation.
     if hasattr(config, "use_cache"):
@@ -362,6 +363,6 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
             "layerdrop_off": layerdrop or None,  # the config's LayerDrop, not traced
             "notes": build_notes(config, head, from_arch)
             + attention_note(module, attention, head)
-            + tied_head_note(path, module, overrides),
+            + tied_head_note({**raw, **overrides}, module),
         },
     )

@@ -3,7 +3,6 @@ the traced model is that the user did not name or that a GPU run would do otherw
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 
@@ -75,18 +74,13 @@ def has_attention(module: Any) -> bool:
     return any("Attention" in type(m).__name__ for m in module.modules())
 
 
-def tied_head_note(path: Any, module: Any, overrides: dict[str, Any] | None = None) -> list[str]:
-    """A config that unties its output layer (``tie_word_embeddings: false``) built tied all
-    the same (transformers 5's T5Config ties it whatever the config says: flan-t5): the
-    checkpoint's own output layer is not in the trace, so say so (a hunt: flan-t5-base came
-    out 222.9 M parameters, its card says 248 M, without a word)."""
-    import json
-
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError, TypeError):
-        return []
-    if {**raw, **(overrides or {})}.get("tie_word_embeddings") is not False:
+def tied_head_note(asked: dict[str, Any], module: Any) -> list[str]:
+    """A config that unties its output layer (``asked``: its fields as written, with the
+    overrides, ``tie_word_embeddings: false``) built tied all the same (transformers 5's
+    T5Config ties it whatever the config says: flan-t5): the checkpoint's own output layer is
+    not in the trace, so say so (a hunt: flan-t5-base came out 222.9 M parameters, its card
+    says 248 M, without a word)."""
+    if asked.get("tie_word_embeddings") is not False:
         return []
     try:  # transformers raises for a class that has no embeddings (ConvNext)
         out, emb = module.get_output_embeddings(), module.get_input_embeddings()
