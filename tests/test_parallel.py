@@ -392,3 +392,26 @@ def test_time_profiles_read_the_steps_tf32_switches():
     t1, t2 = (estimate_times(g, [gpu], tf32=Tf32(True, True))[0] for g in (one, two))
     nonopt = [t.step_ms - t.by_phase.get("optimizer", 0.0) for t in (t1, t2)]
     assert prof_on.layer_ms == pytest.approx(nonopt[1] - nonopt[0], rel=1e-9)
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "fsdp"])
+def test_fsdp_under_a_pipeline_keeps_its_gradients_whole(tiny_memory, sharding):
+    """Under torch.distributed.pipelining a stage's FSDP2 units sync no gradient before the
+    last micro-batch: at the pipeline's peak no gradient is sharded; the parameters' own
+    shards and the optimizer state are. zero2 (not resharded after forward) keeps the whole
+    stage gathered; fsdp the units in use and prefetched and the root, as without a pipeline."""
+    from boom_ml.parallel.memory import _peak_view, _stage_at
+
+    dp, layout = 4, Layout(dp=4, pp=2, sharding=sharding, microbatches=4)
+    view = _peak_view(tiny_memory)
+    terms = _stage_at(tiny_memory, view, layout, 1, 1, 4)["parallel_terms"]
+    held = layer_params(1) + VOCAB * H + H  # the last stage: a layer, the head, the final norm
+    gathered = held if sharding == "zero2" else 2 * layer_params(1) + VOCAB * H + H
+    assert terms["fsdp_allgather_buffers"] == 4 * gathered
+    assert terms["zero_parameters"] == pytest.approx(-4 * held * (dp - 1) / dp, abs=1)
+    assert terms["zero_optimizer_state"] == pytest.approx(-8 * held * (dp - 1) / dp, abs=1)
+    assert "zero_gradients" not in terms
+    # in the optimizer step the gradients are reduced to their shards and the units resharded
+    drained = _stage_at(tiny_memory, view, layout, 1, 1, 4, drained=True)["parallel_terms"]
+    assert drained["zero_gradients"] < 0 and "fsdp_allgather_buffers" not in drained
+    assert drained["zero_parameters"] == terms["zero_parameters"]

@@ -103,3 +103,35 @@ def test_pipeline_sends_carry_the_residual_stream(recipe, width):
     sends = [c for c in out[0]["time"]["collectives"] if c["op"] == "send_recv"]
     hidden = SYNTHETIC_TINY_LLAMA["hidden_size"]
     assert sends and {c["bytes"] for c in sends} == {2 * 32 * hidden * width}
+
+
+@pytest.mark.parametrize(("sharding", "gathers"), [("zero2", 1), ("fsdp", 4 + 1), ("zero3", 4 + 1)])
+def test_fsdp_under_a_pipeline_reduces_each_unit_once(sharding, gathers):
+    """torch.distributed.pipelining keeps FSDP2's units gathered after each backward and syncs
+    no gradient before the stage's last backward, then reduces each unit once, with no compute
+    left to hide it. zero2 (not resharded after forward) gathers a unit once a step; zero3 /
+    fsdp reshard after each of the 4 forwards, so the next backward gathers again (m + 1); the
+    root is never resharded after forward (data_collection/pipeline_steps.py runs both)."""
+    from boom_ml.parallel.collectives import all_gather_ms, reduce_scatter_ms
+
+    layout = Layout(dp=4, pp=2, sharding=sharding, microbatches=4)
+    out = step_time(_profile(), _shape(1), layout, [1, 1], _groups(dp=4, pp=2))
+    worst = [c for c in out["collectives"] if c["group"] == "dp"]
+    got = {(c["op"], c["what"].split()[0]): (c["bytes"], c["calls"]) for c in worst}
+    last = out["critical_stage"] == 1  # the worst stage holds the head and final norm
+    root = VOCAB * H + (H if last else 0)
+    assert got == {
+        ("all_gather", "layer"): (4 * layer_params(1), gathers),
+        ("all_gather", "root"): (4 * root, 1),
+        ("reduce_scatter", "layer"): (4 * layer_params(1), 1),
+        ("reduce_scatter", "root"): (4 * root, 1),
+    }
+    dp = _groups(dp=4)["dp"]
+    reduces = reduce_scatter_ms(4 * layer_params(1), dp) + reduce_scatter_ms(4 * root, dp)
+    first = all_gather_ms(4 * layer_params(1), dp) + all_gather_ms(4 * root, dp)
+    exposed = sum(c["exposed_ms"] for c in worst)
+    if sharding == "zero2":  # one layer a stage: its gather and the root's are the first ones
+        assert exposed == pytest.approx(reduces + first, abs=1e-3)
+    else:  # the backward's gathers hide behind compute, the reductions do not
+        assert reduces + first <= exposed + 1e-6
+        assert exposed < reduces + first + (gathers - 1) * all_gather_ms(4 * layer_params(1), dp)

@@ -5,7 +5,10 @@ fails in milliseconds with one line (``InvalidInputError``, exit 2).
 
 Conventions (issue #14): ``batch_size`` of the StepSpec stays the micro-batch of one model
 replica; the global batch is ``batch_size * microbatches * dp``. ``fsdp`` means FSDP2 full
-sharding, which shards what ZeRO-3 shards, so it is modelled as ``zero3``.
+sharding, which shards what ZeRO-3 shards, so it is modelled as ``zero3``. With ``pp > 1``,
+where DeepSpeed refuses ZeRO-2 and -3 and Megatron-LM has ZeRO-1 only, ``zero2`` / ``zero3``
+/ ``fsdp`` are FSDP2 under ``torch.distributed.pipelining`` (``zero2``: not resharded after
+forward, torchtitan's default there), as ``data_collection/pipeline_steps.py`` runs them.
 """
 
 from __future__ import annotations

@@ -242,7 +242,10 @@ def _stage_at(
         transient = _extrapolate(view.get("optimizer_transient") or [0, 0], layers) * ratio
         if transient > 0:
             terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
-    if zero >= 2 and dp > 1 and grad_peak > 0:
+    # FSDP2 under torch.distributed.pipelining syncs no gradient until the stage's last
+    # backward (stage.py's backward_maybe_with_nosync): they are whole until the optimizer's
+    piped = zero >= 2 and pp > 1 and not drained
+    if zero >= 2 and dp > 1 and grad_peak > 0 and not piped:
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     elif zero == 1 and dp > 1 and drained and prof.master_weights and grad_peak > 0:
         # ZeRO-1 over fp32 master weights (Megatron's distributed optimizer, DeepSpeed's
@@ -251,14 +254,17 @@ def _stage_at(
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.param_bytes * (
             1 - 1 / dp
         )
-    if zero >= 3 and dp > 1:
+    fsdp = zero >= 3 or (zero == 2 and pp > 1)  # FSDP2 under a pipeline (layout.py)
+    if fsdp and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
-    if zero >= 3 and dp > 1 and not drained:
+    if fsdp and dp > 1 and not drained:
         # the unsharded unit being used plus one prefetched (two layers' parameters), and the
-        # root's, gathered from its forward to the end of the backward
-        p = prof.params
-        root = held - layers * p["layers"]
-        terms["fsdp_allgather_buffers"] = (2 * p["layers"] + root) * prof.param_bytes
+        # root's, gathered from its forward to the end of the backward; a pipeline stage that
+        # does not reshard after forward (zero2) keeps all of its units gathered through the
+        # micro-batches (the stage keeps them after backward; zero3's next forward reshards)
+        root = held - layers * prof.params["layers"]
+        gathered = held if zero == 2 else 2 * prof.params["layers"] + root
+        terms["fsdp_allgather_buffers"] = gathered * prof.param_bytes
     if dp > 1 and zero == 0:
         terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else held_t * prof.param_bytes
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]

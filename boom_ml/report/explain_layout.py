@@ -14,7 +14,7 @@ PARALLEL_TERMS = {
     "zero_optimizer_temporaries": "optimizer temporaries on other ranks",
     "zero_gradients": "gradients on other ranks (ZeRO-2 / FSDP)",
     "zero_parameters": "parameters on other ranks (ZeRO-3 / FSDP)",
-    "fsdp_allgather_buffers": "FSDP all-gathered units (in use, prefetched, root)",
+    "fsdp_allgather_buffers": "FSDP-gathered parameters (units in use and prefetched, root; all of a zero2 pipeline stage)",
     "ddp_bucket": "DDP gradient buckets",
     "pipeline_activations": "activations of further micro-batches in flight",
     "nccl_buffers": "NCCL communicator buffers",
