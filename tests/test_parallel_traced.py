@@ -233,3 +233,70 @@ def test_untraced_layouts_say_so():
         trace_collectives(build(), loss_fn(), Layout(dp=2, sharding="zero1"))
     with pytest.raises(ValueError, match="real tensors"):
         trace_collectives(build(), loss_fn(), Layout(dp=2), fake=True)
+
+
+# --- FSDP2 under torch.distributed.pipelining -------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("sharding", ["zero2", "fsdp"])
+def test_fsdp2_under_torch_pipelining_equals_the_analytic_stage(sharding, schedule):
+    """One pipeline stage holding the whole model, wrapped as data_collection/pipeline_steps.py
+    wraps a stage (fully_shard per layer and the stage root; zero2 not resharded after
+    forward), run by torch's own schedule over 4 micro-batches on the fake group: its
+    gathers and reduce-scatters are the analytic ones of a pipeline stage (fsdp.py)."""
+    import torch.distributed.pipelining as pipelining
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from boom_ml.parallel.fsdp import fsdp_collectives
+    from boom_ml.parallel.traced import _recorder, fake_process_group
+
+    m, dp = 4, 4
+    runs = {"1f1b": pipelining.Schedule1F1B, "gpipe": pipelining.ScheduleGPipe}[schedule]
+
+    class Logits(torch.nn.Module):  # a stage's module returns a tensor for the schedule
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).logits
+
+    def loss(logits, target):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+    with fake_process_group(dp):
+        mesh = init_device_mesh("cpu", (1, dp), mesh_dim_names=("pp", "dp"))
+        stage_module = Logits(build()())
+        reshard = sharding != "zero2"
+        for block in stage_module.model.model.layers:
+            fully_shard(block, mesh=mesh["dp"], reshard_after_forward=reshard)
+        fully_shard(stage_module, mesh=mesh["dp"], reshard_after_forward=reshard)
+        stage = pipelining.PipelineStage(stage_module, 0, 1, torch.device("cpu"),
+                                         group=mesh["pp"].get_group())  # fmt: skip
+        run = runs(stage, n_microbatches=m, loss_fn=loss)
+        rec = _recorder({mesh.get_group("dp").group_name: "dp"})
+        ids = torch.randint(0, RAW["vocab_size"], (m * BATCH, SEQ))
+        with rec:
+            for step in range(2):  # the second step is recorded
+                rec.phase = "step" if step else None
+                run.step(ids, target=ids)
+    traced = {(c.op, c.bytes): 0 for c in rec.calls}
+    for c in rec.calls:
+        traced[(c.op, c.bytes)] += 1
+    sh = shape()
+    params = LAYERS * sh.params_layer + sh.params_first + sh.params_last
+    analytic_calls = fsdp_collectives(
+        Layout(dp=dp, pp=2, sharding=sharding, microbatches=m), groups(dp)["dp"],
+        params=params, layer_params=LAYERS * sh.params_layer, trainable=params,
+        layer_trainable=LAYERS * sh.params_layer, unit_params=sh.params_layer,
+        param_bytes=4, grad_bytes=4, backward_ms=1.0, compute_mb_ms=2.0,
+    )  # fmt: skip
+    expect: dict[tuple[str, int], int] = {}
+    for c in analytic_calls:  # a layer's calls are per unit: LAYERS units of the same bytes
+        key = (c.op, c.bytes)
+        expect[key] = expect.get(key, 0) + c.calls
+    assert traced == expect
+    gathers = 1 if sharding == "zero2" else m + 1  # a unit's, the root's too
+    assert expect[("all_gather", 4 * sh.params_layer)] == LAYERS * gathers

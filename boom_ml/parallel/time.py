@@ -28,7 +28,7 @@ spread over the micro-batches' backward passes; ``fused`` (Megatron-LM's gradien
 fusion) has none. After the last micro-batch: data-parallel gradient reduction (DDP all-reduce
 overlapping the last backward except its last bucket, which holds the last-ready gradient, the
 embedding's; ZeRO-1/2 reduce-scatter (ZeRO-2 after each micro-batch: it keeps only its
-gradient shard) + all-gather of the updated parameters; FSDP2 as ``_fsdp_collectives`` says)
+gradient shard) + all-gather of the updated parameters; FSDP2 as ``fsdp.py`` says)
 and the optimizer step. The counts and bytes of DDP, FSDP2 and tensor-parallel collectives are
 checked against the real wrappers traced on a fake process group (``traced.py``).
 """
@@ -47,6 +47,7 @@ from boom_ml.parallel.collectives import (
     reduce_scatter_ms,
     send_ms,
 )
+from boom_ml.parallel.fsdp import fsdp_collectives
 from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.memory import DDP_BUCKET_BYTES
 from boom_ml.parallel.profile import TimeProfile
@@ -221,76 +222,16 @@ def dp_collectives(
                 Collective("all_gather", "dp", "updated parameters (ZeRO)", pbytes, 1, ag, ag)
             )
         else:
-            out += _fsdp_collectives(shape, layout, params, layer_params, trainable,
-                                     layer_trainable, backward_ms, compute_mb_ms, group)  # fmt: skip
+            out += fsdp_collectives(layout, group, params=params, layer_params=layer_params,
+                                    trainable=trainable, layer_trainable=layer_trainable,
+                                    unit_params=shape.params_layer, param_bytes=shape.param_bytes,
+                                    grad_bytes=shape.grad_bytes, backward_ms=backward_ms,
+                                    compute_mb_ms=compute_mb_ms)  # fmt: skip
     if embed_group is not None and tied_params:
         nbytes = tied_params * shape.grad_bytes
         ms = all_reduce_ms(nbytes, embed_group)
         out.append(Collective("all_reduce", "embedding", "tied embedding gradient (first and last stage)",
                               nbytes, 1, ms, ms))  # fmt: skip
-    return out
-
-
-def _fsdp_collectives(
-    shape: Shape, layout: Layout, params: int, layer_params: int | None, trainable: int,
-    layer_trainable: int | None, backward_ms: float, compute_mb_ms: float, group: GroupLink,
-) -> list[Collective]:  # fmt: skip
-    """FSDP2's gathers and reductions over dp in one step, ``fully_shard`` per layer and then
-    the root, which is not resharded after forward (traced in traced.py). Without a pipeline,
-    per micro-batch a layer is gathered in forward and again in backward (a checkpointed layer's
-    recompute reuses the latter), the root once, every unit reduce-scattered. Under
-    ``torch.distributed.pipelining`` the stage keeps its units gathered after backward and syncs
-    no gradient before its last backward (``backward_maybe_with_nosync``), then reduces each unit
-    once (``perform_reduce_grad``) with no compute left to hide it. ``zero2`` there is FSDP2 that
-    does not reshard after forward either (torchtitan's default under a pipeline): each unit is
-    gathered once. ``zero3`` / ``fsdp`` reshard after each forward: the next backward gathers
-    again (m + 1 gathers a unit in 1F1B and GPipe)."""
-    m = layout.microbatches
-    piped = layout.pp > 1
-    layer_params = params if layer_params is None else layer_params
-    layer_trainable = trainable if layer_trainable is None else layer_trainable
-    units = max(1, round(layer_params / shape.params_layer)) if layer_params else 0
-    unit_p = layer_params // units if units else 0
-    unit_g = layer_trainable // units if units else 0
-    root_p, root_g = params - layer_params, trainable - layer_trainable
-    unit_ag = all_gather_ms(unit_p * shape.param_bytes, group)
-    root_ag = all_gather_ms(root_p * shape.param_bytes, group)
-    unit_rs = reduce_scatter_ms(unit_g * shape.grad_bytes, group) if unit_g else 0.0
-    root_rs = reduce_scatter_ms(root_g * shape.grad_bytes, group) if root_g else 0.0
-    kept = piped and layout.zero_stage == 2  # gathered once, in the first forward
-    # per layer unit and step; the root once per micro-batch, or once under a pipeline
-    gathers = 1 if kept else (m + 1 if piped else 2 * m)
-    reduces, root_gathers = (1, 1) if piped else (m, m)
-    ag = gathers * units * unit_ag + root_gathers * root_ag
-    rs = reduces * (units * unit_rs + root_rs)
-    # prefetch hides the gathers (and, unpiped, the reductions) behind compute, except each
-    # micro-batch's first ones (the root's, then the first layer's); what compute cannot hide is
-    # shared out in proportion to each collective's hideable time, none beyond its own
-    first = (root_ag + unit_ag) * root_gathers
-    hide = compute_mb_ms - backward_ms if kept else m * compute_mb_ms
-    rest = max(0.0, ag + (0.0 if piped else rs) - first - hide)
-    rs_fixed = (unit_rs * units, root_rs) if piped else (0.0, 0.0)
-    when = {(True, True): "gathered once, kept through the micro-batches",
-            (True, False): "each forward, then kept from backward on"}.get(
-        (piped, kept), "forward and backward")  # fmt: skip
-    rows = [  # (op, what, bytes per call, calls, ms, ms that could not be hidden, present)
-        ("all_gather", f"layer parameters (FSDP unit, {when})", unit_p * shape.param_bytes,
-         gathers * units, gathers * units * unit_ag, unit_ag * root_gathers, units),
-        ("reduce_scatter", "layer gradients (FSDP unit" + (", after the last micro-batch)" if piped
-         else ")"), unit_g * shape.grad_bytes, units * reduces, units * unit_rs * reduces,
-         rs_fixed[0], unit_g),
-        ("all_gather", "root parameters (embedding, norm, head: not resharded after forward)",
-         root_p * shape.param_bytes, root_gathers, root_ag * root_gathers,
-         root_ag * root_gathers, root_p),
-        ("reduce_scatter", "root gradients (FSDP root unit)", root_g * shape.grad_bytes,
-         reduces, root_rs * reduces, rs_fixed[1], root_g),
-    ]  # fmt: skip
-    hideable = sum(ms - fixed for *_, ms, fixed, _ in rows)
-    out = []
-    for op, what, nbytes, calls, ms, fixed, present in rows:
-        if present:
-            share = (ms - fixed) / hideable if hideable > 0 else 0.0
-            out.append(Collective(op, "dp", what, nbytes, calls, ms, fixed + rest * share))
     return out
 
 

@@ -25,7 +25,8 @@ What runs where (torch 2.14, CPU):
   ``warmup_steps`` run before the recorded one.
 * Not traced (analytic only): DDP over tp (its parameter sync fails on DTensors), ZeRO-1/2
   (torch has no ZeRO-2; its ZeroRedundancyOptimizer broadcasts, unlike Megatron/DeepSpeed's
-  reduce-scatter + all-gather that ``time.py`` models) and pipeline stages.
+  reduce-scatter + all-gather that ``time.py`` models) and pipeline stages (FSDP2 under
+  torch's pipeline schedules is run in the test itself, one stage, against ``fsdp.py``).
 
 Bytes: all-reduce, the buffer; all-gather, the gathered output; reduce-scatter, the unscattered
 input (the sizes ``collectives.py``'s formulas take). ``torch.distributed`` is imported inside
