@@ -33,7 +33,6 @@ from boom_ml.report.plot_dir import check_plot_dir, check_plot_path
 from boom_ml.session import Session
 from boom_ml.specs import (
     ATTENTION_CHOICES,
-    FINETUNE_KEYS,
     MAX_BATCH_AUTO_GPUS,
     ModelSpec,
     StepSpec,
@@ -43,7 +42,7 @@ from boom_ml.specs import (
     check_model_options,
     check_model_syntax,
     check_number,
-    finetune_problem,
+    finetune_fields,
     max_batch_setting,
     search_max_batch,
 )
@@ -113,7 +112,8 @@ def predict(
     the parameters, gradients and optimizer state; ``master_weights`` (16-bit
     ``params_dtype``, ``amp="none"``): the optimizer steps fp32 copies of them (Megatron-LM,
     DeepSpeed); ``finetune`` holds ``method`` (full |
-    lora | qlora), ``r``, ``alpha``, ``dropout``, ``targets`` and ``double_quant``;
+    lora | qlora), ``r``, ``alpha``, ``dropout``, ``targets``, ``double_quant`` and
+    ``adapter_dtype`` (fp32, peft's default, or params: the base layer's dtype);
     ``checkpointing_every`` checkpoints every K-th block.
     ``tf32_matmul`` / ``tf32_cudnn`` are PyTorch's TF32 switches (None: on with ``tf32``,
     else PyTorch's defaults: matmuls off, cuDNN convolutions on).
@@ -312,27 +312,6 @@ def _layout_notes(graph: Any, step: StepSpec) -> list[str]:
         " timed without layout transforms in either layout; it saves the transforms around"
         " fp16/bf16 tensor-core convolutions (amp=bf16 or fp16)"
     ]
-
-
-def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
-    """StepSpec fields from the ``finetune`` mapping (None values keep the defaults)."""
-    finetune = dict(finetune or {})
-    unknown = sorted(set(finetune) - set(FINETUNE_KEYS))
-    if unknown:
-        raise InvalidInputError(
-            f"unknown finetune option(s): {', '.join(unknown)}; known: {', '.join(FINETUNE_KEYS)}"
-        )
-    fields = {FINETUNE_KEYS[k]: v for k, v in finetune.items() if v is not None}
-    if isinstance(fields.get("lora_targets"), str):  # finetune.targets=q_proj
-        fields["lora_targets"] = [fields["lora_targets"]]
-    problem = finetune_problem(StepSpec(**fields))  # types and ranges first: "r must be an
-    if problem:  # integer", not "applies to"
-        raise InvalidInputError(problem)
-    if fields.get("lora_targets") is not None and not list(fields["lora_targets"]):
-        raise InvalidInputError(
-            "finetune.targets=[] names no module; leave it out for peft's default targets"
-        )
-    return fields
 
 
 def _moe_imbalance(moe: dict[str, Any] | None) -> float:

@@ -52,6 +52,7 @@ from boom_ml.specs import (
     check_choice,
     check_model_options,
     check_model_syntax,
+    finetune_fields,
     max_batch_setting,
 )
 from boom_ml.stack import resolve_optimizer_impl, resolve_stack
@@ -273,7 +274,8 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     check_model_options(options.get("model_options"))
     check_choice("attention", options.get("attention", "sdpa"), ATTENTION_CHOICES)
     step_fields = {f.name for f in dataclasses.fields(StepSpec)}
-    StepSpec(**{k: v for k, v in options.items() if k in step_fields})  # ranges and choices
+    step = {k: v for k, v in options.items() if k in step_fields}
+    StepSpec(**step, **finetune_fields(options.get("finetune")))  # ranges and choices
     parse_gpu_list(options.get("gpu"))  # ids, aliases, YAML files: gpus.csv read with csv
     stack = resolve_stack(options.get("stack"))  # stacks.csv, read without torch
     if "optimizer_impl" in options:

@@ -45,7 +45,11 @@ FINETUNE_KEYS = {
     "dropout": "lora_dropout",
     "targets": "lora_targets",
     "double_quant": "double_quant",
+    "adapter_dtype": "adapter_dtype",
 }
+# fp32: peft's get_peft_model default (autocast_adapter_dtype=True: bf16/fp16 adapters made
+# fp32); params: the base layer's dtype (autocast_adapter_dtype=False; TRL's bf16 QLoRA cast)
+ADAPTER_DTYPES = ("fp32", "params")
 PARAMS_DTYPES = ("fp32", "bf16", "fp16")
 ZERO_GRAD_MODES = ("set_to_none", "zero")
 FINETUNE_METHODS = ("full", "lora", "qlora")
@@ -138,6 +142,7 @@ class StepSpec:
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] | None = None  # None: peft's default for the architecture
     double_quant: bool = True  # qlora: quantise the NF4 absmax again (bitsandbytes' default)
+    adapter_dtype: str = "fp32"  # LoRA adapters: fp32 (peft's default) | params (base layer's)
     # attention architecture group the trace follows (boom_ml/trace/sdpa_select.py: GPUs that
     # pick the same SDPA kernels); None: the caller's choice, the A100's group when traced
     sdpa_group: str | None = None
@@ -181,6 +186,7 @@ class StepSpec:
         object.__setattr__(self, "lora_alpha", float(self.lora_alpha))
         object.__setattr__(self, "lora_dropout", float(self.lora_dropout))
         check_bool("finetune.double_quant", self.double_quant)
+        check_choice("finetune.adapter_dtype", self.adapter_dtype, ADAPTER_DTYPES)
         check_bool("channels_last", self.channels_last)
         check_bool("master_weights", self.master_weights)
         check_bool("tf32", self.tf32)
@@ -211,10 +217,17 @@ class StepSpec:
                 )
             # a list from JSON or Hydra: a tuple keeps the spec hashable (trace caches key on it)
             object.__setattr__(self, "lora_targets", tuple(targets))
-        if self.amp == "fp16" and self.params_dtype == "fp16":
+        fp32_adapters = self.finetune_method != "full" and self.adapter_dtype == "fp32"
+        if self.amp == "fp16" and self.params_dtype == "fp16" and not fp32_adapters:
+            # LoRA's fp32 adapters (peft's default) are all that trains: their gradients unscale
             raise InvalidInputError(
                 "amp=fp16 with params_dtype=fp16: GradScaler cannot unscale fp16 gradients; "
                 "use amp=none for pure fp16 training"
+                + (
+                    " (or finetune.adapter_dtype=fp32, peft's default)"
+                    if self.finetune_method != "full"
+                    else ""
+                )  # fmt: skip
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -343,3 +356,24 @@ def finetune_problem(step: StepSpec) -> str:
     if step.finetune_method != "qlora" and "double_quant" in moved:
         return f"finetune.double_quant applies to finetune.method=qlora, not {step.finetune_method}"
     return ""
+
+
+def finetune_fields(finetune: dict[str, Any] | None) -> dict[str, Any]:
+    """StepSpec fields from the ``finetune`` mapping (None values keep the defaults)."""
+    finetune = dict(finetune or {})
+    unknown = sorted(set(finetune) - set(FINETUNE_KEYS))
+    if unknown:
+        raise InvalidInputError(
+            f"unknown finetune option(s): {', '.join(unknown)}; known: {', '.join(FINETUNE_KEYS)}"
+        )
+    fields = {FINETUNE_KEYS[k]: v for k, v in finetune.items() if v is not None}
+    if isinstance(fields.get("lora_targets"), str):  # finetune.targets=q_proj
+        fields["lora_targets"] = [fields["lora_targets"]]
+    problem = finetune_problem(StepSpec(**fields))  # types and ranges first: "r must be an
+    if problem:  # integer", not "applies to"
+        raise InvalidInputError(problem)
+    if fields.get("lora_targets") is not None and not list(fields["lora_targets"]):
+        raise InvalidInputError(
+            "finetune.targets=[] names no module; leave it out for peft's default targets"
+        )
+    return fields

@@ -5,20 +5,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from boom_ml.gpus import get_gpu
 from boom_ml.report.levers import RECIPE_LEVELS, recipe_changes, single_changes, stacked_changes
 from boom_ml.specs import StepSpec
 
 
-def test_recipes_under_fp16_autocast_on_a_gpu_without_bf16_drop_the_autocast() -> None:
-    """T4: the recipes put the frozen weights in fp16, where GradScaler cannot unscale the
-    gradients of fp16 autocast; they run without it and say so."""
-    step = StepSpec(batch_size=4, seq_len=2048, amp="fp16")
+@pytest.mark.parametrize(("adapter_dtype", "amp"), [("params", "none"), ("fp32", "fp16")])
+def test_recipes_under_fp16_autocast_on_a_gpu_without_bf16(adapter_dtype, amp) -> None:
+    """T4: the recipes put the frozen weights in fp16. GradScaler cannot unscale the gradients
+    of fp16 adapters, so with adapters in the weights' dtype they run without the autocast
+    and say so; peft's default fp32 adapters keep it."""
+    step = StepSpec(batch_size=4, seq_len=2048, amp="fp16", adapter_dtype=adapter_dtype)
     offered = [c for level in RECIPE_LEVELS for c in recipe_changes(step, get_gpu("t4"), level)]
     assert len(offered) == 4
     for label, changed, _ in offered:
-        assert (changed.params_dtype, changed.amp) == ("fp16", "none")
-        assert " + params_dtype=fp16 + amp=none + checkpointing=full" in label
+        assert (changed.params_dtype, changed.amp) == ("fp16", amp)
+        dropped = " + amp=none" if amp == "none" else ""
+        assert f" + params_dtype=fp16{dropped} + checkpointing=full" in label
     # a bf16 GPU's recipes keep the autocast asked for (bf16 weights under fp16 autocast run)
     ((_, kept, _),) = recipe_changes(step, get_gpu("rtx-3090"))
     assert (kept.params_dtype, kept.amp) == ("bf16", "fp16")

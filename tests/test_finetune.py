@@ -96,12 +96,14 @@ def test_qlora_weights_are_nf4(tiny_llama: str, double_quant: bool) -> None:
     norms = (2 * layers + 1) * hidden
     adapters = layers * 8 * (sum(BLOCK_LINEARS[0]) + sum(BLOCK_LINEARS[2]))
     rotary = 2 * 16 // 2  # inv_freq and original_inv_freq buffers, cast to bf16 with the model
-    dense = 2 * vocab * hidden + norms + adapters + rotary  # embeddings, head: bf16
-    assert adopted_bytes(graph, "parameter") == nf4 + 2 * dense
-    assert adopted_bytes(graph, "gradient") == 2 * adapters  # bf16 adapters
+    dense = 2 * vocab * hidden + norms + rotary  # embeddings, head: bf16
+    # fp32 adapters, as peft's get_peft_model upcasts bf16 ones by default
+    assert adopted_bytes(graph, "parameter") == nf4 + 2 * dense + 4 * adapters
+    assert adopted_bytes(graph, "gradient") == 4 * adapters
     assert graph.meta["recipe"]["nf4_layers"] == layers * len(BLOCK_LINEARS)
     assert graph.meta["recipe"]["bytes"]["base_weights_4bit"] == nf4
-    assert graph.meta["recipe"]["bytes"]["trainable_parameters"] == 2 * adapters
+    assert graph.meta["recipe"]["bytes"]["trainable_parameters"] == 4 * adapters
+    assert graph.meta["recipe"]["adapter_dtypes"] == ["fp32"]
     assert graph.meta["method_notes"] and "NF4" in graph.meta["method_notes"][0]
     nodes = graph.nodes
     dequant = nodes[nodes.op == "dequantize_nf4"]

@@ -264,7 +264,7 @@ def roles(one: dict[str, int], two: dict[str, int], prefix: str = "") -> dict[st
 def _recipe_key(step: StepSpec) -> list[Any]:
     """The step's fields that change the parameters (dtype, what LoRA adds and freezes)."""
     return [step.params_dtype, step.finetune_method, step.lora_r, step.lora_targets,
-            step.double_quant, step.master_weights]  # fmt: skip
+            step.double_quant, step.master_weights, step.adapter_dtype]  # fmt: skip
 
 
 def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:

@@ -102,8 +102,10 @@ def _split(micro: int, steps: int) -> str:
 def halves_frozen_weights(step: StepSpec) -> bool:
     """Whether the advice offers a LoRA step its frozen fp32 weights in 16 bits: how LoRA is
     run (they take no update, so rounding them loses nothing), half their bytes; not under
-    fp16 autocast (GradScaler cannot unscale fp16 adapter gradients)."""
-    return step.finetune_method == "lora" and step.params_dtype == "fp32" and step.amp != "fp16"
+    fp16 autocast with adapters in the weights' dtype (GradScaler cannot unscale fp16
+    adapter gradients; peft's default fp32 adapters it can)."""
+    scaled = step.amp == "fp16" and step.adapter_dtype == "params"
+    return step.finetune_method == "lora" and step.params_dtype == "fp32" and not scaled
 
 
 def halving_micros(batch: int) -> list[int]:
@@ -226,17 +228,18 @@ def recipe_changes(
 
 def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str, StepSpec, int]:
     dtype = _amp_for(gpu)
-    # fp16 weights under fp16 autocast: GradScaler cannot unscale their gradients; the 16-bit
-    # weights compute in 16 bits without it
-    amp = "none" if dtype == "fp16" and step.amp == "fp16" else step.amp
+    # fp16 adapters under fp16 autocast: GradScaler cannot unscale their gradients; the 16-bit
+    # weights compute in 16 bits without it (peft's default fp32 adapters keep the autocast)
+    scaled = dtype == "fp16" and step.amp == "fp16" and step.adapter_dtype == "params"
+    amp = "none" if scaled else step.amp
     base = replace(step, params_dtype=dtype, checkpointing="full", checkpointing_every=1,
-                   amp=amp)  # fmt: skip
+                   amp=amp, finetune_method=method)  # fmt: skip
     accumulation = step.batch_size if micro else 1
     if micro:
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
     extra = [_split(1, step.grad_accum * accumulation)] if micro else []
     label = " + ".join([f"finetune.method={method}", *_changed_keys(step, base), *extra])
-    return label, replace(base, finetune_method=method), accumulation
+    return label, base, accumulation
 
 
 # A recipe's label names what it changes of these, in this order, as command-line keys

@@ -121,7 +121,9 @@ def recipe_line(recipe: dict) -> str:
     if recipe.get("finetune") in ("lora", "qlora"):
         parts.append(
             f"LoRA adapters {count_text(recipe.get('peft_trainable_parameters', 0))} trainable "
-            f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB, "
+            f"({nbytes.get('trainable_parameters', 0) / MIB:.1f} MiB"
+            + (f" in {'/'.join(recipe['adapter_dtypes'])}" if recipe.get("adapter_dtypes") else "")
+            + ", "
             f"targets {','.join(recipe.get('lora_targets', []))}"
             + (
                 f" and parameters {','.join(recipe['lora_target_parameters'])}"

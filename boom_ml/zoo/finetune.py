@@ -5,9 +5,11 @@
   (its ``_keep_in_fp32_modules`` in fp16, ``_keep_in_fp32_modules_strict`` in fp16 and bf16:
   T5's ``wo``, MoE routers); gradients and the optimizer's state follow the parameters' dtype.
 * ``finetune_method=lora``: the real peft (``LoraConfig`` + ``get_peft_model``) injects its
-  LoRA layers into the model in place and freezes everything else; adapters are kept in
-  their base layer's dtype, ``params_dtype`` but beside a layer kept in fp32
-  (``autocast_adapter_dtype=False``: peft would otherwise upcast bf16/fp16 adapters to fp32).
+  LoRA layers into the model in place and freezes everything else; adapters are fp32, as
+  peft's ``get_peft_model`` makes them by default (``autocast_adapter_dtype=True`` upcasts
+  bf16/fp16 ones, and peft's forward casts each adapter's input to it), or with
+  ``adapter_dtype="params"`` in their base layer's dtype (``autocast_adapter_dtype=False``:
+  ``params_dtype`` but beside a layer kept in fp32; TRL's bf16 cast of QLoRA adapters).
 * ``finetune_method=qlora``: LoRA as above, and every frozen ``nn.Linear`` except the output
   head becomes an :class:`~boom_ml.zoo.nf4.NF4Linear` (what transformers'
   ``BitsAndBytesConfig(load_in_4bit=True)`` quantises: all linear layers but the head),
@@ -58,7 +60,10 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     last = _last_weight_module(module)  # named before peft renames the model's modules
     facts.update(_add_lora(module, step))
     if dtype != torch.float32:
-        _adapters_in_base_dtype(module)
+        _set_adapter_dtypes(module, step.adapter_dtype)
+    names = {v: k for k, v in DTYPES.items()}
+    facts["adapter_dtypes"] = sorted({names.get(p.dtype, str(p.dtype)) for p in module.parameters()
+                                      if p.requires_grad})  # fmt: skip
     if step.finetune_method == "qlora":
         layers = quantize_linears(module, compute_dtype(step), step.double_quant, last)
         facts["nf4_layers"] = layers
@@ -126,7 +131,9 @@ def _add_lora(module: nn.Module, step: StepSpec) -> dict[str, Any]:
             # sets for gate_up_proj matched nothing (a hunt: the lines reached the user); the
             # trainable count is peft's own either way
             warnings.filterwarnings("ignore", message="The following (rank|alpha)_pattern keys")
-            peft_model = get_peft_model(module, config, autocast_adapter_dtype=False)
+            peft_model = get_peft_model(
+                module, config, autocast_adapter_dtype=step.adapter_dtype == "fp32"
+            )
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "no target modules"
         if unwrappable := re.match(r"Target module (\w+)\(", first):
@@ -225,19 +232,21 @@ def _fp32_patterns(module: nn.Module, dtype: torch.dtype) -> list[str]:
     return []
 
 
-def _adapters_in_base_dtype(module: nn.Module) -> None:
-    """peft makes a layer's adapters in its base layer's dtype (``autocast_adapter_dtype=
-    False``: params_dtype, fp32 for a layer the model keeps in fp32); on the meta device they
-    stay fp32: set them so. The base layers keep the dtypes ``cast_as_loaded`` gave them,
-    decided once on the model's own names (peft's renamed ones would match other patterns)."""
+def _set_adapter_dtypes(module: nn.Module, adapter_dtype: str) -> None:
+    """Adapters in fp32 (peft's default) or, with ``adapter_dtype="params"``, in their base
+    layer's dtype (``autocast_adapter_dtype=False``: params_dtype, fp32 for a layer the model
+    keeps in fp32); on the meta device peft leaves them fp32 either way: set them so. The base
+    layers keep the dtypes ``cast_as_loaded`` gave them, decided once on the model's own names
+    (peft's renamed ones would match other patterns)."""
     for layer in module.modules():
         base = getattr(layer, "base_layer", None)
         weight = getattr(base, "weight", None)
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
             continue
         for name, param in layer.named_parameters():
-            if not name.startswith("base_layer.") and param.dtype != weight.dtype:
-                param.data = param.data.to(weight.dtype)
+            want = weight.dtype if adapter_dtype == "params" else torch.float32
+            if not name.startswith("base_layer.") and param.dtype != want:
+                param.data = param.data.to(want)
 
 
 def cast_as_loaded(module: nn.Module, dtype: torch.dtype) -> int:
