@@ -232,7 +232,12 @@ def test_a_qlora_layout_counts_the_4bit_weights_as_parameters(tmp_path):
 
     text = render_table(api.predict(f"hf:{path}", parallel={"dp": 2}, **kw))
     assert "  ft=qlora  params=bf16  dp=2 tp=1 pp=1" in text
-    assert (f"Recipe: qlora adapters r=8, alpha=16, targets peft's defaults for the model; the"
+    # with the targets and dtype the rank's trace took, as one GPU's recipe line names them
+    # (it had said "peft's defaults for the model"; the JSON had no word of them)
+    assert ranks["parallel"][0]["recipe"] == {"lora_targets": one["graph"]["recipe"]["lora_targets"],
+                                              "adapter_dtypes": ["fp32"]}  # fmt: skip
+    targets = ",".join(one["graph"]["recipe"]["lora_targets"])
+    assert (f"Recipe: qlora adapters r=8, alpha=16, targets {targets}, in fp32; the"
             f" worst rank trains {adapters / 1e6:.1f} M of its {(held + adapters) / 1e6:.1f} M"
             " parameters.") in text  # fmt: skip
     # and explain's stage line counts them too (it had counted the rest alone)

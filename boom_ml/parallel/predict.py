@@ -165,6 +165,8 @@ def predict_raw(
             "price_usd_per_hour": hourly,
             "usd_per_1000_steps": usd_per_1000_steps(hourly, time["step_ms"]),
         }
+        if counts.get("recipe"):  # LoRA's targets and adapter dtypes, as a one-GPU graph has
+            entry["recipe"] = dict(counts["recipe"])
         if memory:
             step_g = replace(mem_step, sdpa_group=group_of[gpu.id])
             mprof = memory_profile(raw, layout.tp, step_g, gpu, stack)

@@ -267,20 +267,24 @@ def _recipe_key(step: StepSpec) -> list[Any]:
             step.double_quant, step.master_weights, step.adapter_dtype]  # fmt: skip
 
 
-def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, int]:
+def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, Any]:
     """Parameters per layer, of the embedding (first stage) and of the rest (last stage), the
-    same prefixed ``trainable_`` and ``logical_`` (``shard.param_split``), and bytes per
-    element of each."""
+    same prefixed ``trainable_`` and ``logical_`` (``shard.param_split``), bytes per element
+    of each, and under LoRA / QLoRA ``recipe``: the adapters' targets and dtypes as traced."""
     key = key_of("params", raw, tp, _recipe_key(step))  # batch and sequence change nothing
     if key in _MEMO:
         return _MEMO[key]
     hit = disk_get("params", key)
     if hit is None:
-        (_, one), (_, two) = rank_graphs(raw, tp, step)
+        (graph, one), (_, two) = rank_graphs(raw, tp, step)
         trainable, logical = roles(one, two, "trainable_"), roles(one, two, "logical_")
         hit = {**roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
                **{f"logical_{k}": v for k, v in logical.items()},
                "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
+        recipe = graph.meta.get("recipe") or {}
+        if step.finetune_method != "full":
+            hit["recipe"] = {k: recipe[k] for k in ("lora_targets", "adapter_dtypes")
+                             if recipe.get(k)}  # fmt: skip
         disk_put("params", key, hit)
     _MEMO[key] = hit
     return hit

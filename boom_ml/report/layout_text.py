@@ -14,7 +14,12 @@ def layout_recipe_line(prediction: Prediction) -> str:
     if step.get("finetune_method", "full") == "full":
         return ""
     mem = prediction.parallel[0].get("memory") or {}
-    targets = ",".join(step.get("lora_targets") or []) or "peft's defaults for the model"
+    recipe = prediction.parallel[0].get("recipe") or {}
+    targets = ",".join(step.get("lora_targets") or recipe.get("lora_targets") or []) or (
+        "peft's defaults for the model"
+    )
+    if recipe.get("adapter_dtypes"):
+        targets += f", in {'/'.join(recipe['adapter_dtypes'])}"
     trained = (f"; the worst rank trains {mem['trainable_parameters'] / 1e6:.1f} M of its"
                f" {mem['parameters'] / 1e6:.1f} M parameters" if "trainable_parameters" in mem
                else "")  # fmt: skip
