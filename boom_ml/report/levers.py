@@ -52,6 +52,10 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     if _autocast_applies(step):
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
+    if step.amp == "bf16" and not gpu.bf16_tensor_cores:
+        # bf16 runs at the fp32 rate there, and SDPA has no fused bf16 kernel (its math path
+        # holds each attention matrix): fp16 autocast halves the same bytes on tensor cores
+        out.append(("amp=fp16 (no bf16 tensor cores on this GPU)", replace(step, amp="fp16"), 1))
     if halves_frozen_weights(step):
         dtype = _amp_for(gpu)
         out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
