@@ -226,6 +226,7 @@ def predict(
     prediction = Prediction(
         model=name,
         batch_size=batch_size,
+        max_batch=max_batch_setting(max_batch),
         step={**graph.meta["step"], "grad_accum": grad_accum},
         graph={
             "num_ops": graph.num_ops,

@@ -193,6 +193,7 @@ class Prediction:
     # gpu id → the cheapest multi-GPU layouts that fit, where nothing fits on one GPU
     # (report/advisor.py advise_layouts; JSON "layout_advice", beside "advice")
     layout_advice: dict[str, dict[str, Any]] = field(default_factory=dict)
+    max_batch: str = "auto"  # the search asked for: auto | on | off (specs.max_batch_setting)
 
     def best_gpu(self) -> GpuPrediction:
         """The GPU that ``explain=true`` and ``plot=`` describe: the fastest that fits (else
@@ -229,6 +230,7 @@ class Prediction:
                 ],
                 "advice": {gpu: [a.to_dict() for a in items] for gpu, items in self.advice.items()},
                 "layout_advice": self.layout_advice,
+                "max_batch": self.max_batch,
                 "plots": self.plots,
                 **({"parallel": self.parallel} if self.parallel else {}),
             }

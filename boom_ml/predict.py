@@ -190,7 +190,10 @@ def check_override_keys(argv: list[str], config_name: str = "predict") -> None:
         if key in seen and not flags.multirun:
             # Hydra keeps the last silently; with two spellings (optimizer.impl= and
             # optimizer_impl=) the user cannot tell which one won
-            braces = ":" in seen[key] and ":" in value and "{" not in seen[key] + value
+            # key={a:1,b:2} unquoted: the shell's brace expansion makes key=a:1 key=b:2 (only
+            # for a key that takes a mapping: model=hf:gpt2 model=hf:gpt2-medium is no such)
+            mapping = key == OPEN_GROUP or _config_tree(config_name).get(key, False)
+            braces = mapping and ":" in seen[key] and ":" in value and "{" not in seen[key] + value
             raise InvalidInputError(
                 f"{key} is given twice ({seen[key]!r} and {value!r}); give it once"
                 + (f" (the shell split {key}={{...}} at its commas: quote it, "

@@ -312,9 +312,21 @@ def check_number(name: str, value: Any, low: float, high: float | None) -> None:
         raise InvalidInputError(f"{name} must be a number {bound}, got {value!r}")
 
 
+# what a true / false given for a key of named choices most likely meant (HF's
+# gradient_checkpointing=True is checkpointing=full)
+BOOL_MEANS = {"checkpointing": ("none", "full")}
+
+
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise InvalidInputError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
+    if value in choices:
+        return
+    if isinstance(value, bool):  # Hydra reads true / false as booleans: say them as typed
+        meant = BOOL_MEANS.get(name)
+        hint = f" (did you mean {name}={meant[value]}?)" if meant else ""
+        raise InvalidInputError(
+            f"unknown {name} {str(value).lower()}; choose one of: {', '.join(choices)}{hint}"
+        )
+    raise InvalidInputError(f"unknown {name} {value!r}; choose one of: {', '.join(choices)}")
 
 
 # max_batch=auto searches the largest batch per GPU for up to this many GPUs: the search

@@ -146,6 +146,10 @@ def test_the_shell_split_braces_are_said():
         "model_options is given twice ('n_layer:2' and 'n_head:4'); give it once (the shell "
         "split model_options={...} at its commas: quote it, 'model_options={n_layer:2,n_head:4}')"
     )
+    # a key that takes no mapping was not split by the shell: two models are two values
+    with pytest.raises(InvalidInputError) as err:
+        check_override_keys(["model=hf:gpt2", "model=hf:gpt2-medium"])
+    assert str(err.value) == "model is given twice ('hf:gpt2' and 'hf:gpt2-medium'); give it once"
 
 
 @pytest.mark.parametrize(
@@ -309,3 +313,18 @@ def test_another_tools_name_for_a_key_is_pointed_at_ours() -> None:
             InvalidInputError, match=rf"^unknown option\(s\): {key} \(did you mean: {ours}\?\)$"
         ):
             validate({"model": "hf:gpt2", key: "x"})
+
+
+def test_true_for_a_key_of_named_choices_is_said_as_typed():
+    """checkpointing=true reaches the check as Python's True: the error had said "unknown
+    checkpointing True"; it says what was typed and what true most likely meant."""
+    from boom_ml.specs import StepSpec
+
+    with pytest.raises(InvalidInputError) as err:
+        StepSpec(checkpointing=True)
+    assert str(err.value) == (
+        "unknown checkpointing true; choose one of: none, full, selective (did you mean "
+        "checkpointing=full?)"
+    )
+    with pytest.raises(InvalidInputError, match=r"^unknown amp false; choose one of: none, fp16"):
+        StepSpec(amp=False)

@@ -253,6 +253,13 @@ def test_parse_gpu_list_forms():
     assert [g.id for g in parse_gpu_list(("t4", "Tesla T4", "h200"))] == ["t4", "h200"]
     assert len(parse_gpu_list(["h100-sxm", "all"])) == len(all_gpus())
     assert parse_gpu_list([str(EXAMPLE_YAML), "l4"])[0].id == "hypothetical-x1"
+    # gpu=4090 reaches here as Hydra's int: read as the alias it names, not refused as a
+    # list it cannot read; a number that names none gets the did-you-mean of a typo
+    assert [g.id for g in parse_gpu_list(4090)] == ["rtx-4090"]
+    with pytest.raises(UnknownGpuError, match=r"unknown GPU '42' \(did you mean"):
+        parse_gpu_list(42)
+    with pytest.raises(BoomError, match=r"^gpu=true names no GPU"):
+        parse_gpu_list(True)
 
 
 def test_parse_gpu_list_accepts_hydra_listconfig():
@@ -261,7 +268,7 @@ def test_parse_gpu_list_accepts_hydra_listconfig():
     assert [g.id for g in parse_gpu_list(cfg.gpus)] == ["a100-80gb-sxm", "h100-sxm", "l4"]
 
 
-@pytest.mark.parametrize("bad", [None, "", [], 42, {"gpu": "l4"}])
+@pytest.mark.parametrize("bad", [None, "", [], 42, {"gpu": "l4"}, False])
 def test_parse_gpu_list_rejects_empty_or_odd_values(bad):
     with pytest.raises(BoomError):
         parse_gpu_list(bad)

@@ -292,6 +292,9 @@ def test_max_batch_off_and_auto_over_many_gpus_skip_the_search():
         )
     table = run({**BASE, "gpu": nine, "advice": False, "output": "table"})
     assert "max batch: not searched for 9 GPUs (max_batch=on searches each GPU" in table
+    # max_batch=off asked for none: no line reads as if the GPU count had skipped it
+    off = run({**BASE, "gpu": nine, "advice": False, "output": "table", "max_batch": "off"})
+    assert "max batch:" not in off
     two = json.loads(run({**BASE, "gpu": ["l4", "t4"], "advice": False}))
     assert all(g["memory"]["max_batch_size"] >= 2 for g in two["gpus"])  # auto: searched
 

@@ -241,6 +241,13 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
     """
     if value is None:
         raise InvalidInputError("no GPU given (use an id, a list of ids, a .yaml path, or 'all')")
+    if isinstance(value, bool):
+        raise InvalidInputError(
+            f"gpu={str(value).lower()} names no GPU (use an id, a list of ids, a .yaml path, or"
+            " 'all')"
+        )
+    if isinstance(value, (int, float)):
+        value = str(value)  # gpu=4090: Hydra reads a number, which names no GPU yet
     if isinstance(value, (str, Path, GpuSpec)):
         items: list[Any] = [value]
     elif isinstance(value, Iterable) and not isinstance(value, Mapping):

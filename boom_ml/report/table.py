@@ -187,7 +187,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
     gpus = prediction.gpus
-    if len(gpus) > MAX_BATCH_AUTO_GPUS and all(g.memory.max_batch_size is None for g in gpus):
+    skipped = prediction.max_batch == "auto" and len(gpus) > MAX_BATCH_AUTO_GPUS
+    if skipped and all(g.memory.max_batch_size is None for g in gpus):
         console.print(
             f"max batch: not searched for {len(gpus)} GPUs (max_batch=on searches each GPU, "
             "about 0.4 s per GPU)",
