@@ -262,6 +262,7 @@ def predict(
                 if optimizer == "none" and optimizer_impl != "auto"
                 else {}
             )
+            | _cudnn_unread(graph, step, software)
             # cluster.* with advice=true: read by a layout search, which no GPU needed
             | (
                 unread_cluster_keys(layout, nodes)[0]
@@ -298,6 +299,21 @@ def _as_microbatches(arguments: dict[str, Any]) -> dict[str, Any]:
         return arguments
     out = {k: v for k, v in arguments.items() if k != "grad_accum"}
     return out | {"parallel": {"microbatches": arguments["grad_accum"]}}
+
+
+def _cudnn_unread(graph: Any, step: StepSpec, software: Stack) -> dict[str, Any]:
+    """tf32_cudnn given, or stack.cudnn_benchmark=true, on a model with no convolution and no
+    cuDNN RNN: cuDNN runs none of its ops, so neither changes a number (the header had named
+    the first)."""
+    nodes = graph.nodes
+    if nodes["family"].eq("conv").any() or nodes["op"].astype(str).str.contains("cudnn").any():
+        return {}
+    out: dict[str, Any] = {}
+    if step.tf32_cudnn is not None:
+        out["tf32_cudnn"] = step.tf32_cudnn
+    if software.cudnn_benchmark:
+        out["stack.cudnn_benchmark"] = True
+    return out
 
 
 def _layout_notes(graph: Any, step: StepSpec) -> list[str]:

@@ -52,6 +52,21 @@ def make():
 """
 
 
+MLP_FACTORY = """
+import torch
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return self.lin(x)
+    def example_inputs(self, batch_size, device):
+        return {"x": torch.randn(batch_size, 8, device=device)}
+def make():
+    return Mlp()
+"""
+
+
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "boom_ml.predict", *args],
@@ -400,3 +415,15 @@ def test_run_hands_nested_model_options_over_as_plain_python(tmp_path) -> None:
             "model_options={widths:[4,8]}",
         ])  # fmt: skip
     assert json.loads(run(cfg))["graph"]["num_parameters"] == 8 * 3 * 9 + 8 + 8 * 10 + 10
+
+
+def test_cudnn_settings_on_a_model_without_convolutions_are_said_unused(tmp_path):
+    """tf32_cudnn and stack.cudnn_benchmark change only what cuDNN runs: on an MLP the table
+    says they are not used (the header had named tf32_cudnn=false, without a word)."""
+    body = MLP_FACTORY  # an MLP: no convolution, nothing cuDNN runs
+    options = {**BASE, "model": _factory_file(tmp_path, body), "image_size": None, "advice": False, "output": "table",
+               "tf32_cudnn": False, "stack": {"cudnn_benchmark": True}}  # fmt: skip
+    table = run(options)
+    assert "Not used: tf32_cudnn=false, stack.cudnn_benchmark=true (cuDNN runs none of" in table
+    assert "tf32_cudnn" not in run({**options, "model": "torchvision:resnet18",
+                                   "image_size": 32, "stack": {}}).split("Not used")[-1]  # fmt: skip

@@ -237,6 +237,13 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(
             f"Not used: optimizer.impl={impl} (optimizer=none runs no optimizer)", highlight=False
         )
+    cudnn = [f"{k}={str(unread.pop(k)).lower()}" for k in ("tf32_cudnn", "stack.cudnn_benchmark")
+             if k in unread]  # fmt: skip
+    if cudnn:
+        console.print(
+            f"Not used: {', '.join(cudnn)} (cuDNN runs none of this model's ops)",
+            highlight=False,
+        )
     cluster = [f"{k}={unread.pop(k)}" for k in list(unread) if k.startswith("cluster.")]
     if cluster:
         console.print(
