@@ -420,8 +420,8 @@ def test_run_hands_nested_model_options_over_as_plain_python(tmp_path) -> None:
 def test_cudnn_settings_on_a_model_without_convolutions_are_said_unused(tmp_path):
     """tf32_cudnn and stack.cudnn_benchmark change only what cuDNN runs: on an MLP the table
     says they are not used (the header had named tf32_cudnn=false, without a word)."""
-    body = MLP_FACTORY  # an MLP: no convolution, nothing cuDNN runs
-    options = {**BASE, "model": _factory_file(tmp_path, body), "image_size": None, "advice": False, "output": "table",
+    mlp = _factory_file(tmp_path, MLP_FACTORY)  # no convolution: nothing cuDNN runs
+    options = {**BASE, "model": mlp, "image_size": None, "advice": False, "output": "table",
                "tf32_cudnn": False, "stack": {"cudnn_benchmark": True}}  # fmt: skip
     table = run(options)
     assert "Not used: tf32_cudnn=false, stack.cudnn_benchmark=true (cuDNN runs none of" in table
