@@ -286,6 +286,10 @@ def test_cli_prints_table_and_details(capsys):
     assert cli_main([]) == 0
     out = capsys.readouterr().out
     assert "h100-sxm" in out and "rtx-pro-6000-blackwell-max-q" in out
+    # the A10G's sheet gives no bf16 rate; predictions run it at the fp16 rate (Ampere): the
+    # table says so rather than "-", which read as no bf16 at all; the T4 has none
+    a10g, t4 = (next(ln for ln in out.splitlines() if f" {g} " in ln) for g in ("a10g", "t4"))
+    assert "70.0*" in a10g and "*" not in t4 and "bf16 *: no sheet figure" in out
     assert cli_main(["NVIDIA_L4", str(EXAMPLE_YAML)]) == 0
     out = capsys.readouterr().out
     assert "NeuSight" in out and "hypothetical-x1" in out

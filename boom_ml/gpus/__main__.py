@@ -41,10 +41,23 @@ def gpu_table(gpus: list[GpuSpec]) -> Table:
             _num(g.memory_bandwidth_gbs, 0),
             _num(g.fp32_tflops),
             _num(g.fp16_tflops),
-            _num(g.bf16_tflops),
+            _bf16(g),
             _num(g.price_usd_per_hour, 2),
         )
+    if any(g.bf16_tflops is None and g.bf16_tensor_cores for g in gpus):
+        table.caption = (
+            "bf16 *: no sheet figure; Ampere and later run bf16 on their tensor cores at the "
+            "fp16 rate, which predictions use"
+        )
     return table
+
+
+def _bf16(gpu: GpuSpec) -> str:
+    """The sheet's bf16 rate, else the fp16 rate predictions use where bf16 tensor cores run it
+    (marked), else "-" (no bf16 tensor cores: bf16 runs at the fp32 rate)."""
+    if gpu.bf16_tflops is not None or not gpu.bf16_tensor_cores:
+        return _num(gpu.bf16_tflops)
+    return f"{_num(gpu.bf16_peak_tflops)}*"
 
 
 def gpu_detail(gpu: GpuSpec) -> Table:
