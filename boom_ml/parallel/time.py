@@ -166,10 +166,13 @@ def pp_collectives(
     if group.size <= 1:
         return []
     act = shape.batch_size * shape.seq_len * shape.hidden * shape.residual_bytes
-    # per chunk: fwd out + grad in, fwd in + grad out; none before the first or after the last
-    sends = 4 * chunks - (2 if last else 0) - (2 if first else 0)
-    ms = send_ms(act, group) * sends / 2  # a send and its matching receive overlap
-    return [Collective("send_recv", "pp", "activations and their gradients", act, sends, ms, ms)]
+    # per chunk it sends its output forward and its input's gradient backward, and receives
+    # the two it needs; none before the first or after the last. A transfer is the sender's
+    # time (it blocks it) and the receiver's wait, so the stage is charged its own sends
+    sends = (4 * chunks - (2 if last else 0) - (2 if first else 0)) // 2
+    ms = send_ms(act, group) * sends
+    return [Collective("send_recv", "pp", "activations and their gradients sent", act, sends,
+                       ms, ms)]  # fmt: skip
 
 
 def dp_collectives(
