@@ -415,3 +415,37 @@ def test_fsdp_under_a_pipeline_keeps_its_gradients_whole(tiny_memory, sharding):
     drained = _stage_at(tiny_memory, view, layout, 1, 1, 4, drained=True)["parallel_terms"]
     assert drained["zero_gradients"] < 0 and "fsdp_allgather_buffers" not in drained
     assert drained["zero_parameters"] == terms["zero_parameters"]
+
+
+def test_fsdp_under_a_pipeline_peaks_at_a_backward_s_end_where_that_holds_more(tiny_memory):
+    """zero3 / fsdp under torch's pipelining keeps each unit gathered after its backward, so a
+    backward's end holds every unit of the stage, with one micro-batch fewer in flight: where
+    that is more than a forward's end (two units and the root gathered), it is the peak."""
+    from dataclasses import replace
+
+    from boom_ml.parallel.memory import _peak_view, _stage_at
+
+    layers, layout = 8, Layout(dp=4, pp=2, sharding="fsdp", microbatches=4)
+    held = layers * layer_params(1) + VOCAB * H + H
+    part = 2 * layer_params(1) + VOCAB * H + H
+    one, two = tiny_memory.held
+    # the tiny model's micro-batch leaves more activations than its stage's parameters: a
+    # forward's end is the peak; with a tenth of them, a backward's end
+    for per_layer in (two - one, (two - one) // 10):
+        prof = replace(tiny_memory, held=[one, one + per_layer])
+        view = _peak_view(prof)
+        terms = _stage_at(prof, view, layout, 1, layers, 4)["parallel_terms"]
+        body = per_layer * layers  # what a micro-batch's forward leaves on the stage
+        if 4 * held - body > 4 * part:
+            assert terms["fsdp_allgather_buffers"] == 4 * held
+            assert terms["backward_end_activations"] == -body
+        else:
+            assert terms["fsdp_allgather_buffers"] == 4 * part
+            assert "backward_end_activations" not in terms
+    assert per_layer < two - one and "backward_end_activations" in terms  # both cases ran
+    # zero2 keeps the stage gathered at every moment: no micro-batch is taken off
+    zero2 = Layout(dp=4, pp=2, sharding="zero2", microbatches=4)
+    assert (
+        "backward_end_activations"
+        not in _stage_at(prof, view, zero2, 1, layers, 4)["parallel_terms"]
+    )

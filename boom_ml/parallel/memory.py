@@ -274,6 +274,15 @@ def _stage_at(
         # interleaving is not every chunk-micro-batch's (schedule.head_in_flight)
         heads = head_in_flight(layout.schedule, pp, microbatches, layout.virtual_stages)
         terms["pipeline_activations"] = (in_flight - 1) * body + (heads - 1) * head
+    if zero >= 3 and dp > 1 and pp > 1 and not drained:
+        # the stage keeps each unit gathered after its backward (stage.py), so a backward's
+        # end holds every unit, with one micro-batch fewer in flight: the larger of that and
+        # a forward's end (units resharded, the micro-batches in flight) is the stage's peak
+        body, _ = _held_per_microbatch(prof, bd, layers, last)
+        gathered = terms["fsdp_allgather_buffers"]
+        if held * prof.param_bytes - body > gathered:
+            terms["fsdp_allgather_buffers"] = held * prof.param_bytes
+            terms["backward_end_activations"] = -body
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
     head = _head_share(view) if pp > 1 and not last else {}
     if head:
@@ -290,7 +299,8 @@ def _stage_at(
     )
     if grad_peak > 0:
         adjusted["gradient"] = int(grad_peak + terms.get("zero_gradients", 0))
-    adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0))
+    adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0)
+                                 + terms.get("backward_end_activations", 0))  # fmt: skip
     adjusted["temporary"] = int(bd.get("temporary", 0) + terms.get("zero_optimizer_temporaries", 0))
     for cat, nbytes in head.items():
         adjusted[cat] = int(adjusted.get(cat, 0) - nbytes)

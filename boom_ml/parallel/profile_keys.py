@@ -25,7 +25,8 @@ CACHE_VERSION = 14  # 4: recipes in the parameter split; 7: peaks per window (op
 # head's modules (those after the last layer) hold at each part's peak (windows[...]["head"]);
 # 12: gradient accumulation's adds per layer and of the ends (TimeProfile.accumulate_*);
 # 13: the parameters the model stands for (param_counts' logical_*: QLoRA's 4-bit weights);
-# 14: LoRA adapters in fp32 by default, as peft's get_peft_model makes them (adapter_dtype)
+# 14: LoRA adapters in fp32 by default, as peft's get_peft_model makes them (adapter_dtype);
+# held (per micro-batch in flight) without autocast's weight copies, which one region shares
 _ROOT = Path(__file__).resolve().parent.parent
 
 

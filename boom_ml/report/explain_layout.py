@@ -14,9 +14,11 @@ PARALLEL_TERMS = {
     "zero_optimizer_temporaries": "optimizer temporaries on other ranks",
     "zero_gradients": "gradients on other ranks (ZeRO-2 / FSDP)",
     "zero_parameters": "parameters on other ranks (ZeRO-3 / FSDP)",
-    "fsdp_allgather_buffers": "FSDP-gathered parameters (units in use and prefetched, root; all of a zero2 pipeline stage)",
+    "fsdp_allgather_buffers": "FSDP-gathered parameters (units in use and prefetched, root; a pipeline stage's all where it peaks so)",
     "ddp_bucket": "DDP gradient buckets",
     "pipeline_activations": "activations of further micro-batches in flight",
+    "backward_end_activations": "a micro-batch's activations its backward freed (FSDP peak: a "
+    "backward's end, every unit gathered)",
     "nccl_buffers": "NCCL communicator buffers",
     "no_head_tensors": "LM head tensors on another stage",
 }
