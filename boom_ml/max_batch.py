@@ -1,16 +1,14 @@
 """The largest batch size that fits: a search over batch sizes, run by the orchestration
 layer (``session.py``: ``Session.evaluate``), which owns tracing and passes a tracer in.
 
-The search is on the safe side: a batch fits when its p90 step does (``estimate.py``).
-
-Tracing is the slow part (seconds per batch size), replaying is fast. Most models'
-memory events keep the same structure when only the batch size changes, with every
-event's size affine in the batch (``bytes = a + b * batch``: activations scale, weights
-and optimizer state do not). :class:`BatchScaling` takes ``a`` and ``b`` from traces at
-two batch sizes (the structure must be identical and every slope an integer number of
-bytes per sample) and then writes the event list of any batch size without tracing.
-Where that check fails (data-dependent shapes, batch-dependent kernel choices), every
-probe of the search is traced instead.
+The search is on the safe side: a batch fits when its step does at every level, the
+estimate's "yes" (``estimate.py``). Tracing is the slow part (seconds per batch size),
+replaying is fast. Most models' memory events keep the same structure when only the batch
+size changes, each event's size affine in the batch (``bytes = a + b * batch``: activations
+scale, weights and optimizer state do not). :class:`BatchScaling` takes ``a`` and ``b`` from
+traces at two batch sizes (identical structure, every slope a whole number of bytes per
+sample) and writes the event list of any batch size without tracing; where that check fails
+(data-dependent shapes, batch-dependent kernel choices), every probe is traced instead.
 """
 
 from __future__ import annotations
@@ -29,16 +27,14 @@ from boom_ml.memory.replay import Replay, sizes_only_change
 from boom_ml.stack import Stack, resolve_stack
 from boom_ml.trace.graph import OpGraph
 
-LEVEL = "p90"  # the search answers "fits" only where the upper bound fits
-# ... and the lower levels too, as the estimate's "yes" asks: fragmentation does not grow with
-# the bytes asked everywhere (a p90 replay whose cuDNN workspaces it may drop can fit where
-# the p50 one without them runs out: resnet18 at 1029 on an L4 had been the max batch, tight)
+LEVEL = "p90"  # the search answers "fits" where the upper bound fits, and the levels below,
+# as the estimate's "yes" asks (a p90 replay that drops cuDNN workspaces can fit where the p50
+# one runs out: resnet18 at 1029 on an L4 had been the max batch, and tight)
 OTHER_LEVELS = ("p50", "p10")
 # Event columns that must agree between traces for their sizes to be comparable.
 STRUCTURE = ("action", "block", "category", "phase", "node_id")
 MAX_BATCH = 1 << 16
-# Strides of the top-down scan past the bisection's first failure (_past_failures): at most
-# this many probes, plus a bisection of the stride above the first batch that fits.
+# Strides of the top-down scan past the bisection's first failure (_past_failures)
 SCAN = 8
 # A search below the traced batches checks the affine model with one trace this many times
 # below the batch asked (BatchSearch._check_below): a structure change (HF decoders' mask path
@@ -248,10 +244,9 @@ class BatchSearch:
         return reserved + outside
 
     def fits(self, batch: int, gpu: GpuSpec) -> bool:
-        """Whether ``batch`` runs on ``gpu`` without OOM: the verdict of
-        ``estimate.step_fits``, from the capped replay alone. step_fits first tries the
-        unbounded replay, which GPUs share; the search probes only batches whose need
-        exceeds the GPU and whose allocated peak fits, where it never decides."""
+        """Whether ``batch`` runs on ``gpu`` without OOM at every level (the estimate's yes):
+        the p90 verdict from its capped replay alone (the search probes only batches whose
+        need exceeds the GPU), the others' from ``estimate.step_fits``."""
         graph, options = self.graph_at(batch), self._replay_options()
         sm = simulate_step(graph, gpu, capacity=True, **options)
         if sm.result.oom or sm.total > gpu.capacity_bytes:
@@ -338,12 +333,11 @@ class BatchSearch:
         bisection finds in the stride above it (batches between grid points can fit and be
         missed: A100-80GB resnet50, 962 fits, the answer is 950).
 
-        Fit is not monotone in the batch near the limit: the allocator's segments and the
-        p90 terms that grow with the batch can make batch b fail where b + 30 fits (vgg16,
-        Adam, eager module loading, A100-40GB: 396 tight; the bisection said 395). Past the
-        allocated-peak bound (``end``) nothing fits, so the batches below it are probed
-        from the top down in at most ``SCAN`` strides, and the stride above the first that
-        fits is bisected (a probe is one capped replay of scaled events, 15-60 ms).
+        Fit is not monotone in the batch near the limit (the allocator's segments and the
+        p90 terms: vgg16, Adam, eager loading, A100-40GB: 396 tight, the bisection said 395).
+        Past the allocated-peak bound (``end``) nothing fits: the batches below it are probed
+        from the top down in at most ``SCAN`` strides, the stride above the first that fits
+        bisected (a probe is one capped replay of scaled events, 15-60 ms).
         """
 
         def fits(b: int) -> bool:
@@ -416,8 +410,7 @@ class BatchSearch:
         return lo
 
 
-# The last few searches, so that the GPUs of one prediction share traces and replays.
-# Bounded: a search holds its graphs alive.
+# The last few searches, which the GPUs of one prediction share (a search holds its graphs)
 _SEARCHES: IdentityCache[BatchSearch] = IdentityCache(8)
 
 
@@ -452,7 +445,6 @@ def max_batch_size(
     accumulate: bool = False,
     limit: int = MAX_BATCH,
 ) -> MaxBatch:
-    """Largest batch size of ``graph``'s model and step whose every level (p10, p50, p90)
-    fits on ``gpu``: the estimate's "yes"."""
+    """Largest batch of ``graph``'s model and step that fits on ``gpu`` at every level."""
     search = search_for(graph, trace_at, stack=stack, accumulate=accumulate)
     return search.max_batch(gpu, limit)

@@ -444,8 +444,5 @@ def test_fsdp_under_a_pipeline_peaks_at_a_backward_s_end_where_that_holds_more(t
             assert "backward_end_activations" not in terms
     assert per_layer < two - one and "backward_end_activations" in terms  # both cases ran
     # zero2 keeps the stage gathered at every moment: no micro-batch is taken off
-    zero2 = Layout(dp=4, pp=2, sharding="zero2", microbatches=4)
-    assert (
-        "backward_end_activations"
-        not in _stage_at(prof, view, zero2, 1, layers, 4)["parallel_terms"]
-    )
+    zero2 = _stage_at(prof, view, Layout(dp=4, pp=2, sharding="zero2", microbatches=4), 1, 8, 4)
+    assert "backward_end_activations" not in zero2["parallel_terms"]

@@ -52,21 +52,6 @@ def make():
 """
 
 
-MLP_FACTORY = """
-import torch
-class Mlp(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 8)
-    def forward(self, x):
-        return self.lin(x)
-    def example_inputs(self, batch_size, device):
-        return {"x": torch.randn(batch_size, 8, device=device)}
-def make():
-    return Mlp()
-"""
-
-
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "boom_ml.predict", *args],
@@ -420,7 +405,7 @@ def test_run_hands_nested_model_options_over_as_plain_python(tmp_path) -> None:
 def test_cudnn_settings_on_a_model_without_convolutions_are_said_unused(tmp_path):
     """tf32_cudnn and stack.cudnn_benchmark change only what cuDNN runs: on an MLP the table
     says they are not used (the header had named tf32_cudnn=false, without a word)."""
-    mlp = _factory_file(tmp_path, MLP_FACTORY)  # no convolution: nothing cuDNN runs
+    mlp = _factory_file(tmp_path, TINY)  # a Linear: no convolution, nothing cuDNN runs
     options = {**BASE, "model": mlp, "image_size": None, "advice": False, "output": "table",
                "tf32_cudnn": False, "stack": {"cudnn_benchmark": True}}  # fmt: skip
     table = run(options)
