@@ -322,8 +322,9 @@ def test_qlora_counts_only_fused_experts_as_unquantised_experts(tmp_path: Path) 
 
 def test_a_lora_step_on_fp32_weights_is_offered_16_bit_frozen_weights() -> None:
     """LoRA over fp32 frozen weights went straight to QLoRA; half-precision frozen weights
-    (bf16 on Ampere, fp16 before) come first, and never under fp16 autocast (GradScaler
-    cannot unscale fp16 adapter gradients) or for full training."""
+    (bf16 on Ampere, fp16 before) come first; under fp16 autocast only where the adapters
+    are fp32 (peft's default: GradScaler cannot unscale fp16 adapter gradients), and never
+    for full training."""
     from boom_ml.gpus import get_gpu
     from boom_ml.report.levers import single_changes
 
@@ -337,7 +338,9 @@ def test_a_lora_step_on_fp32_weights_is_offered_16_bit_frozen_weights() -> None:
     plain = StepSpec(batch_size=4, finetune_method="lora")
     assert "params_dtype=fp16 (frozen weights in 16 bits)" in offered(plain, "v100-sxm2-16gb")
     fp16_amp = StepSpec(batch_size=4, finetune_method="lora", amp="fp16")
-    assert not any(k.startswith("params_dtype") for k in offered(fp16_amp, "v100-sxm2-16gb"))
+    assert "params_dtype=fp16 (frozen weights in 16 bits)" in offered(fp16_amp, "v100-sxm2-16gb")
+    in_base = StepSpec(batch_size=4, finetune_method="lora", amp="fp16", adapter_dtype="params")
+    assert not any(k.startswith("params_dtype") for k in offered(in_base, "v100-sxm2-16gb"))
     assert not any(k.startswith("params_dtype") for k in offered(StepSpec(batch_size=4), "l4"))
 
 
