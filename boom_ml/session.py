@@ -15,12 +15,13 @@ from dataclasses import replace
 from typing import Any
 
 from boom_ml import progress
+from boom_ml.batch_scaling import scaling_pairs
 from boom_ml.errors import InvalidInputError, one_value_per_channel
 from boom_ml.estimates import GpuPrediction, TimeEstimate
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.hf_notices import quiet_transformers
-from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size, scaling_pairs
+from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
 from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax, finetune_problem
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing

@@ -414,3 +414,9 @@ def test_bf16_autocast_on_a_gpu_without_bf16_tensor_cores_is_offered_fp16() -> N
     offered = {label: changed for label, changed, _ in single_changes(step, get_gpu("t4"))}
     assert offered["amp=fp16 (no bf16 tensor cores on this GPU)"] == replace(step, amp="fp16")
     assert not [x for x, _, _ in single_changes(step, get_gpu("rtx-3090")) if x.startswith("amp=")]
+    # fp16 weights under fp16 autocast are refused (GradScaler): not offered, no crash (it had
+    # ended the advice of params_dtype=fp16 amp=bf16 on a T4)
+    fp16_weights = replace(step, params_dtype="fp16")
+    assert not [
+        x for x, _, _ in single_changes(fp16_weights, get_gpu("t4")) if x.startswith("amp=")
+    ]

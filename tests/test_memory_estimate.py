@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from tiny_models import tiny_cnn, tiny_transformer
 
+from boom_ml.batch_scaling import BatchScaling
 from boom_ml.gpus import get_gpu
 from boom_ml.gpus.spec import GpuSpec
-from boom_ml.max_batch import BatchScaling, BatchSearch, max_batch_size
+from boom_ml.max_batch import BatchSearch, max_batch_size
 from boom_ml.memory import estimate as memory_estimate
 from boom_ml.memory.estimate import estimate_memory, simulate_step
 from boom_ml.memory.live import live_peak
@@ -332,7 +333,8 @@ def test_a_size_that_shrinks_with_the_batch_is_traced_not_scaled():
 def test_held_for_backward_is_what_the_forward_leaves() -> None:
     """Synthetic events: an activation and an autocast copy kept for backward (1000 and 600
     bytes, each rounded to 1024), a forward temporary and an activation freed before the
-    backward starts, then backward's own blocks: 2048 bytes are held between the passes."""
+    backward starts, then backward's own blocks: the activation's 1024 bytes are held between
+    the passes for each micro-batch (one autocast region caches the copy for all of them)."""
     import pandas as pd
 
     from boom_ml.memory.live import held_for_backward
@@ -342,7 +344,7 @@ def test_held_for_backward_is_what_the_forward_leaves() -> None:
             ("free", 3, 512, "temporary", "forward"), ("free", 4, 4096, "activation", "loss"),
             ("alloc", 5, 8192, "gradient", "backward"), ("free", 1, 1000, "activation", "backward")]  # fmt: skip
     events = pd.DataFrame(rows, columns=["action", "block", "bytes", "category", "phase"])
-    assert held_for_backward(events) == 2048
+    assert held_for_backward(events) == 1024
     assert held_for_backward(events[events.phase != "backward"]) == 0  # no backward: none
 
 

@@ -420,29 +420,33 @@ def test_fsdp_under_a_pipeline_keeps_its_gradients_whole(tiny_memory, sharding):
 def test_fsdp_under_a_pipeline_peaks_at_a_backward_s_end_where_that_holds_more(tiny_memory):
     """zero3 / fsdp under torch's pipelining keeps each unit gathered after its backward, so a
     backward's end holds every unit of the stage, with one micro-batch fewer in flight: where
-    that is more than a forward's end (two units and the root gathered), it is the peak."""
+    that is more than the backward's peak (two units and the root gathered), it is the part's.
+    Stage 1 of 8 tiny layers: its parameters, 4 x (8 layers + head and norm) bytes, against
+    two layers and the root's with each micro-batch's activations (2.38 MB for 8 layers)."""
     from dataclasses import replace
 
     from boom_ml.parallel.memory import _peak_view, _stage_at
 
-    layers, layout = 8, Layout(dp=4, pp=2, sharding="fsdp", microbatches=4)
-    held = layers * layer_params(1) + VOCAB * H + H
-    part = 2 * layer_params(1) + VOCAB * H + H
+    layout = Layout(dp=4, pp=2, sharding="fsdp", microbatches=4)
+    whole = 4 * (8 * layer_params(1) + VOCAB * H + H)  # 1,380,608 bytes
+    two_and_root = 4 * (2 * layer_params(1) + VOCAB * H + H)  # 394,496 bytes
     one, two = tiny_memory.held
-    # the tiny model's micro-batch leaves more activations than its stage's parameters: a
-    # forward's end is the peak; with a tenth of them, a backward's end
-    for per_layer in (two - one, (two - one) // 10):
-        prof = replace(tiny_memory, held=[one, one + per_layer])
-        view = _peak_view(prof)
-        terms = _stage_at(prof, view, layout, 1, layers, 4)["parallel_terms"]
-        body = per_layer * layers  # what a micro-batch's forward leaves on the stage
-        if 4 * held - body > 4 * part:
-            assert terms["fsdp_allgather_buffers"] == 4 * held
-            assert terms["backward_end_activations"] == -body
-        else:
-            assert terms["fsdp_allgather_buffers"] == 4 * part
-            assert "backward_end_activations" not in terms
-    assert per_layer < two - one and "backward_end_activations" in terms  # both cases ran
-    # zero2 keeps the stage gathered at every moment: no micro-batch is taken off
-    zero2 = _stage_at(prof, view, Layout(dp=4, pp=2, sharding="zero2", microbatches=4), 1, 8, 4)
-    assert "backward_end_activations" not in zero2["parallel_terms"]
+    assert (whole, two_and_root, 8 * (two - one)) == (1380608, 394496, 2383872)
+    # the tiny model's activations (298 KB a layer) outweigh its 8 layers' weights (164 KB
+    # each): the backward's peak stays the part's
+    view = _peak_view(tiny_memory)
+    terms = _stage_at(tiny_memory, view, layout, 1, 8, 4)["parallel_terms"]
+    assert terms["fsdp_allgather_buffers"] == two_and_root
+    assert "backward_end_activations" not in terms
+    # with a tenth of the activations, a backward's end: the whole stage gathered, one
+    # micro-batch's 238,384 bytes fewer
+    prof = replace(tiny_memory, held=[one, one + (two - one) // 10])
+    out = _stage_at(prof, _peak_view(prof), layout, 1, 8, 4)
+    assert out["parallel_terms"]["fsdp_allgather_buffers"] == whole
+    assert out["parallel_terms"]["backward_end_activations"] == -238384
+    assert out["breakdown"]["activation"] >= 0
+    # not where no backward ends (the forward's part), nor under zero2, whose stage is
+    # gathered at every moment
+    forward = _stage_at(prof, _peak_view(prof), layout, 1, 8, 4, ends_backward=False)
+    zero2 = _stage_at(prof, _peak_view(prof), replace(layout, sharding="zero2"), 1, 8, 4)
+    assert "backward_end_activations" not in forward["parallel_terms"] | zero2["parallel_terms"]

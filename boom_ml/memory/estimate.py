@@ -94,7 +94,7 @@ _ATTRIBUTIONS: IdentityCache[Any] = IdentityCache(32)  # per replay: what is ali
 # loop over every event of three steps), and each fills in its own sizes.
 _BUILDS: IdentityCache[Replay] = IdentityCache(32)
 # Graphs whose events are another graph's with other sizes (the batch search's scaled
-# graphs, ``max_batch.BatchScaling``): graph -> (that graph, the sizes). Their builds are the
+# graphs, ``batch_scaling.BatchScaling``): graph -> (that graph, the sizes). Their builds are the
 # other graph's with the sizes swapped in, not a Python loop over three steps' events each.
 _RESIZED: IdentityCache[tuple[OpGraph, np.ndarray]] = IdentityCache(32)
 

@@ -35,8 +35,12 @@ def fsdp_collectives(
     unit_p = layer_params // units if units else 0
     unit_g = layer_trainable // units if units else 0
     root_p, root_g = params - layer_params, trainable - layer_trainable
-    unit_ag = all_gather_ms(unit_p * param_bytes, group)
-    root_ag = all_gather_ms(root_p * param_bytes, group)
+    # a gather carries frozen weights in ``param_bytes`` and trainable ones in their own width
+    # (``grad_bytes``: LoRA's fp32 adapters beside bf16 weights)
+    unit_b = (unit_p - unit_g) * param_bytes + unit_g * grad_bytes
+    root_b = (root_p - root_g) * param_bytes + root_g * grad_bytes
+    unit_ag = all_gather_ms(unit_b, group)
+    root_ag = all_gather_ms(root_b, group)
     unit_rs = reduce_scatter_ms(unit_g * grad_bytes, group) if unit_g else 0.0
     root_rs = reduce_scatter_ms(root_g * grad_bytes, group) if root_g else 0.0
     kept = piped and layout.zero_stage == 2  # gathered once, in the first forward
@@ -61,13 +65,13 @@ def fsdp_collectives(
         "gathered once" if kept else "each forward" if piped else "not resharded after forward"
     )
     rows = [  # (op, what, bytes per call, calls, ms, ms that could not be hidden, present)
-        ("all_gather", f"layer parameters (FSDP unit, {when})", unit_p * param_bytes,
+        ("all_gather", f"layer parameters (FSDP unit, {when})", unit_b,
          gathers * units, gathers * units * unit_ag, unit_ag * starts, units),
         ("reduce_scatter", "layer gradients (FSDP unit" + (", after the last micro-batch)" if piped
          else ")"), unit_g * grad_bytes, units * reduces, units * unit_rs * reduces,
          rs_fixed[0], unit_g),
         ("all_gather", f"root parameters (embedding, norm, head: {root_when})",
-         root_p * param_bytes, root_gathers, root_ag * root_gathers,
+         root_b, root_gathers, root_ag * root_gathers,
          root_ag * starts, root_p),
         ("reduce_scatter", "root gradients (FSDP root unit)", root_g * grad_bytes,
          reduces, root_rs * reduces, rs_fixed[1], root_g),

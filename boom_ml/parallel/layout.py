@@ -86,6 +86,12 @@ class Layout:
         return {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}[self.sharding]
 
     @property
+    def fsdp2(self) -> bool:
+        """Whether dp ranks run FSDP2: zero3 / fsdp, and under a pipeline zero2 too (FSDP2
+        without resharding after forward, as the module docstring says)."""
+        return self.zero_stage >= 3 or (self.zero_stage == 2 and self.pp > 1)
+
+    @property
     def is_single(self) -> bool:
         return self.world == 1 and self.microbatches == 1
 
@@ -219,7 +225,7 @@ def validate(
             f"parallel.sharding={layout.sharding} shards over data-parallel ranks: it needs"
             " parallel.dp >= 2 (got parallel.dp=1)"
         )
-    if optimizer == "none" and layout.zero_stage in (1, 2):
+    if optimizer == "none" and layout.zero_stage in (1, 2) and not layout.fsdp2:
         # ZeRO-1/2 shard the optimizer's state and gather the parameters it updated: with no
         # optimizer the gather of 4.7 GB had been charged all the same (a hunt)
         raise InvalidInputError(

@@ -161,7 +161,8 @@ def stage_memory(
     parameter it steps) shrink by dp too.
     """
     views = prof.windows or {"rest": _peak_view(prof)}
-    stages = [_stage_at(prof, view, layout, stage, layers, microbatches, name in DRAINED)
+    stages = [_stage_at(prof, view, layout, stage, layers, microbatches, name in DRAINED,
+                        ends_backward=name in ("backward", "rest"))
               for name, view in views.items()]  # fmt: skip
     return max(stages, key=lambda st: st["total_bytes"])
 
@@ -212,10 +213,11 @@ def _at_layers(view: dict[str, Any], layers: int) -> tuple[dict[str, int], float
 
 def _stage_at(
     prof: MemoryProfile, view: dict[str, Any], layout: Layout, stage: int, layers: int,
-    microbatches: int, drained: bool = False,
+    microbatches: int, drained: bool = False, ends_backward: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """``stage_memory`` at one peak (``view``: totals, p10, p90, breakdowns of the 1- and
-    2-layer replays, and the optimizer-phase temporaries alive at it); ``drained``: no
+    2-layer replays, and the optimizer-phase temporaries alive at it); ``ends_backward``: a
+    backward ends in this part of the step (its window's); ``drained``: no
     micro-batch in flight there (the optimizer step's)."""
     pp, dp, zero = layout.pp, layout.dp, layout.zero_stage
     first, last = stage == 0, stage == pp - 1
@@ -244,7 +246,7 @@ def _stage_at(
             terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
     # FSDP2 under torch.distributed.pipelining syncs no gradient until the stage's last
     # backward (stage.py's backward_maybe_with_nosync): they are whole until the optimizer's
-    piped = zero >= 2 and pp > 1 and not drained
+    piped = layout.fsdp2 and pp > 1 and not drained
     if zero >= 2 and dp > 1 and grad_peak > 0 and not piped:
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     elif zero == 1 and dp > 1 and drained and prof.master_weights and grad_peak > 0:
@@ -254,7 +256,7 @@ def _stage_at(
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.param_bytes * (
             1 - 1 / dp
         )
-    fsdp = zero >= 3 or (zero == 2 and pp > 1)  # FSDP2 under a pipeline (layout.py)
+    fsdp = layout.fsdp2
     if fsdp and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
     if fsdp and dp > 1 and not drained:
@@ -274,13 +276,13 @@ def _stage_at(
         # interleaving is not every chunk-micro-batch's (schedule.head_in_flight)
         heads = head_in_flight(layout.schedule, pp, microbatches, layout.virtual_stages)
         terms["pipeline_activations"] = (in_flight - 1) * body + (heads - 1) * head
-    if zero >= 3 and dp > 1 and pp > 1 and not drained:
+    if zero >= 3 and dp > 1 and pp > 1 and ends_backward and not drained:
         # the stage keeps each unit gathered after its backward (stage.py), so a backward's
         # end holds every unit, with one micro-batch fewer in flight: the larger of that and
-        # a forward's end (units resharded, the micro-batches in flight) is the stage's peak
-        body, _ = _held_per_microbatch(prof, bd, layers, last)
-        gathered = terms["fsdp_allgather_buffers"]
-        if held * prof.param_bytes - body > gathered:
+        # the backward's peak (two units gathered, the micro-batches in flight) is the part's
+        active = bd.get("activation", 0) + terms.get("pipeline_activations", 0)
+        body = min(_held_per_microbatch(prof, bd, layers, last)[0], active)
+        if held * prof.param_bytes - body > terms["fsdp_allgather_buffers"]:
             terms["fsdp_allgather_buffers"] = held * prof.param_bytes
             terms["backward_end_activations"] = -body
     terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS

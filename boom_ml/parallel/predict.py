@@ -188,7 +188,7 @@ def layout_notes(layout: Layout, step: StepSpec, memory: dict[str, Any]) -> list
     """What a user of the layout may read wrongly: autocast's 16-bit weight copies under
     FSDP / ZeRO-3, which gather fp32 parameters (FSDP2 without a MixedPrecisionPolicy)."""
     copies = memory.get("breakdown", {}).get("autocast_copy", 0)
-    if layout.zero_stage < 3 or step.amp == "none" or copies <= 0:
+    if not layout.fsdp2 or step.amp == "none" or copies <= 0:
         return []
     return [
         f"{layout.sharding} gathers fp32 parameters and autocast keeps a {step.amp} copy of each"

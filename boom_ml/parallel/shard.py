@@ -18,6 +18,7 @@ import math
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -279,14 +280,21 @@ def param_split(module: Any) -> dict[str, int]:
         return "layers" if LAYER_PATH.search(name) else (
             "first" if EMBEDDING_PATH.search(name) else "last")  # fmt: skip
 
+    # bytes per element: the width most of the elements have (LoRA's fp32 adapters beside bf16
+    # weights had set it when an adapter came last)
+    widths: Counter[int] = Counter()
+    trainable_widths: Counter[int] = Counter()
     for name, param in module.named_parameters():
         role = role_of(name)
         counts[role] += param.numel()
         counts[f"logical_{role}"] += param.numel()
-        counts["bytes"] = param.element_size()
+        widths[param.element_size()] += param.numel()
         if param.requires_grad:
             counts[f"trainable_{role}"] += param.numel()
-            counts["trainable_bytes"] = param.element_size()
+            trainable_widths[param.element_size()] += param.numel()
+    for key, seen in (("bytes", widths), ("trainable_bytes", trainable_widths)):
+        if seen:
+            counts[key] = seen.most_common(1)[0][0]
     for name, sub in module.named_modules():  # QLoRA's 4-bit layers: weights held as buffers
         logical = getattr(sub, "logical_numel", None)
         if isinstance(logical, int):

@@ -206,7 +206,7 @@ def dp_collectives(
             else:
                 exposed = ms
             out.append(Collective("all_reduce", "dp", "gradients (DDP)", grads, 1, ms, exposed))
-        elif layout.zero_stage == 1 or (layout.zero_stage == 2 and layout.pp == 1):
+        elif not layout.fsdp2:  # ZeRO-1 / ZeRO-2 (DeepSpeed's: without a pipeline)
             rs = reduce_scatter_ms(grads, group)
             exposed = (
                 rs
@@ -219,7 +219,7 @@ def dp_collectives(
             calls = m if layout.zero_stage == 2 else 1
             out.append(Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, calls,
                                   calls * rs, calls * exposed))  # fmt: skip
-            pbytes = trainable * shape.param_bytes
+            pbytes = trainable * shape.grad_bytes  # the updated ones, in their own width
             ag = all_gather_ms(pbytes, group)
             out.append(
                 Collective("all_gather", "dp", "updated parameters (ZeRO)", pbytes, 1, ag, ag)
@@ -275,10 +275,8 @@ def step_time(
         if layout.grad_accumulation != "add" or m == 1:
             return 0.0
         ms = n * prof.accumulate_layer_ms + ends_share(first, last) * prof.accumulate_ends_ms
-        if (
-            layout.zero_stage >= 2 and pp == 1
-        ):  # ZeRO-2 / FSDP reduce each micro-batch, add into shards
-            ms /= layout.dp
+        if layout.zero_stage >= 2 and pp == 1:  # reduced each micro-batch, added into shards
+            ms /= layout.dp  # (a pipeline's FSDP2 keeps whole gradients until its last)
         return compute_scale * other_scale * ms  # memory-bound kernels
 
     # per virtual stage j = chunk * pp + rank (model order): forward and backward of one

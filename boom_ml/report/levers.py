@@ -11,6 +11,7 @@ go in roughly the order of what they cost in speed; the splits go on top of them
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 from dataclasses import replace
 from typing import Any
@@ -54,8 +55,11 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
     if step.amp == "bf16" and not gpu.bf16_tensor_cores:
         # bf16 runs at the fp32 rate there, and SDPA has no fused bf16 kernel (its math path
-        # holds each attention matrix): fp16 autocast halves the same bytes on tensor cores
-        out.append(("amp=fp16 (no bf16 tensor cores on this GPU)", replace(step, amp="fp16"), 1))
+        # holds each attention matrix): fp16 autocast halves the same bytes on tensor cores,
+        # where GradScaler can unscale the gradients (not fp16 ones: params_dtype=fp16)
+        with contextlib.suppress(InvalidInputError):
+            fp16 = replace(step, amp="fp16")
+            out.append(("amp=fp16 (no bf16 tensor cores on this GPU)", fp16, 1))
     if halves_frozen_weights(step):
         dtype = _amp_for(gpu)
         out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
