@@ -17,7 +17,11 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   not reshard after forward"; one all-gather of the root per micro-batch in
   ``parallel/traced.py``'s trace); none at the optimizer step's peak: every unit, the root
   among them, is resharded after its backward (``reshard_after_backward``), so the step
-  holds sharded parameters only;
+  holds sharded parameters only. Under a pipeline (pp > 1) zero2, zero3 and fsdp are FSDP2 as
+  ``torch.distributed.pipelining`` runs it (``Layout.fsdp2``): no gradient is sharded until
+  the stage's last backward, zero2 (not resharded after forward) keeps the whole stage
+  gathered, and zero3 / fsdp, which keep each unit gathered after its backward, peak at a
+  backward's end with every unit gathered where that holds more than the backward's peak;
 * DDP (dp > 1, no sharding): its Reducer allocates flat buckets over every trainable
   gradient when it is built (``reducer.cpp``, ``initialize_buckets``) and, with PyTorch's
   default ``gradient_as_bucket_view=False``, copies each gradient into them: a second copy of
@@ -30,7 +34,8 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   layers, i.e. 1 / v of the stage's micro-batch: ``in_flight_microbatches`` is then that count
   / v (a float; ``in_flight_chunks`` keeps the count). The stage holds (that - 1) micro-batches'
   activations more than the traced step, each what a micro-batch's forward leaves for its
-  backward (activations and autocast copies alive when the backward starts: each layer's share,
+  backward (the activations alive when the backward starts, not autocast's weight copies, which
+  one autocast region around the schedule caches once: each layer's share,
   and on the last stage the head's logits and loss, once for each micro-batch of the model's
   last chunk in flight, one under interleaving: ``schedule.head_in_flight``; the peak's own
   activations are taken
