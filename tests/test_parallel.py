@@ -420,9 +420,8 @@ def test_fsdp_under_a_pipeline_keeps_its_gradients_whole(tiny_memory, sharding):
 def test_fsdp_under_a_pipeline_peaks_at_a_backward_s_end_where_that_holds_more(tiny_memory):
     """zero3 / fsdp under torch's pipelining keeps each unit gathered after its backward, so a
     backward's end holds every unit of the stage, with one micro-batch fewer in flight: where
-    that is more than the backward's peak (two units and the root gathered), it is the part's.
-    Stage 1 of 8 tiny layers: its parameters, 4 x (8 layers + head and norm) bytes, against
-    two layers and the root's with each micro-batch's activations (2.38 MB for 8 layers)."""
+    that is more than the backward's peak (two units and the root gathered), it is the part's
+    (stage 1 of 8 tiny layers)."""
     from dataclasses import replace
 
     from boom_ml.parallel.memory import _peak_view, _stage_at
