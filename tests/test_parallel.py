@@ -7,6 +7,7 @@ written to a temporary file; its parameter counts are computed here from the con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -422,11 +423,9 @@ def test_fsdp_under_a_pipeline_peaks_at_a_backward_s_end_where_that_holds_more(t
     backward's end holds every unit of the stage, with one micro-batch fewer in flight: where
     that is more than the backward's peak (two units and the root gathered), it is the part's
     (stage 1 of 8 tiny layers)."""
-    from dataclasses import replace
-
     from boom_ml.parallel.memory import _peak_view, _stage_at
 
-    layout = Layout(dp=4, pp=2, sharding="fsdp", microbatches=4)
+    layout, replace = Layout(dp=4, pp=2, sharding="fsdp", microbatches=4), dataclasses.replace
     whole = 4 * (8 * layer_params(1) + VOCAB * H + H)  # 1,380,608 bytes
     two_and_root = 4 * (2 * layer_params(1) + VOCAB * H + H)  # 394,496 bytes
     one, two = tiny_memory.held
