@@ -48,6 +48,7 @@ from boom_ml.specs import (
 )
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
 from boom_ml.timing.conv_layout import TENSOR_CORE_SM, has_channels_last_convolutions
+from boom_ml.timing.library_calls import is_rnn
 from boom_ml.trace.graph import reads_dtype
 
 __all__ = ["Session", "finetune_fields", "predict"]
@@ -306,7 +307,7 @@ def _cudnn_unread(graph: Any, step: StepSpec, software: Stack) -> dict[str, Any]
     cuDNN RNN: cuDNN runs none of its ops, so neither changes a number (the header had named
     the first)."""
     nodes = graph.nodes
-    if nodes["family"].eq("conv").any() or nodes["op"].astype(str).str.contains("cudnn").any():
+    if nodes["family"].eq("conv").any() or any(map(is_rnn, nodes["op"].astype(str))):
         return {}
     out: dict[str, Any] = {}
     if step.tf32_cudnn is not None:

@@ -43,38 +43,39 @@ def fsdp_collectives(
     root_ag = all_gather_ms(root_b, group)
     unit_rs = reduce_scatter_ms(unit_g * grad_bytes, group) if unit_g else 0.0
     root_rs = reduce_scatter_ms(root_g * grad_bytes, group) if root_g else 0.0
+    # per unit and step (tests/test_parallel_traced.py runs torch's schedules over FSDP2):
+    # gathers of a layer unit and of the root, micro-batches whose first gathers nothing hides,
+    # and how the rows say it
     kept = piped and layout.zero_stage == 2  # gathered once, in the first forward
-    # per unit and step (tests/test_parallel_traced.py runs torch's schedules over FSDP2)
-    gathers = 1 if kept else (m + 1 if piped else 2 * m)
-    reduces, root_gathers = (1, gathers) if piped else (m, m)
+    if kept:
+        gathers, root_gathers, starts = 1, 1, 1
+        when, root_when = "gathered once, kept through the micro-batches", "gathered once"
+    elif piped:
+        gathers = root_gathers = m + 1
+        starts, when, root_when = 1, "each forward, then kept from backward on", "each forward"
+    else:
+        gathers, root_gathers, starts = 2 * m, m, m
+        when, root_when = "forward and backward", "not resharded after forward"
+    reduces = 1 if piped else m
     ag = gathers * units * unit_ag + root_gathers * root_ag
     rs = reduces * (units * unit_rs + root_rs)
     # prefetch hides the gathers (and, unpiped, the reductions) behind compute, except each
-    # micro-batch's first ones (the root's, then the first layer's: under a pipeline the first
-    # micro-batch's alone); what compute cannot hide is shared out in proportion to each
-    # collective's hideable time, none beyond its own
-    starts = 1 if piped else m
+    # start's first ones (the root's, then the first layer's); under a pipeline the reductions
+    # come after the last backward, where nothing hides them. What compute cannot hide is
+    # shared out in proportion to each collective's hideable time, none beyond its own
     first = (root_ag + unit_ag) * starts
     hide = compute_mb_ms - backward_ms if kept else m * compute_mb_ms
     rest = max(0.0, ag + (0.0 if piped else rs) - first - hide)
-    rs_fixed = (unit_rs * units, root_rs) if piped else (0.0, 0.0)
-    when = {(True, True): "gathered once, kept through the micro-batches",
-            (True, False): "each forward, then kept from backward on"}.get(
-        (piped, kept), "forward and backward")  # fmt: skip
-    root_when = (
-        "gathered once" if kept else "each forward" if piped else "not resharded after forward"
-    )
     rows = [  # (op, what, bytes per call, calls, ms, ms that could not be hidden, present)
         ("all_gather", f"layer parameters (FSDP unit, {when})", unit_b,
          gathers * units, gathers * units * unit_ag, unit_ag * starts, units),
         ("reduce_scatter", "layer gradients (FSDP unit" + (", after the last micro-batch)" if piped
          else ")"), unit_g * grad_bytes, units * reduces, units * unit_rs * reduces,
-         rs_fixed[0], unit_g),
+         units * unit_rs if piped else 0.0, unit_g),
         ("all_gather", f"root parameters (embedding, norm, head: {root_when})",
-         root_b, root_gathers, root_ag * root_gathers,
-         root_ag * starts, root_p),
+         root_b, root_gathers, root_ag * root_gathers, root_ag * starts, root_p),
         ("reduce_scatter", "root gradients (FSDP root unit)", root_g * grad_bytes,
-         reduces, root_rs * reduces, rs_fixed[1], root_g),
+         reduces, root_rs * reduces, root_rs if piped else 0.0, root_g),
     ]  # fmt: skip
     hideable = sum(ms - fixed for *_, ms, fixed, _ in rows)
     out = []

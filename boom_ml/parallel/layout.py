@@ -92,6 +92,12 @@ class Layout:
         return self.zero_stage >= 3 or (self.zero_stage == 2 and self.pp > 1)
 
     @property
+    def shards_microbatch_gradients(self) -> bool:
+        """Whether each micro-batch's gradients are reduce-scattered into 1/dp shards (ZeRO-2,
+        FSDP without a pipeline); FSDP2 under one keeps them whole until the last."""
+        return self.zero_stage >= 2 and self.pp == 1
+
+    @property
     def is_single(self) -> bool:
         return self.world == 1 and self.microbatches == 1
 

@@ -251,8 +251,8 @@ def _stage_at(
             terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
     # FSDP2 under torch.distributed.pipelining syncs no gradient until the stage's last
     # backward (stage.py's backward_maybe_with_nosync): they are whole until the optimizer's
-    piped = layout.fsdp2 and pp > 1 and not drained
-    if zero >= 2 and dp > 1 and grad_peak > 0 and not piped:
+    sharded = layout.shards_microbatch_gradients or (zero >= 2 and drained)
+    if sharded and dp > 1 and grad_peak > 0:
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp)
     elif zero == 1 and dp > 1 and drained and prof.master_weights and grad_peak > 0:
         # ZeRO-1 over fp32 master weights (Megatron's distributed optimizer, DeepSpeed's
@@ -261,10 +261,9 @@ def _stage_at(
         terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.param_bytes * (
             1 - 1 / dp
         )
-    fsdp = layout.fsdp2
-    if fsdp and dp > 1:
+    if layout.fsdp2 and dp > 1:
         terms["zero_parameters"] = -param_b * (1 - 1 / dp)
-    if fsdp and dp > 1 and not drained:
+    if layout.fsdp2 and dp > 1 and not drained:
         # the unsharded unit being used plus one prefetched (two layers' parameters), and the
         # root's, gathered from its forward to the end of the backward; a pipeline stage that
         # does not reshard after forward (zero2) keeps all of its units gathered through the

@@ -281,8 +281,8 @@ def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, Any]
         hit = {**roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
                **{f"logical_{k}": v for k, v in logical.items()},
                "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
-        recipe = graph.meta.get("recipe") or {}
         if step.finetune_method != "full":
+            recipe = graph.meta.get("recipe") or {}
             hit["recipe"] = {k: recipe[k] for k in ("lora_targets", "adapter_dtypes")
                              if recipe.get(k)}  # fmt: skip
         disk_put("params", key, hit)

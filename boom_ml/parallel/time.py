@@ -216,7 +216,7 @@ def dp_collectives(
             # ZeRO-2 keeps only its shard of the gradients (memory.py), so it reduces after
             # every micro-batch's backward (DeepSpeed's stage 2 does); ZeRO-1 accumulates the
             # whole gradients and reduces once
-            calls = m if layout.zero_stage == 2 else 1
+            calls = m if layout.shards_microbatch_gradients else 1
             out.append(Collective("reduce_scatter", "dp", "gradients (ZeRO)", grads, calls,
                                   calls * rs, calls * exposed))  # fmt: skip
             pbytes = trainable * shape.grad_bytes  # the updated ones, in their own width
@@ -275,8 +275,8 @@ def step_time(
         if layout.grad_accumulation != "add" or m == 1:
             return 0.0
         ms = n * prof.accumulate_layer_ms + ends_share(first, last) * prof.accumulate_ends_ms
-        if layout.zero_stage >= 2 and pp == 1:  # reduced each micro-batch, added into shards
-            ms /= layout.dp  # (a pipeline's FSDP2 keeps whole gradients until its last)
+        if layout.shards_microbatch_gradients:  # added into 1/dp shards
+            ms /= layout.dp
         return compute_scale * other_scale * ms  # memory-bound kernels
 
     # per virtual stage j = chunk * pp + rank (model order): forward and backward of one

@@ -36,6 +36,7 @@ from boom_ml.zoo.hf_moe import is_expert_block
 from boom_ml.zoo.nf4 import NF4Linear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _AMP = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ADAPTER_MARK = "lora_"  # peft's adapter modules: lora_A, lora_B, lora_dropout, ...
 
@@ -61,9 +62,8 @@ def apply_recipe(module: nn.Module, step: StepSpec) -> dict[str, Any]:
     facts.update(_add_lora(module, step))
     if dtype != torch.float32:
         _set_adapter_dtypes(module, step.adapter_dtype)
-    names = {v: k for k, v in DTYPES.items()}
-    facts["adapter_dtypes"] = sorted({names.get(p.dtype, str(p.dtype)) for p in module.parameters()
-                                      if p.requires_grad})  # fmt: skip
+    facts["adapter_dtypes"] = sorted({DTYPE_NAMES.get(p.dtype, str(p.dtype))
+                                      for p in module.parameters() if p.requires_grad})  # fmt: skip
     if step.finetune_method == "qlora":
         layers = quantize_linears(module, compute_dtype(step), step.double_quant, last)
         facts["nf4_layers"] = layers
