@@ -47,6 +47,7 @@ from boom_ml.report.plot_dir import check_plot_dir
 from boom_ml.specs import (
     ATTENTION_CHOICES,
     StepSpec,
+    bool_word,
     cache_setting,
     check_bool,
     check_choice,
@@ -62,6 +63,11 @@ OUTPUTS = ("table", "json")
 # the group whose keys are the model constructor's, free-form (model_options.aux_logits=false)
 OPEN_GROUP = "model_options"
 BOOL_KEYS = ("explain", "advice", "tf32", "channels_last", "master_weights")
+NESTED_BOOL_KEYS = {
+    "finetune": ("double_quant",),
+    "parallel": ("bucket_view",),
+    "stack": ("cudnn_benchmark", "expandable_segments"),
+}
 # argv spellings rewritten before Hydra parses them: {alias key: config key}
 KEY_ALIASES = {"optimizer.impl": "optimizer_impl", "checkpointing.every": "checkpointing_every"}
 LIST_KEYS = ("gpu", "finetune.targets")  # a bare comma list is the list (see rewrite_aliases)
@@ -247,6 +253,18 @@ def check_group(key: str, value: Any, config_name: str = "predict") -> None:
         )
 
 
+def _switch_words_as_bools(options: dict[str, Any]) -> None:
+    """advice=off, finetune.double_quant=no, ...: a switch's word as the bool it says."""
+    for name in (*BOOL_KEYS, "tf32_matmul", "tf32_cudnn"):
+        if name in options:
+            options[name] = bool_word(options[name])
+    for group, names in NESTED_BOOL_KEYS.items():
+        if isinstance(options.get(group), Mapping):
+            options[group] = {
+                k: bool_word(v) if k in names else v for k, v in options[group].items()
+            }
+
+
 def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     """Check every option without importing torch; returns them with ``cache`` as a bool.
 
@@ -263,6 +281,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidInputError(
             f"unknown output {options['output']!r}; choose one of: {', '.join(OUTPUTS)}"
         )
+    _switch_words_as_bools(options)
     for name in BOOL_KEYS:
         if name in options:
             check_bool(name, options[name])

@@ -286,16 +286,26 @@ def check_bool(name: str, value: Any) -> None:
         raise InvalidInputError(f"{name} must be true or false, got {value!r}")
 
 
-CACHE_WORDS = {"on": True, "true": True, "off": False, "false": False}
+# the words a command line says a switch with: Hydra reads true / false as booleans and
+# passes on / off / yes / no as strings (advice=off had been refused while max_batch=off
+# and cache=off were taken)
+BOOL_WORDS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+
+
+def bool_word(value: Any) -> Any:
+    """``value`` as a bool where it is a switch's word (on, off, yes, no, true, false);
+    anything else unchanged, for :func:`check_bool` to refuse."""
+    if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:
+        return BOOL_WORDS[value.strip().lower()]
+    return value
 
 
 def cache_setting(value: Any) -> bool:
     """``cache``: a bool, or on / off (YAML reads `cache: on` as True; Hydra's command line
     passes `cache=off` as a string)."""
+    value = bool_word(value)
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in CACHE_WORDS:
-        return CACHE_WORDS[value.strip().lower()]
     raise InvalidInputError(f"cache must be on or off, got {value!r}")
 
 

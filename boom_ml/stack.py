@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from boom_ml.errors import InvalidInputError
-from boom_ml.specs import OPTIMIZER_IMPLS
+from boom_ml.specs import OPTIMIZER_IMPLS, bool_word
 
 TABLE_PATH = Path(__file__).with_name("stacks.csv")
 MODULE_LOADING = ("lazy", "eager")
@@ -296,10 +296,9 @@ def stack_missing(stack: Stack, gpu: Any) -> str | None:
 
 
 def _bool(name: str, value: Any) -> bool:
+    value = bool_word(value)
     if isinstance(value, bool):
         return value
-    if str(value).lower() in ("true", "false"):
-        return str(value).lower() == "true"
     raise InvalidInputError(f"stack.{name} must be true or false, got {value!r}")
 
 

@@ -257,8 +257,22 @@ def test_validate_normalises_cache_and_checks_values():
     # auto searches the largest batch for up to 8 GPUs; gpu=all (44) would spend ~13 s on it
     assert [search_max_batch("auto", n) for n in (1, 8, 9)] == [True, True, False]
     assert search_max_batch("on", 44) and not search_max_batch(False, 1)
-    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 'yes'"):
-        validate({**base, "tf32": "yes"})
+    # on / off / yes / no are a switch's words: advice=off had been refused beside max_batch=off
+    said = validate(
+        {**base, "advice": "off", "explain": "yes", "finetune": {"double_quant": "yes"},
+         "parallel": {"bucket_view": "off"}, "stack": {"cudnn_benchmark": "ON", "torch": "2.4"}}
+    )  # fmt: skip
+    assert (said["advice"], said["explain"], said["finetune"], said["parallel"]) == (
+        False,
+        True,
+        {"double_quant": True},
+        {"bucket_view": False},
+    )
+    assert said["stack"] == {"cudnn_benchmark": True, "torch": "2.4"}
+    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 1"):
+        validate({**base, "tf32": 1})
+    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 'y'"):
+        validate({**base, "tf32": "y"})
     with pytest.raises(InvalidInputError, match="image_size must be an integer >= 1"):
         validate({**base, "image_size": "big"})
     # before torch: a choice no model takes (was "applies to hf: models only" after 5 s)

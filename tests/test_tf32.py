@@ -110,8 +110,14 @@ def test_cli_checks_the_switches():
         validate({"model": "torchvision:resnet18", "gpu": "l4", "tf32_cudnn": False})["tf32_cudnn"]
         is False
     )
-    with pytest.raises(InvalidInputError, match="tf32_matmul must be true or false, got 'yes'"):
-        validate({"model": "torchvision:resnet18", "gpu": "l4", "tf32_matmul": "yes"})
+    # a switch's words are its bools on the command line (tf32_cudnn=off)
+    base = {"model": "torchvision:resnet18", "gpu": "l4"}
+    assert [validate({**base, "tf32_matmul": w})["tf32_matmul"] for w in ("yes", "Off")] == [
+        True,
+        False,
+    ]
+    with pytest.raises(InvalidInputError, match="tf32_matmul must be true or false, got 'yess'"):
+        validate({**base, "tf32_matmul": "yess"})
 
 
 @pytest.mark.parametrize(
