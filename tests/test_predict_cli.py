@@ -211,6 +211,23 @@ def test_a_max_batch_of_zero_reads_none():
     assert _gpu_row(_prediction(1.0, 0.9, 1.1, max_batch_size=7))[6] == "7"
 
 
+def test_a_step_that_does_not_fit_shows_no_rate_or_price():
+    from dataclasses import replace
+
+    from boom_ml.report.table import render_table
+
+    ran = _prediction(500.0, 400.0, 600.0, fit="yes")
+    ran.gpus[0] = replace(ran.gpus[0], price_usd_per_hour=0.72)
+    # 2 samples / 0.5 s; $0.72 an hour for 500 s
+    assert _gpu_row(ran)[4:6] == ["4.00", "0.100"]
+    refused = _prediction(500.0, 400.0, 600.0, fit="no")
+    refused.gpus[0] = replace(refused.gpus[0], price_usd_per_hour=0.72)
+    assert _gpu_row(refused)[3:6] == ["500.0 (400.0–600.0)", "-", "-"]
+    refused.graph.update(num_ops=1, flops=1e12, num_parameters=1e6, trace_seconds=0.1)
+    assert "- where the step does not fit" in render_table(refused)
+    assert "does not fit" not in render_table(replace(refused, gpus=ran.gpus))
+
+
 TINY = """
 import torch
 class Tiny(torch.nn.Module):

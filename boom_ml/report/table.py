@@ -28,6 +28,12 @@ from boom_ml.report.table_notes import (
 from boom_ml.specs import MAX_BATCH_AUTO_GPUS, tf32_switches
 
 FIT_STYLE = {"yes": "yes", "tight": "[yellow]tight[/yellow]", "no": "[red]no[/red]"}
+# a step that does not fit runs no samples and costs nothing: its rate and price had been
+# printed beside "no" as if it ran (JSON keeps them, for the step's time as if it fit)
+NO_RATE_LINE = (
+    "samples/s and $ / 1k steps: - where the step does not fit (step ms: its time if the"
+    " memory were there)"
+)
 
 
 def _title(prediction: Prediction) -> str:
@@ -93,13 +99,14 @@ def gpu_table(prediction: Prediction) -> Table:
     for g in sorted(prediction.gpus, key=lambda g: (not g.fits, g.time.step_ms)):
         m, t = g.memory, g.time
         interval = f" ({t.p10_ms:.1f}–{t.p90_ms:.1f})" if t.p10_ms and t.p90_ms else ""
-        cost = g.usd_per_1000_steps
+        cost = None if m.fit == "no" else g.usd_per_1000_steps
+        rate = None if m.fit == "no" else prediction.samples_per_s(g)
         table.add_row(
             g.gpu,
             FIT_STYLE.get(m.fit, "yes" if g.fits else "[red]no[/red]"),
             _peak(m),
             f"{t.step_ms:.1f}{interval}",
-            rate_text(rate) if (rate := prediction.samples_per_s(g)) is not None else "-",
+            rate_text(rate) if rate is not None else "-",
             usd_text(cost) if cost is not None else "-",
             _max_batch(m),
         )
@@ -127,6 +134,7 @@ def parallel_table(prediction: Prediction) -> Table:
         table.add_column(col, justify="left" if col == "GPU" else "right")
     for g in prediction.parallel:
         m, t = g.get("memory", {}), g["time"]
+        runs = m.get("fit") != "no"
         table.add_row(
             g["gpu"],
             FIT_STYLE.get(m.get("fit", ""), "-"),
@@ -138,8 +146,8 @@ def parallel_table(prediction: Prediction) -> Table:
             f"{t['compute_ms']:.1f}",
             f"{t['exposed_comm_ms']:.1f}",
             f"{t['bubble_ms']:.1f}",
-            rate_text(t["samples_per_s"]),
-            "-" if (usd := g.get("usd_per_1000_steps")) is None else usd_text(usd),
+            rate_text(t["samples_per_s"]) if runs else "-",
+            "-" if (usd := g.get("usd_per_1000_steps")) is None or not runs else usd_text(usd),
         )
     return table
 
@@ -150,6 +158,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
     if prediction.parallel:
         console.print(parallel_table(prediction))
         lines = collective_lines(prediction)
+        if any(g.get("memory", {}).get("fit") == "no" for g in prediction.parallel):
+            lines.insert(0, NO_RATE_LINE)
         lines.append(basis_line([(g["gpu"], g["time"].get("basis")) for g in prediction.parallel]))
         lines.append(
             half_line(
@@ -187,6 +197,8 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         return buf.getvalue().rstrip()
     console.print(gpu_table(prediction))
     gpus = prediction.gpus
+    if any(g.memory.fit == "no" for g in gpus):
+        console.print(NO_RATE_LINE, highlight=False, soft_wrap=True)
     skipped = prediction.max_batch == "auto" and len(gpus) > MAX_BATCH_AUTO_GPUS
     if skipped and all(g.memory.max_batch_size is None for g in gpus):
         console.print(
