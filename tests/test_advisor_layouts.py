@@ -318,6 +318,11 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
         assert near["p90_bytes"] <= other
     # tp stops at the model's 4 key/value heads
     assert near["layout"] == {"dp": 16, "tp": 4, "pp": 1, "sharding": "fsdp", "microbatches": 1}
+    # the search times a layout only where it fits, and then the nearest miss
+    nearest = predict_raw(raw, [gpu], step, Layout(dp=16, tp=4, sharding="fsdp"), Cluster())[0]
+    assert near["step_ms"] == nearest["time"]["step_ms"] > 0
+    (untimed,) = predict_raw(raw, [gpu], step, Layout(tp=4), Cluster(), time_if_fits=True)
+    assert "time" not in untimed and untimed["fits"] is False
     text = advice_lines(p)
     at = next(i for i, line in enumerate(text) if "no layout of up to" in line)
     assert "consider sharding" not in text[at - 1]  # it was: no layout fits

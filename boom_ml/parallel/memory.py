@@ -317,7 +317,7 @@ def _stage_at(
     p10 = int(p10 + delta)
     p90 = int(p90 + delta)
     cap = prof.capacity_bytes
-    fit = "yes" if p90 <= cap else ("tight" if p10 <= cap else "no")
+    fit = fit_verdict(p10, p90, cap)
     return {
         "stage": stage,
         "layers": layers,
@@ -335,6 +335,11 @@ def _stage_at(
         "in_flight_microbatches": in_flight,  # a float under interleaving (chunks / v)
         "in_flight_chunks": in_flight_chunks,
     }
+
+
+def fit_verdict(p10_bytes: int, p90_bytes: int, capacity: int) -> str:
+    """yes: the upper estimate fits; tight: the lower one alone; no: neither."""
+    return "yes" if p90_bytes <= capacity else ("tight" if p10_bytes <= capacity else "no")
 
 
 def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]) -> dict[str, Any]:

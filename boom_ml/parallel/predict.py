@@ -61,6 +61,7 @@ def predict_raw(
     stack: Any = None, memory: bool = True, compute_scale: float = 1.0,
     grad_bytes: int | None = None, overlap_grad_reduce: bool = True,
     dispatch_us: float = DISPATCH_US, other_scale: float = 1.0, full_recompute: bool = False,
+    time_if_fits: bool = False,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """``predict_parallel`` on an HF config dict (the validation builds Megatron GPT configs).
 
@@ -70,6 +71,8 @@ def predict_raw(
     gradient buckets); ``compute_scale`` multiplies compute times;
     ``full_recompute``: checkpointing re-runs whole layers (Megatron), so their recompute repeats
     both tensor-parallel all-reduces (PyTorch's non-reentrant checkpoint stops before the last).
+    ``time_if_fits``: a GPU whose worst rank does not fit gets ``fits`` and ``memory`` alone
+    (a layout search times only the layouts it can propose).
     """
     facts = check_model(raw, layout)
     validate(
@@ -116,6 +119,14 @@ def predict_raw(
     group_of = {gpu.id: group for group, members in groups_of.items() for gpu in members}
     measured = measured_gpus()
     for gpu in gpus:
+        if memory:
+            step_g = replace(mem_step, sdpa_group=group_of[gpu.id])
+            rank = rank_memory(
+                memory_profile(raw, layout.tp, step_g, gpu, stack), layout, per_stage
+            )
+            if time_if_fits and not rank["fits"]:
+                out.append({"gpu": gpu.id, "memory": rank, "fits": False})
+                continue
         tprof = profiles[gpu.id]
         node_gpus = min(layout.world, cluster.gpus_per_node)
         intra = intra_link(cluster, gpu.id, gpu.name, gpu.architecture, node_gpus)
@@ -168,10 +179,8 @@ def predict_raw(
         if counts.get("recipe"):  # LoRA's targets and adapter dtypes, as a one-GPU graph has
             entry["recipe"] = dict(counts["recipe"])
         if memory:
-            step_g = replace(mem_step, sdpa_group=group_of[gpu.id])
-            mprof = memory_profile(raw, layout.tp, step_g, gpu, stack)
-            entry["memory"] = rank_memory(mprof, layout, per_stage)
-            entry["fits"] = entry["memory"]["fits"]
+            entry["memory"] = rank
+            entry["fits"] = rank["fits"]
             entry["notes"] = layout_notes(layout, step, entry["memory"])
         if layout.tp > cluster.gpus_per_node:
             # accepted (vTrain's tp=16 ran so), and rarely meant: said beside the layout
