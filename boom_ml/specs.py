@@ -293,10 +293,13 @@ BOOL_WORDS = {"true": True, "on": True, "yes": True, "false": False, "off": Fals
 
 
 def bool_word(value: Any) -> Any:
-    """``value`` as a bool where it is a switch's word (on, off, yes, no, true, false);
-    anything else unchanged, for :func:`check_bool` to refuse."""
+    """``value`` as a bool where it is a switch's word (on, off, yes, no, true, false) or
+    1 / 0 (Hydra reads those as numbers); anything else unchanged, for :func:`check_bool`
+    to refuse."""
     if isinstance(value, str) and value.strip().lower() in BOOL_WORDS:
         return BOOL_WORDS[value.strip().lower()]
+    if type(value) is int and value in (0, 1):
+        return bool(value)
     return value
 
 
@@ -311,7 +314,10 @@ def cache_setting(value: Any) -> bool:
 
 def check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}")
+        # batch_size=1e3 reaches here as the float 1000.0: say how to write it
+        whole = isinstance(value, float) and value.is_integer() and value >= 1
+        hint = f" (a float: write {int(value)})" if whole else ""
+        raise InvalidInputError(f"{name} must be an integer >= 1, got {value!r}{hint}")
 
 
 def check_number(name: str, value: Any, low: float, high: float | None) -> None:
@@ -350,6 +356,7 @@ MAX_BATCH_SETTINGS = {"auto": "auto", "on": "on", "true": "on", "off": "off", "f
 
 def max_batch_setting(value: Any) -> str:
     """``auto`` | ``on`` | ``off`` from a CLI string, a YAML boolean or a Python bool."""
+    value = bool_word(value)  # max_batch=no, =0: off
     key = str(value).strip().lower()  # a YAML or Python bool reads "true" / "false"
     if key not in MAX_BATCH_SETTINGS:
         raise InvalidInputError(f"max_batch must be auto, on or off, got {value!r}")

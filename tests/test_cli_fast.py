@@ -61,6 +61,10 @@ def run_with_importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[st
         ("gpus=l4", "error: unknown option 'gpus' (did you mean: gpu?)"),
         ("cache=sometimes", "error: cache must be on or off, got 'sometimes'"),
         ("max_batch=maybe", "error: max_batch must be auto, on or off, got 'maybe'"),
+        (
+            "batch_size=1e3",
+            "error: batch_size must be an integer >= 1, got 1000.0 (a float: write 1000)",
+        ),
         ("plot=/dev/null/plots", "error: cannot create plot directory '/dev/null/plots'"),
         ("plot=", "error: plot= needs a directory (plot=figures, plot=. for this one)"),
         ("stack.torch=1.2", "error: unknown stack.torch '1.2'; known releases: 1.12,"),
@@ -269,8 +273,10 @@ def test_validate_normalises_cache_and_checks_values():
         {"bucket_view": False},
     )
     assert said["stack"] == {"cudnn_benchmark": True, "torch": "2.4"}
-    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 1"):
-        validate({**base, "tf32": 1})
+    assert validate({**base, "tf32": 1})["tf32"] is True  # Hydra reads tf32=1 as a number
+    assert validate({**base, "max_batch": 0, "cache": "no"})["max_batch"] == "off"
+    with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 2"):
+        validate({**base, "tf32": 2})
     with pytest.raises(InvalidInputError, match="tf32 must be true or false, got 'y'"):
         validate({**base, "tf32": "y"})
     with pytest.raises(InvalidInputError, match="image_size must be an integer >= 1"):

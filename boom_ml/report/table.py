@@ -302,8 +302,19 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
         console.print(unlike, highlight=False, soft_wrap=True)
     capped = [g.gpu for g in prediction.gpus if g.time and g.time.tf32_capped]
     if capped:
+        matmul, cudnn = tf32_switches(
+            prediction.step.get("tf32"),
+            prediction.step.get("tf32_matmul"),
+            prediction.step.get("tf32_cudnn"),
+        )
+        # which switch let TF32 in: cuDNN's is on by default, so a user who asked nothing
+        # had read this as about a TF32 they had not asked for (a hunt)
+        allowed = " and ".join(
+            [*(["TF32 matmuls (tf32_matmul)"] if matmul else []),
+             *(["cuDNN's TF32 (tf32_cudnn, on by default as in PyTorch)"] if cudnn else [])]
+        )  # fmt: skip
         console.print(
-            f"TF32 on {', '.join(capped)}: the step with TF32 allowed came out slower than in "
+            f"TF32 on {', '.join(capped)}: with {allowed} the step came out slower than in "
             "strict fp32, so it is timed as in strict fp32 (TF32 tensor cores run at least "
             "the fp32 rate on the same bytes, and cuDNN keeps its fp32 algorithms to pick).",
             highlight=False,
