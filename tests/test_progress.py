@@ -56,11 +56,37 @@ def test_nested_tasks_show_the_inner_one_then_the_outer_again(terminal: io.Strin
     assert "outer work" in terminal.getvalue()  # the inner one shows at the next refresh
 
 
-def test_off_by_default_and_off_when_stderr_is_no_terminal(monkeypatch) -> None:
-    monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert progress.to_terminal() is False
-    with progress.task("nobody sees this"):
+def test_off_by_default_and_a_plain_line_when_stderr_is_no_terminal(monkeypatch) -> None:
+    with progress.task("nobody sees this"):  # a library call: off
         assert progress._messages == []
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    assert progress.to_terminal() is False  # no status line: a log, 30 s apart
+    try:
+        with progress.task("a short trace"):
+            assert progress._messages == ["a short trace"]
+    finally:
+        progress.off()
+    assert log.getvalue() == ""  # shorter than the interval: nothing printed
+
+
+def test_a_log_names_the_running_task_until_it_is_off() -> None:
+    import time
+
+    log = io.StringIO()
+    progress.to_log(log, every_s=0.01)
+    try:
+        with progress.task("searching layouts"), progress.task("tracing a rank"):
+            waited = time.monotonic()
+            while "tracing a rank" not in log.getvalue() and time.monotonic() - waited < 10:
+                time.sleep(0.01)
+    finally:
+        progress.off()
+    first = log.getvalue().splitlines()[0]
+    assert first.startswith("boom_ml: ") and first.endswith(" s, tracing a rank")
+    printed = log.getvalue()
+    time.sleep(0.05)  # no task runs and the heartbeat has stopped: nothing more
+    assert log.getvalue() == printed
 
 
 def test_step_label_names_what_differs_from_the_defaults() -> None:
