@@ -192,7 +192,9 @@ def predict(
     advised, layout_advice = {}, {}
     if advice:
         failing = [(s, r) for s, r in zip(gpus, results, strict=True) if not r.fits]
-        evaluate = partial(session.evaluate, stack=software, time_unless_oom=True)
+        # candidates timed as the models give them: the dominance bound would time every
+        # GPU each one beats, for every candidate
+        evaluate = partial(session.evaluate, stack=software, time_unless_oom=True, dominance=False)
         # recipes cost traces per attention group: tried for as many GPUs as max_batch=auto
         trainable = (graph.meta.get("recipe") or {}).get("bytes", {}).get("trainable_parameters")
         advised = advise(

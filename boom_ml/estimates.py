@@ -86,6 +86,9 @@ class TimeEstimate:
     # True where the step with TF32 allowed came out slower than in strict fp32, and is timed
     # as that (timing/estimate.py: TF32 never runs below the fp32 rate)
     tf32_capped: bool = False
+    # the packaged GPU whose estimate this one is, where this GPU matches or beats it on every
+    # spec number and the models had timed this one slower (timing/dominance.py); "" else
+    timed_as: str = ""
     # the SDPA kernels the step's attention calls run on this GPU, as PyTorch selects them
     # (trace/sdpa_select.py): {"flash": 24} on an A100, {"math": 24} for bf16 on a T4; {}
     # for a step without SDPA calls

@@ -159,11 +159,14 @@ class Session:
         stack: Stack | None = None,
         max_batch: bool = False,
         time_unless_oom: bool = False,
+        dominance: bool = True,
     ) -> list[GpuPrediction]:
         """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search.
 
         With ``time_unless_oom`` the time is only predicted where the step fits (the
         advisor's candidates that do not fit need no time); elsewhere it is ``None``.
+        ``dominance=False`` leaves each GPU's time as the models give it, where it may be
+        slower than on a GPU it beats on every spec number (``timing/dominance.py``).
         The trace does not depend on ``grad_accum``: accumulation is a replay option.
         """
         if not isinstance(step, StepSpec):  # dataclasses.replace's TypeError had said nothing
@@ -221,7 +224,9 @@ class Session:
                 memories[k] = memory
             # Time for the bucket's GPUs in one call (one GNN pass, one LightGBM call per head).
             timed = [k for k in members if memories[k].fits or not time_unless_oom]
-            estimates = estimate_times(graph, [gpus[k] for k in timed], tf32=tf32)
+            estimates = estimate_times(
+                graph, [gpus[k] for k in timed], tf32=tf32, dominance=dominance
+            )
             if step.grad_accum > 1 and step.zero_grad == "set_to_none":
                 # micro-batches 2..N add into the gradients the first one left
                 adds = gradient_adds_ms(graph, [gpus[k] for k in timed], tf32)

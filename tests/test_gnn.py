@@ -47,7 +47,8 @@ def test_attributions_sum_to_predicted_step_time(monkeypatch) -> None:
     monkeypatch.setattr(
         estimate, "load_weights", lambda: (gnn_artifact.weights_of(model), manifest)
     )
-    est = estimate.estimate_time(graph, gpu, tf32=False, top_n=1000)
+    # this GPU's own estimate (the perturbed GNN can time it slower than a GPU it dominates)
+    est = estimate.estimate_time(graph, gpu, tf32=False, top_n=1000, dominance=False)
     assert est.method == "gnn"
     assert est.step_ms == pytest.approx(pred.step_ms, rel=1e-6)
     attributed = est.step_ms - est.overhead_ms

@@ -149,7 +149,9 @@ def prefetch(raw: dict[str, Any], tps: Iterable[int], step: StepSpec, gpu: GpuSp
 def _time_parts(graph: Any, gpus: list[GpuSpec], tf32: Tf32) -> list[dict[str, Any]]:
     from boom_ml.timing.estimate import estimate_times  # the timing entry, wherever it lives
 
-    return [_parts(graph, est) for est in estimate_times(graph, gpus, tf32=tf32, top_n=1_000_000)]
+    # as the models give it (a layout search times every layout's ranks)
+    timed = estimate_times(graph, gpus, tf32=tf32, top_n=1_000_000, dominance=False)
+    return [_parts(graph, est) for est in timed]
 
 
 def _adds(

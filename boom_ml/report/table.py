@@ -22,6 +22,7 @@ from boom_ml.report.table_notes import (
     recipe_line,
     stack_label,
     stack_missing_lines,
+    timed_as_line,
     unlike_line,
     zero_grad_line,
 )
@@ -320,6 +321,10 @@ def render_table(prediction: Prediction, explain: bool = False) -> str:
             highlight=False,
             soft_wrap=True,
         )
+    timed_as = timed_as_line([(g.gpu, g.time.timed_as) for g in prediction.gpus
+                              if g.time and g.time.timed_as])  # fmt: skip
+    if timed_as:
+        console.print(timed_as, highlight=False, soft_wrap=True)
     recipe = recipe_line(graph.get("recipe") or {})
     if recipe:
         console.print(recipe, highlight=False, soft_wrap=True)

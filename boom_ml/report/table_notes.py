@@ -184,3 +184,16 @@ def unlike_line(entries: list[tuple[str, str, float | None]]) -> str:
         f"so set against an fp32 estimate it is not like for like. Per-op sums are: this "
         f"step's {sums}; an fp32 step's, its JSON time.per_op_ms."
     )
+
+
+def timed_as_line(pairs: list[tuple[str, str]]) -> str:
+    """GPUs timed as a packaged GPU they match or beat on every spec number, where the models
+    had put them slower (``timing/dominance.py``); '' when none was."""
+    if not pairs:
+        return ""
+    said = ", ".join(f"{gpu} as {other}" for gpu, other in pairs)
+    return (
+        f"Time: {said}: the models put {'it' if len(pairs) == 1 else 'each'} slower than a"
+        " GPU it matches or beats on every spec-sheet number (SMs, clock, bandwidth, L2, peak"
+        " rates, power, architecture), so it takes that GPU's estimate (README, 'Per-op time')."
+    )

@@ -25,6 +25,7 @@ from boom_ml.timing.basis import (
     measured_gpus,
     unmeasured_half,
 )
+from boom_ml.timing.dominance import dominated_extra, no_slower_than_dominated
 from boom_ml.timing.gnn_artifact import interval_for, load_weights, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
 from boom_ml.timing.gnn_inference import predict_graph_many
@@ -38,25 +39,37 @@ GNN_OVER = "gnn over "
 
 
 def estimate_time(
-    graph: OpGraph, gpu: GpuSpec, tf32: Tf32 | bool | None = None, top_n: int = 10
+    graph: OpGraph,
+    gpu: GpuSpec,
+    tf32: Tf32 | bool | None = None,
+    top_n: int = 10,
+    dominance: bool = True,
 ) -> TimeEstimate:
     """Step time from the GNN where CV says it wins, else the per-op estimate.
 
     ``tf32``: PyTorch's two switches (None: its defaults; a bool sets both). ``method``
     says which estimate was used: "gnn", or the per-op estimate's own method.
     """
-    return estimate_times(graph, [gpu], tf32=tf32, top_n=top_n)[0]
+    return estimate_times(graph, [gpu], tf32=tf32, top_n=top_n, dominance=dominance)[0]
 
 
 def estimate_times(
-    graph: OpGraph, gpus: list[GpuSpec], tf32: Tf32 | bool | None = None, top_n: int = 10
+    graph: OpGraph,
+    gpus: list[GpuSpec],
+    tf32: Tf32 | bool | None = None,
+    top_n: int = 10,
+    dominance: bool = True,
 ) -> list[TimeEstimate]:
     """:func:`estimate_time` on each of ``gpus``: the per-op heads predict every GPU's rows
     in one call and the GNN passes messages over the graph once. Each estimate's ``basis``
-    says whether that GPU, or its architecture, was among the measured ones."""
+    says whether that GPU, or its architecture, was among the measured ones. ``dominance``:
+    none is slower than a packaged GPU it beats on every spec number (``dominance.py``;
+    False: as the models give it, for the advisor's candidates, which it would cost a
+    timing of every such GPU each: an H100's are 29)."""
     flags = Tf32.of(tf32)
-    estimates = _estimate_times(graph, gpus, flags, top_n)
-    estimates = _no_slower_than_fp32(graph, gpus, flags, top_n, estimates)
+    estimates = _timed(graph, gpus, flags, top_n)
+    if dominance:
+        estimates = _no_slower_than_dominated(graph, gpus, flags, top_n, estimates)
     measured = measured_gpus() if estimates else []
     kinds = half_kinds(graph.nodes) if estimates else []
     coverage = half_coverage() if kinds else {}
@@ -64,6 +77,29 @@ def estimate_times(
         est.basis = basis(gpu, measured) if measured else None
         est.unmeasured_kernels = unmeasured_half(gpu, kinds, coverage)
     return estimates
+
+
+def _no_slower_than_dominated(
+    graph: OpGraph, gpus: list[GpuSpec], flags: Tf32, top_n: int, estimates: list[TimeEstimate]
+) -> list[TimeEstimate]:
+    """``dominance.no_slower_than_dominated`` over ``gpus`` and the packaged GPUs they beat:
+    those are timed in totals alone, and one whose estimate a GPU takes, again in full."""
+    extra = dominated_extra(gpus)
+    below = _timed(graph, extra, flags, 0) if extra else []
+    capped = no_slower_than_dominated([*gpus, *extra], [*estimates, *below])
+    by_id = {gpu.id: gpu for gpu in extra}
+    return [
+        replace(_timed(graph, [by_id[est.timed_as]], flags, top_n)[0], timed_as=est.timed_as)
+        if est.timed_as in by_id
+        else est
+        for est in capped[: len(gpus)]
+    ]
+
+
+def _timed(graph: OpGraph, gpus: list[GpuSpec], flags: Tf32, top_n: int) -> list[TimeEstimate]:
+    """Each GPU's estimate, TF32 never slower than strict fp32 (``top_n`` 0: totals alone)."""
+    estimates = _estimate_times(graph, gpus, flags, top_n)
+    return _no_slower_than_fp32(graph, gpus, flags, top_n, estimates)
 
 
 def _no_slower_than_fp32(

@@ -22,8 +22,16 @@ def summarise(
     """Fold per-node times into a TimeEstimate (sums, and the top ops and modules).
 
     ``methods``: each node's per-op method (``per_op.predict_nodes``); a top op then says
-    which model timed it (the one most of its nodes used).
+    which model timed it (the one most of its nodes used). ``top_n`` 0: the totals alone
+    (step, p10, p90), no breakdown (a GPU timed only to bound another: ``dominance.py``).
     """
+    if top_n == 0:
+        return TimeEstimate(
+            step_ms=float(per_node_ms.sum()),
+            method=method,
+            p10_ms=float(p10.sum()) if p10 is not None else None,
+            p90_ms=float(p90.sum()) if p90 is not None else None,
+        )
     groups = _GROUPS.get(nodes, (), lambda: _Groups(nodes))
     by_family = groups.sums("family", per_node_ms).sort_values(ascending=False)
     by_op = pd.DataFrame({"sum": groups.sums(OP_PHASE, per_node_ms), "count": groups.counts})
