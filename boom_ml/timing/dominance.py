@@ -31,20 +31,30 @@ def dominated_extra(gpus: list[GpuSpec]) -> list[GpuSpec]:
     return [b for b in all_gpus() if b not in gpus and any(dominates(a, b) for a in gpus)]
 
 
-def no_slower_than_dominated(
-    gpus: list[GpuSpec], estimates: list[TimeEstimate]
-) -> list[TimeEstimate]:
-    """Each estimate, or where a GPU of ``gpus`` that it dominates was timed faster, a copy
-    of the fastest such GPU's with ``timed_as`` naming it (``gpus`` must hold every packaged
-    GPU each dominates: :func:`dominated_extra`)."""
-    out = []
+def fastest_dominated(gpus: list[GpuSpec], estimates: list[TimeEstimate]) -> list[int | None]:
+    """Per GPU of ``gpus``: the index of the fastest GPU of ``gpus`` it dominates, where that
+    one was timed faster than it; None where none was (``gpus`` must hold every packaged GPU
+    each dominates: :func:`dominated_extra`)."""
+    out: list[int | None] = []
     for a, est in zip(gpus, estimates, strict=True):
         below = [k for k, b in enumerate(gpus) if dominates(a, b)]
         fastest = min(below, key=lambda k: estimates[k].step_ms, default=None)
-        if fastest is None or estimates[fastest].step_ms >= est.step_ms:
+        faster = fastest is not None and estimates[fastest].step_ms < est.step_ms
+        out.append(fastest if faster else None)
+    return out
+
+
+def no_slower_than_dominated(
+    gpus: list[GpuSpec], estimates: list[TimeEstimate]
+) -> list[TimeEstimate]:
+    """Each estimate, or where a GPU it dominates was timed faster, a copy of the fastest
+    such GPU's with ``timed_as`` naming it (:func:`fastest_dominated`)."""
+    out = []
+    for est, k in zip(estimates, fastest_dominated(gpus, estimates), strict=True):
+        if k is None:
             out.append(est)
             continue
-        taken = copy.deepcopy(estimates[fastest])
-        taken.timed_as = estimates[fastest].timed_as or gpus[fastest].id
+        taken = copy.deepcopy(estimates[k])
+        taken.timed_as = gpus[k].id
         out.append(taken)
     return out

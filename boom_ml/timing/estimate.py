@@ -10,6 +10,7 @@ per-op heads' quantiles.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 from typing import Any
@@ -25,7 +26,7 @@ from boom_ml.timing.basis import (
     measured_gpus,
     unmeasured_half,
 )
-from boom_ml.timing.dominance import dominated_extra, no_slower_than_dominated
+from boom_ml.timing.dominance import dominated_extra, fastest_dominated
 from boom_ml.timing.gnn_artifact import interval_for, load_weights, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
 from boom_ml.timing.gnn_inference import predict_graph_many
@@ -85,15 +86,21 @@ def _no_slower_than_dominated(
     """``dominance.no_slower_than_dominated`` over ``gpus`` and the packaged GPUs they beat:
     those are timed in totals alone, and one whose estimate a GPU takes, again in full."""
     extra = dominated_extra(gpus)
-    below = _timed(graph, extra, flags, 0) if extra else []
-    capped = no_slower_than_dominated([*gpus, *extra], [*estimates, *below])
-    by_id = {gpu.id: gpu for gpu in extra}
-    return [
-        replace(_timed(graph, [by_id[est.timed_as]], flags, top_n)[0], timed_as=est.timed_as)
-        if est.timed_as in by_id
-        else est
-        for est in capped[: len(gpus)]
-    ]
+    every = [*gpus, *extra]
+    totals = [*estimates, *(_timed(graph, extra, flags, 0) if extra else [])]
+    out = []
+    for est, k in zip(estimates, fastest_dominated(every, totals)[: len(gpus)], strict=True):
+        if k is None:
+            out.append(est)
+            continue
+        # a GPU asked: its estimate, copied; one timed only to bound the others: in full now
+        if k < len(gpus):
+            taken = copy.deepcopy(estimates[k])
+        else:
+            taken = _timed(graph, [every[k]], flags, top_n)[0]
+        taken.timed_as = every[k].id
+        out.append(taken)
+    return out
 
 
 def _timed(graph: OpGraph, gpus: list[GpuSpec], flags: Tf32, top_n: int) -> list[TimeEstimate]:
