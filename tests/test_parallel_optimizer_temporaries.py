@@ -103,31 +103,3 @@ def test_a_window_that_grows_faster_takes_over_at_depth() -> None:
     deep = stage_memory(prof, Layout(), 0, 8, 1)
     nccl = deep["parallel_terms"]["nccl_buffers"]
     assert deep["total_bytes"] - nccl == 10 * GIB + 7 * 3 * GIB  # not the rest's 12 + 7
-
-
-def test_profiles_that_differ_in_capacity_alone_share_a_ranks_bytes() -> None:
-    """The layout search asks every GPU's rank memory; GPUs whose profiles hold the same bytes
-    (an A100 40GB and 80GB) get one computation, each judged against its own capacity."""
-    from dataclasses import replace
-
-    from boom_ml.parallel.memory import rank_memory
-    from boom_ml.parallel.memory_twins import shared_rank_memory
-
-    layout = Layout(dp=2, pp=2, sharding="zero1", microbatches=4)
-    big = _synthetic_profile(transient=4 * GIB, rest_total=2 * GIB)
-    small = replace(big, capacity_bytes=8 * GIB)  # a copy: another object, the same bytes
-    first, second = (shared_rank_memory(p, layout, [1, 1]) for p in (big, small))
-    assert first == rank_memory(big, layout, [1, 1])
-    assert second == rank_memory(small, layout, [1, 1])
-    assert first["total_bytes"] == second["total_bytes"] > 8 * GIB
-    assert (first["fit"], second["fit"], second["per_stage"][1]["capacity_bytes"]) == (
-        "yes",
-        "no",
-        8 * GIB,
-    )
-    # a copy each: one GPU's entry changed leaves the other's as it was
-    first["breakdown"]["parameter"] = -1
-    assert shared_rank_memory(small, layout, [1, 1]) == second
-    # other bytes are another computation
-    other = replace(small, param_bytes=2.0)
-    assert shared_rank_memory(other, layout, [1, 1]) == rank_memory(other, layout, [1, 1])

@@ -121,9 +121,8 @@ def predict_raw(
     for gpu in gpus:
         if memory:
             step_g = replace(mem_step, sdpa_group=group_of[gpu.id])
-            rank = rank_memory(
-                memory_profile(raw, layout.tp, step_g, gpu, stack), layout, per_stage
-            )
+            mprof = memory_profile(raw, layout.tp, step_g, gpu, stack)
+            rank = rank_memory(mprof, layout, per_stage)
             if time_if_fits and not rank["fits"]:
                 out.append({"gpu": gpu.id, "memory": rank, "fits": False})
                 continue
