@@ -63,6 +63,7 @@ OUTPUTS = ("table", "json")
 # the group whose keys are the model constructor's, free-form (model_options.aux_logits=false)
 OPEN_GROUP = "model_options"
 BOOL_KEYS = ("explain", "advice", "tf32", "channels_last", "master_weights")
+NULLABLE_BOOL_KEYS = ("tf32_matmul", "tf32_cudnn")  # null: PyTorch's default
 NESTED_BOOL_KEYS = {
     "finetune": ("double_quant",),
     "parallel": ("bucket_view",),
@@ -255,7 +256,7 @@ def check_group(key: str, value: Any, config_name: str = "predict") -> None:
 
 def _switch_words_as_bools(options: dict[str, Any]) -> None:
     """advice=off, finetune.double_quant=no, ...: a switch's word as the bool it says."""
-    for name in (*BOOL_KEYS, "tf32_matmul", "tf32_cudnn"):
+    for name in (*BOOL_KEYS, *NULLABLE_BOOL_KEYS):
         if name in options:
             options[name] = bool_word(options[name])
     for group, names in NESTED_BOOL_KEYS.items():
@@ -285,7 +286,7 @@ def validate(options: Mapping[str, Any]) -> dict[str, Any]:
     for name in BOOL_KEYS:
         if name in options:
             check_bool(name, options[name])
-    for name in ("tf32_matmul", "tf32_cudnn"):  # null: the default
+    for name in NULLABLE_BOOL_KEYS:
         if options.get(name) is not None:
             check_bool(name, options[name])
     if "cache" in options:

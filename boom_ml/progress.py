@@ -74,30 +74,25 @@ def off() -> None:
 
 @contextlib.contextmanager
 def task(message: str) -> Iterator[None]:
-    """Name ``message`` on the status line while the block runs (nothing when off)."""
+    """Name ``message`` on the status line (or the log's next line) while the block runs
+    (nothing when off)."""
     global _status
-    if _console is None:
-        if _log is None:
-            yield
-            return
-        _messages.append(message)
-        try:
-            yield
-        finally:
-            _messages.pop()
+    if _console is None and _log is None:
+        yield
         return
     _messages.append(message)
-    if _status is None:
-        _status = _console.status(message)
-        _status.start()
-    else:
-        _status.update(message)
+    if _console is not None:
+        if _status is None:
+            _status = _console.status(message)
+            _status.start()
+        else:
+            _status.update(message)
     try:
         yield
     finally:
         _messages.pop()
-        if _messages:
+        if _status is not None and _messages:
             _status.update(_messages[-1])
-        else:
+        elif _status is not None:
             _status.stop()
             _status = None

@@ -19,6 +19,7 @@ were asked, so a GPU's time does not depend on the other GPUs in the request.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 from boom_ml.estimates import TimeEstimate
 from boom_ml.gpus import all_gpus
@@ -31,30 +32,27 @@ def dominated_extra(gpus: list[GpuSpec]) -> list[GpuSpec]:
     return [b for b in all_gpus() if b not in gpus and any(dominates(a, b) for a in gpus)]
 
 
-def fastest_dominated(gpus: list[GpuSpec], estimates: list[TimeEstimate]) -> list[int | None]:
-    """Per GPU of ``gpus``: the index of the fastest GPU of ``gpus`` it dominates, where that
-    one was timed faster than it; None where none was (``gpus`` must hold every packaged GPU
-    each dominates: :func:`dominated_extra`)."""
-    out: list[int | None] = []
-    for a, est in zip(gpus, estimates, strict=True):
+def no_slower_than_dominated(
+    gpus: list[GpuSpec],
+    estimates: list[TimeEstimate],
+    asked: int | None = None,
+    in_full: Callable[[int], TimeEstimate] | None = None,
+) -> list[TimeEstimate]:
+    """The estimates of the first ``asked`` GPUs (default all), each where a GPU of ``gpus``
+    it dominates was timed faster replaced by a copy of the fastest such GPU's, ``timed_as``
+    naming it (``gpus`` must hold every packaged GPU each dominates: :func:`dominated_extra`).
+    ``in_full(k)``: the estimate to copy for GPU ``k`` where ``estimates[k]`` holds totals
+    alone."""
+    asked = len(gpus) if asked is None else asked
+    pick = in_full or estimates.__getitem__
+    out = []
+    for a, est in zip(gpus[:asked], estimates[:asked], strict=True):
         below = [k for k, b in enumerate(gpus) if dominates(a, b)]
         fastest = min(below, key=lambda k: estimates[k].step_ms, default=None)
-        faster = fastest is not None and estimates[fastest].step_ms < est.step_ms
-        out.append(fastest if faster else None)
-    return out
-
-
-def no_slower_than_dominated(
-    gpus: list[GpuSpec], estimates: list[TimeEstimate]
-) -> list[TimeEstimate]:
-    """Each estimate, or where a GPU it dominates was timed faster, a copy of the fastest
-    such GPU's with ``timed_as`` naming it (:func:`fastest_dominated`)."""
-    out = []
-    for est, k in zip(estimates, fastest_dominated(gpus, estimates), strict=True):
-        if k is None:
+        if fastest is None or estimates[fastest].step_ms >= est.step_ms:
             out.append(est)
             continue
-        taken = copy.deepcopy(estimates[k])
-        taken.timed_as = gpus[k].id
+        taken = copy.deepcopy(pick(fastest))
+        taken.timed_as = gpus[fastest].id
         out.append(taken)
     return out

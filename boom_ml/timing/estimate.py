@@ -10,7 +10,6 @@ per-op heads' quantiles.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import replace
 from typing import Any
@@ -26,7 +25,7 @@ from boom_ml.timing.basis import (
     measured_gpus,
     unmeasured_half,
 )
-from boom_ml.timing.dominance import dominated_extra, fastest_dominated
+from boom_ml.timing.dominance import dominated_extra, no_slower_than_dominated
 from boom_ml.timing.gnn_artifact import interval_for, load_weights, use_gnn_for
 from boom_ml.timing.gnn_features import per_op_function
 from boom_ml.timing.gnn_inference import predict_graph_many
@@ -88,19 +87,11 @@ def _no_slower_than_dominated(
     extra = dominated_extra(gpus)
     every = [*gpus, *extra]
     totals = [*estimates, *(_timed(graph, extra, flags, 0) if extra else [])]
-    out = []
-    for est, k in zip(estimates, fastest_dominated(every, totals)[: len(gpus)], strict=True):
-        if k is None:
-            out.append(est)
-            continue
-        # a GPU asked: its estimate, copied; one timed only to bound the others: in full now
-        if k < len(gpus):
-            taken = copy.deepcopy(estimates[k])
-        else:
-            taken = _timed(graph, [every[k]], flags, top_n)[0]
-        taken.timed_as = every[k].id
-        out.append(taken)
-    return out
+
+    def in_full(k: int) -> TimeEstimate:
+        return totals[k] if k < len(gpus) else _timed(graph, [every[k]], flags, top_n)[0]
+
+    return no_slower_than_dominated(every, totals, asked=len(gpus), in_full=in_full)
 
 
 def _timed(graph: OpGraph, gpus: list[GpuSpec], flags: Tf32, top_n: int) -> list[TimeEstimate]:
