@@ -64,3 +64,17 @@ def test_a_small_models_parameters_are_counted_in_thousands() -> None:
 
     got = [count_text(n) for n in (25_557_032, 100_000, 38_000, 4_100, 999)]
     assert got == ["25.6 M", "0.1 M", "38.0 K", "4.1 K", "999"]
+
+
+def test_a_layouts_rows_are_fastest_first() -> None:
+    """The layout table listed its GPUs in the order asked (an L4 above an H100, a hunt); like
+    one GPU's table it puts the fastest first. The JSON keeps the order asked."""
+    from boom_ml.predict import run
+
+    base = {"model": "hf:gpt2", "gpu": ["l4", "a100-80gb-sxm"], "batch_size": 2, "seq_len": 128,
+            "advice": False, "cache": False, "parallel": {"dp": 2}}  # fmt: skip
+    slow, fast = json.loads(run({**base, "output": "json"}))["parallel"]
+    assert (slow["gpu"], fast["gpu"]) == ("l4", "a100-80gb-sxm")
+    assert fast["time"]["step_ms"] < slow["time"]["step_ms"]
+    text = run(base)
+    assert text.index("│ a100-80gb-sxm") < text.index("│ l4 ")

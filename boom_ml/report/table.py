@@ -115,7 +115,8 @@ def gpu_table(prediction: Prediction) -> Table:
 
 
 def parallel_table(prediction: Prediction) -> Table:
-    """One row per GPU of a multi-GPU layout: worst rank's memory, step time and its terms."""
+    """One row per GPU of a multi-GPU layout: worst rank's memory, step time and its terms;
+    fastest first, the GPUs where the worst rank does not fit last (as ``gpu_table``)."""
     first = prediction.parallel[0]["parallel"]
     schedule = ""
     if first["pp"] > 1:  # the pipeline schedule, and its chunks per rank when interleaved
@@ -133,7 +134,7 @@ def parallel_table(prediction: Prediction) -> Table:
     for col in ("GPU", "fits", "worst rank (p10–p90) / usable GiB", "step ms", "compute ms",
                 "exposed comm ms", "bubble ms", "samples/s", "$ / 1k steps"):  # fmt: skip
         table.add_column(col, justify="left" if col == "GPU" else "right")
-    for g in prediction.parallel:
+    for g in sorted(prediction.parallel, key=_layout_order):
         m, t = g.get("memory", {}), g["time"]
         runs = m.get("fit") != "no"
         table.add_row(
@@ -151,6 +152,10 @@ def parallel_table(prediction: Prediction) -> Table:
             "-" if (usd := g.get("usd_per_1000_steps")) is None or not runs else usd_text(usd),
         )
     return table
+
+
+def _layout_order(g: dict) -> tuple[bool, float]:
+    return g.get("memory", {}).get("fit") == "no", g["time"]["step_ms"]
 
 
 def render_table(prediction: Prediction, explain: bool = False) -> str:
