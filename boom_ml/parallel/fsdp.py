@@ -61,7 +61,9 @@ def fsdp_collectives(
     rs = reduces * (units * unit_rs + root_rs)
     # prefetch hides the gathers (and, unpiped, the reductions) behind compute, except each
     # start's first ones (the root's, then the first layer's); under a pipeline the reductions
-    # come after the last backward, where nothing hides them. What compute cannot hide is
+    # come after the last backward, where nothing hides them, and so does the root's in either
+    # case: the embedding's gradient is the backward's last, and the optimizer step waits for
+    # its reduction (a hunt: it had counted as hidden). What compute cannot hide is
     # shared out in proportion to each collective's hideable time, none beyond its own
     first = (root_ag + unit_ag) * starts
     hide = compute_mb_ms - backward_ms if kept else m * compute_mb_ms
@@ -75,7 +77,7 @@ def fsdp_collectives(
         ("all_gather", f"root parameters (embedding, norm, head: {root_when})",
          root_b, root_gathers, root_ag * root_gathers, root_ag * starts, root_p),
         ("reduce_scatter", "root gradients (FSDP root unit)", root_g * grad_bytes,
-         reduces, root_rs * reduces, root_rs if piped else 0.0, root_g),
+         reduces, root_rs * reduces, root_rs, root_g),
     ]  # fmt: skip
     hideable = sum(ms - fixed for *_, ms, fixed, _ in rows)
     out = []

@@ -195,12 +195,13 @@ def dp_collectives(
     trainable = params if trainable is None else trainable
     if group.size > 1:
         grads = trainable * shape.grad_bytes
+        # the last bucket: the last-ready gradient plus what came after the previous bucket
+        # closed (under one cap; collectives.ddp_buckets): at most this. Nothing is left of
+        # the backward to hide its reduction, whichever collective reduces it.
+        last = min(grads, last_ready_bytes + DDP_BUCKET_BYTES)
         if layout.zero_stage == 0:
             ms = all_reduce_ms(grads, group)
             if shape.overlap_grad_reduce:
-                # the last bucket: the last-ready gradient plus what came after the previous
-                # bucket closed (under one cap; collectives.ddp_buckets): at most this
-                last = min(grads, last_ready_bytes + DDP_BUCKET_BYTES)
                 last_bucket = all_reduce_ms(last, group)
                 exposed = max(last_bucket, ms - backward_ms)
             else:
@@ -211,7 +212,7 @@ def dp_collectives(
             exposed = (
                 rs
                 if not shape.overlap_grad_reduce
-                else max(reduce_scatter_ms(min(DDP_BUCKET_BYTES, grads), group), rs - backward_ms)
+                else max(reduce_scatter_ms(last, group), rs - backward_ms)
             )
             # ZeRO-2 keeps only its shard of the gradients (memory.py), so it reduces after
             # every micro-batch's backward (DeepSpeed's stage 2 does); ZeRO-1 accumulates the
