@@ -57,12 +57,14 @@ def test_fsdp_gather_and_reduce_scatter_bytes():
         ("reduce_scatter", "layer"): (4 * layer_params(1), LAYERS * m),
         ("reduce_scatter", "root"): (4 * root, m),
     }
-    # compute hides everything but each micro-batch's first gathers: the root's, then a layer's
-    from boom_ml.parallel.collectives import all_gather_ms
+    # compute hides everything but each micro-batch's first gathers (the root's, then a
+    # layer's) and the root's last reduce-scatter, which waits for the embedding's gradient
+    from boom_ml.parallel.collectives import all_gather_ms, reduce_scatter_ms
 
     dp = _groups(dp=4)["dp"]
     first = m * (all_gather_ms(4 * root, dp) + all_gather_ms(4 * layer_params(1), dp))
-    assert sum(c["exposed_ms"] for c in out["collectives"]) == pytest.approx(first, abs=1e-3)
+    last = reduce_scatter_ms(4 * root, dp)
+    assert sum(c["exposed_ms"] for c in out["collectives"]) == pytest.approx(first + last, abs=1e-3)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

@@ -112,6 +112,9 @@ def test_the_layout_search_says_why_it_cannot_cut_an_encoder_decoder() -> None:
     [({"dp": 2, "schedule": "gpipe"}, "parallel.schedule=gpipe: this layout does not read it"),
      ({"dp": 2, "sharding": "zero1", "bucket_view": True}, "parallel.bucket_view=true: this"),
      ({"dp": 2, "grad_accumulation": "fused"}, "parallel.grad_accumulation=fused: this"),
+     # no data parallelism, no DDP to take the option (it ran with exit 0, a hunt)
+     ({"tp": 2, "bucket_view": True}, "parallel.bucket_view=true: this layout does not read it"
+      " (it sets DDP's buckets, and parallel.dp=1 runs no DDP)"),
      # one GPU's micro-batches are its grad_accum, traced whole; these keys had switched it to
      # the layout model (15.1 GiB where grad_accum=4 gives 15.9; a hunt)
      ({"microbatches": 4, "bucket_view": True}, "parallel.bucket_view=true: for a multi-GPU"
@@ -228,3 +231,19 @@ def test_a_config_that_is_not_one_stack_of_equal_layers_is_refused(raw, words, t
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     assert config_facts(f"hf:{path}") == {}  # the checks before torch leave it to check_model
+
+
+@pytest.mark.parametrize("sharding", ["zero2", "zero3", "fsdp"])
+def test_fused_accumulation_is_refused_where_gradients_are_sharded(sharding) -> None:
+    """Megatron-LM's fusion adds each weight gradient into a whole main_grad inside its GEMM;
+    ZeRO-2 and FSDP2 keep sharded gradients. It had been taken there and dropped every
+    gradient add without a word (a hunt); ZeRO-1 (Megatron's distributed optimizer) keeps it."""
+    from boom_ml.predict import validate
+
+    parallel = {"dp": 2, "microbatches": 2, "grad_accumulation": "fused"}
+    with pytest.raises(InvalidInputError) as err:
+        validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {**parallel, "sharding": sharding}})
+    assert str(err.value).startswith(
+        "parallel.grad_accumulation=fused is Megatron-LM's gradient accumulation fusion"
+    ) and f"parallel.sharding={sharding} keeps sharded gradients" in str(err.value)
+    validate({"model": "hf:gpt2", "gpu": "l4", "parallel": {**parallel, "sharding": "zero1"}})

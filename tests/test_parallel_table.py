@@ -78,3 +78,20 @@ def test_a_layouts_rows_are_fastest_first() -> None:
     assert fast["time"]["step_ms"] < slow["time"]["step_ms"]
     text = run(base)
     assert text.index("│ a100-80gb-sxm") < text.index("│ l4 ")
+
+
+@pytest.mark.parametrize(("sharding", "label"), [
+    ("zero1", "other shards' fp32 gradients (ZeRO-1; 16-bit kept)"),
+    ("zero2", "gradients on other ranks (ZeRO-2 / FSDP)"),
+])  # fmt: skip
+def test_explain_names_the_gradient_term_of_the_sharding_asked(sharding, label) -> None:
+    """ZeRO-1 over fp32 master weights shards the fp32 gradients alone; explain had called its
+    term "ZeRO-2 / FSDP" (a hunt)."""
+    from boom_ml.report.explain_layout import _memory_lines
+
+    gib = 2**30
+    memory = {"total_bytes": 10 * gib, "p10_bytes": 10 * gib, "p90_bytes": 10 * gib,
+              "capacity_bytes": 80 * gib, "fit": "yes", "method": "m", "breakdown": {},
+              "parallel_terms": {"zero_gradients": -gib}, "terms": []}  # fmt: skip
+    entry = {"gpu": "h100-sxm", "parallel": {"sharding": sharding}, "memory": memory}
+    assert f"    {label:<45}    -1.00 GiB" in _memory_lines(entry)

@@ -57,17 +57,13 @@ def fsdp_collectives(
         gathers, root_gathers, starts = 2 * m, m, m
         when, root_when = "forward and backward", "not resharded after forward"
     reduces = 1 if piped else m
-    ag = gathers * units * unit_ag + root_gathers * root_ag
-    rs = reduces * (units * unit_rs + root_rs)
     # prefetch hides the gathers (and, unpiped, the reductions) behind compute, except each
     # start's first ones (the root's, then the first layer's); under a pipeline the reductions
     # come after the last backward, where nothing hides them, and so does the root's in either
     # case: the embedding's gradient is the backward's last, and the optimizer step waits for
     # its reduction (a hunt: it had counted as hidden). What compute cannot hide is
     # shared out in proportion to each collective's hideable time, none beyond its own
-    first = (root_ag + unit_ag) * starts
     hide = compute_mb_ms - backward_ms if kept else m * compute_mb_ms
-    rest = max(0.0, ag + (0.0 if piped else rs) - first - hide)
     rows = [  # (op, what, bytes per call, calls, ms, ms that could not be hidden, present)
         ("all_gather", f"layer parameters (FSDP unit, {when})", unit_b,
          gathers * units, gathers * units * unit_ag, unit_ag * starts, units),
@@ -80,6 +76,7 @@ def fsdp_collectives(
          reduces, root_rs * reduces, root_rs, root_g),
     ]  # fmt: skip
     hideable = sum(ms - fixed for *_, ms, fixed, _ in rows)
+    rest = max(0.0, hideable - hide)
     out = []
     for op, what, nbytes, calls, ms, fixed, present in rows:
         if present:

@@ -157,7 +157,8 @@ def unread_keys(layout: Layout) -> str:
         "how micro-batches 2..N accumulate, and parallel.microbatches=1 has one"
         if layout.microbatches == 1 else "",
         f"it sets DDP's buckets, which parallel.sharding={layout.sharding} does not use"
-        if layout.sharding != "none" else "",
+        if layout.sharding != "none"
+        else "it sets DDP's buckets, and parallel.dp=1 runs no DDP" if layout.dp == 1 else "",
     )  # fmt: skip
     for (key, set_), why in zip(given, reasons, strict=True):
         if set_ and why:
@@ -230,6 +231,16 @@ def validate(
         raise InvalidInputError(
             f"parallel.sharding={layout.sharding} shards over data-parallel ranks: it needs"
             " parallel.dp >= 2 (got parallel.dp=1)"
+        )
+    if layout.grad_accumulation == "fused" and layout.zero_stage >= 2:
+        # the fusion writes each micro-batch's weight gradient into a whole fp32 main_grad
+        # inside its GEMM; these keep 1/dp shards (or FSDP2's own gradients), so the adds stay
+        # (it had dropped them without a word: a hunt)
+        raise InvalidInputError(
+            "parallel.grad_accumulation=fused is Megatron-LM's gradient accumulation fusion,"
+            " which adds into whole gradient buffers; parallel.sharding="
+            f"{layout.sharding} keeps sharded gradients (ZeRO-2 / FSDP2): use"
+            " parallel.grad_accumulation=add, or parallel.sharding=none or zero1"
         )
     if optimizer == "none" and layout.zero_stage in (1, 2) and not layout.fsdp2:
         # ZeRO-1/2 shard the optimizer's state and gather the parameters it updated: with no

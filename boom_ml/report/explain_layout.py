@@ -22,6 +22,9 @@ PARALLEL_TERMS = {
     "nccl_buffers": "NCCL communicator buffers",
     "no_head_tensors": "LM head tensors on another stage",
 }
+# ZeRO-1 over fp32 master weights shards the fp32 gradients alone (memory.py: the other
+# shards' 16-bit ones stay); its term had read "ZeRO-2 / FSDP" (a hunt)
+ZERO1_TERMS = {"zero_gradients": "other shards' fp32 gradients (ZeRO-1; 16-bit kept)"}
 
 
 def layout_explain_lines(entry: dict[str, Any]) -> list[str]:
@@ -85,10 +88,11 @@ def _memory_lines(entry: dict[str, Any]) -> list[str]:
     lines += breakdown_lines(m["breakdown"])
     layout_terms = [(k, v) for k, v in (m.get("parallel_terms") or {}).items() if v]
     if layout_terms:
+        names = PARALLEL_TERMS
+        if entry.get("parallel", {}).get("sharding") == "zero1":
+            names = {**PARALLEL_TERMS, **ZERO1_TERMS}
         lines.append("  of which the layout's terms (+ added, - taken away by sharding):")
-        lines += [
-            f"    {PARALLEL_TERMS.get(k, k):<45} {v / GIB:>+8.2f} GiB" for k, v in layout_terms
-        ]
+        lines += [f"    {names.get(k, k):<45} {v / GIB:>+8.2f} GiB" for k, v in layout_terms]
     if len(stages) > 1:
         lines.append(
             "  per stage: "
