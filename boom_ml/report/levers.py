@@ -11,7 +11,6 @@ go in roughly the order of what they cost in speed; the splits go on top of them
 from __future__ import annotations
 
 import bisect
-import contextlib
 import math
 from dataclasses import replace
 from typing import Any
@@ -53,13 +52,8 @@ def single_changes(step: StepSpec, gpu: GpuSpec) -> list[tuple[str, StepSpec, in
     if _autocast_applies(step):
         amp = _amp_for(gpu)
         out.append((f"amp={amp}", replace(step, amp=amp), 1))
-    if step.amp == "bf16" and not gpu.bf16_tensor_cores:
-        # bf16 runs at the fp32 rate there, and SDPA has no fused bf16 kernel (its math path
-        # holds each attention matrix): fp16 autocast halves the same bytes on tensor cores,
-        # where GradScaler can unscale the gradients (not fp16 ones: params_dtype=fp16)
-        with contextlib.suppress(InvalidInputError):
-            fp16 = replace(step, amp="fp16")
-            out.append(("amp=fp16 (no bf16 tensor cores on this GPU)", fp16, 1))
+    if _fp16_for_bf16(step, gpu):
+        out.append(("amp=fp16 (no bf16 tensor cores on this GPU)", replace(step, amp="fp16"), 1))
     if halves_frozen_weights(step):
         dtype = _amp_for(gpu)
         out.append((f"params_dtype={dtype} (frozen weights in 16 bits)",
@@ -90,15 +84,32 @@ def autocast_splits(step: StepSpec, gpu: GpuSpec, fitted: int) -> list[tuple[str
     much faster than the split (resnet152 at 256 on a T4: 128 x 2 in fp16 at half the time
     of 64 x 4 in fp32), and the stacked walk, which runs only where no lever fits alone,
     never asks it."""
-    if not _autocast_applies(step):
+    if _autocast_applies(step):
+        amp = _amp_for(gpu)
+    elif _fp16_for_bf16(step, gpu):
+        amp = "fp16"  # bf16 autocast where no tensor core takes bf16 (a hunt: a T4's advice)
+    else:
         return []
-    amp = _amp_for(gpu)
     out = []
     for micro in halving_micros(step.batch_size):
         if micro in (fitted, 2 * fitted):
             label, changed, accumulation = split_change(replace(step, amp=amp), micro)
             out.append((f"amp={amp} + {label}", changed, accumulation))
     return out
+
+
+def _fp16_for_bf16(step: StepSpec, gpu: GpuSpec) -> bool:
+    """Whether the advice offers fp16 autocast in place of bf16's: bf16 runs at the fp32 rate
+    where no tensor core takes it, and SDPA has no fused bf16 kernel there (its math path
+    holds each attention matrix); fp16 halves the same bytes on tensor cores, where
+    GradScaler can unscale the gradients (not fp16 ones: params_dtype=fp16)."""
+    if step.amp != "bf16" or gpu.bf16_tensor_cores:
+        return False
+    try:
+        replace(step, amp="fp16")
+    except InvalidInputError:
+        return False
+    return True
 
 
 def _split(micro: int, steps: int) -> str:
