@@ -218,6 +218,15 @@ class StepSpec:
             # a list from JSON or Hydra: a tuple keeps the spec hashable (trace caches key on it)
             object.__setattr__(self, "lora_targets", tuple(targets))
         fp32_adapters = self.finetune_method != "full" and self.adapter_dtype == "fp32"
+        if self.master_weights and fp32_adapters:
+            # all that trains is fp32 already: there is nothing to copy (it had run unchanged
+            # with exit 0, a hunt)
+            raise InvalidInputError(
+                f"master_weights=true keeps fp32 copies of 16-bit trainable parameters, and"
+                f" finetune.method={self.finetune_method} trains fp32 adapters"
+                " (finetune.adapter_dtype=fp32, peft's default): use master_weights=false, or"
+                " finetune.adapter_dtype=params for adapters in the weights' dtype"
+            )
         if self.amp == "fp16" and self.params_dtype == "fp16" and not fp32_adapters:
             # LoRA's fp32 adapters (peft's default) are all that trains: their gradients unscale
             raise InvalidInputError(

@@ -9,6 +9,7 @@ the fp32 gradients of the copies live from one step to the next ``zero_grad``.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -77,6 +78,9 @@ def test_bf16_has_no_loss_scale(tiny_llama: str) -> None:
         {"params_dtype": "bf16", "amp": "bf16"},
         # a hunt's: no optimizer to own the copies ('NoneType' has no attribute 'scale_loss')
         {"params_dtype": "fp16", "optimizer": "none"},
+        # a hunt's: peft's fp32 adapters are all that trains, nothing to copy (it ran unchanged)
+        {"params_dtype": "bf16", "finetune_method": "lora"},
+        {"params_dtype": "bf16", "finetune_method": "qlora"},
     ],
 )
 def test_master_weights_need_16_bit_parameters_without_autocast(fields) -> None:
@@ -155,3 +159,18 @@ def test_gradients_alive_when_backward_starts(tiny_llama, zero_grad, accumulate,
     n = graph.meta["num_trainable_parameters"]
     starts = _gradient_bytes_at_backward(graph, accumulate=accumulate, hold_outputs=False)
     assert starts == [e * n for e in expected]
+
+
+def test_a_recipe_of_fp32_adapters_drops_the_master_copies() -> None:
+    """The advice's LoRA / QLoRA recipes for a bf16 step with master weights train fp32
+    adapters, which need no copy (and refuse one); adapters in the weights' dtype keep it."""
+    from boom_ml.gpus import get_gpu
+    from boom_ml.report.levers import RECIPE_LEVELS, recipe_changes
+
+    step = StepSpec(batch_size=4, params_dtype="bf16", master_weights=True)
+    for level in RECIPE_LEVELS:
+        for _, changed, _ in recipe_changes(step, get_gpu("a100-80gb-sxm"), level):
+            assert changed.finetune_method in ("lora", "qlora") and not changed.master_weights
+    kept = replace(step, adapter_dtype="params")
+    (_, changed, _), *_ = recipe_changes(kept, get_gpu("a100-80gb-sxm"))
+    assert changed.master_weights and changed.finetune_method == "lora"

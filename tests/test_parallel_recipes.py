@@ -263,3 +263,23 @@ def test_fsdp_holds_no_gathered_parameters_at_the_optimizer_step():
     assert step["parallel_terms"]["zero_parameters"] == pytest.approx(
         -4 * HELD * (dp - 1) / dp, abs=1
     )
+
+
+@pytest.mark.parametrize(("adapter_dtype", "width"), [("fp32", 4), ("params", 2)])
+def test_ddp_buckets_take_the_gradients_width(tmp_path, adapter_dtype, width):
+    """DDP's buckets (gradient_as_bucket_view off) copy every gradient in its dtype: peft's
+    fp32 adapters beside bf16 weights fill fp32 buckets, as the all-reduce carries them. They
+    had been counted in the weights' width, half the bytes (a hunt)."""
+    from boom_ml import api
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SYNTHETIC_TINY_LLAMA))
+    out = api.predict(f"hf:{path}", gpu="h100-sxm", batch_size=2, seq_len=32, advice=False,
+                      params_dtype="bf16", finetune={"method": "lora", "adapter_dtype": adapter_dtype},
+                      max_batch="off", parallel={"dp": 2}).to_dict()  # fmt: skip
+    (entry,) = out["parallel"]
+    adapters = LAYERS * LORA_LAYER
+    assert entry["memory"]["trainable_parameters"] == adapters
+    (reduce,) = [c for c in entry["time"]["collectives"] if c["op"] == "all_reduce"]
+    assert reduce["bytes"] == adapters * width
+    assert entry["memory"]["breakdown"]["ddp_bucket"] == adapters * width

@@ -258,7 +258,7 @@ def _stage_at(
         # ZeRO-1 over fp32 master weights (Megatron's distributed optimizer, DeepSpeed's
         # stage 1): a rank casts to fp32 and steps its shard's gradients alone; the other
         # shards' 16-bit gradients stay as backward left them, until zero_grad
-        terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.param_bytes * (
+        terms["zero_gradients"] = -grad_peak * (1 - 1 / dp) + held_t * prof.trainable_bytes * (
             1 - 1 / dp
         )
     if layout.fsdp2 and dp > 1:
@@ -272,7 +272,10 @@ def _stage_at(
         gathered = held if zero == 2 else 2 * prof.params["layers"] + root
         terms["fsdp_allgather_buffers"] = gathered * prof.param_bytes
     if dp > 1 and zero == 0:
-        terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else held_t * prof.param_bytes
+        # the buckets take the gradients' dtype: fp32 for LoRA's adapters beside bf16 weights
+        # (they had been counted in the weights' width, half of it: a hunt)
+        bucket = held_t * prof.trainable_bytes
+        terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else bucket
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
         body, head = _held_per_microbatch(prof, bd, layers, last)

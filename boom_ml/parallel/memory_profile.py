@@ -58,6 +58,13 @@ class MemoryProfile:
     # ``params`` as the model stands for them: a 4-bit layer's weights counted (QLoRA holds
     # them as buffers); what ``memory.parameters`` reports
     logical: dict[str, int] = field(default_factory=dict)
+    # bytes per trainable parameter element, their gradients' width (LoRA's fp32 adapters
+    # beside bf16 weights: 4); None: ``param_bytes``
+    grad_bytes: float | None = None
+
+    @property
+    def trainable_bytes(self) -> float:
+        return self.param_bytes if self.grad_bytes is None else self.grad_bytes
 
 
 _MEMO: dict[str, MemoryProfile] = {}  # a layout search asks once per layout
@@ -106,6 +113,7 @@ def memory_profile(
         held=held,
         master_weights=bool(step.master_weights),
         logical=roles(one, two, "logical_"),
+        grad_bytes=float(one["trainable_bytes"]),
     )  # fmt: skip
     disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof

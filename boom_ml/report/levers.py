@@ -251,8 +251,10 @@ def _recipe(step: StepSpec, gpu: GpuSpec, method: str, micro: bool) -> tuple[str
     # weights compute in 16 bits without it (peft's default fp32 adapters keep the autocast)
     scaled = dtype == "fp16" and step.amp == "fp16" and step.adapter_dtype == "params"
     amp = "none" if scaled else step.amp
+    # fp32 adapters need no master copy (a full step's master_weights=true has none to keep)
+    masters = step.master_weights and step.adapter_dtype == "params"
     base = replace(step, params_dtype=dtype, checkpointing="full", checkpointing_every=1,
-                   amp=amp, finetune_method=method)  # fmt: skip
+                   amp=amp, finetune_method=method, master_weights=masters)  # fmt: skip
     accumulation = step.batch_size if micro else 1
     if micro:
         base = replace(base, batch_size=1, grad_accum=step.grad_accum * accumulation)
