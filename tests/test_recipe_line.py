@@ -32,5 +32,8 @@ def test_recipe_line_names_where_the_bytes_go() -> None:
     small = recipe_line({"finetune": "qlora", "nf4_layers": 1, "lora_targets": ["fc"],
                          "peft_trainable_parameters": 46_080,
                          "bytes": {"base_weights_4bit": 2**20, "trainable_parameters": 184_320}})  # fmt: skip
-    assert small == ("Recipe: base weights 4-bit NF4 0.00 GiB (1 layer); LoRA adapters 46.1 K"
+    assert small == ("Recipe: base weights 4-bit NF4 1.0 MiB (1 layer); LoRA adapters 46.1 K"
                      " trainable (0.2 MiB, targets fc).")  # fmt: skip
+    # below a GiB in MiB: 2 MiB on the host had read "0.00 GiB" (a hunt)
+    host = recipe_line({"finetune": "lora", "bytes": {"optimizer_state_on_host": 2_052_096}})
+    assert host.endswith("; optimizer state on the host 2.0 MiB.")

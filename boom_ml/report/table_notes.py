@@ -99,13 +99,18 @@ def bf16_line(slow: list[str], math: tuple[str, ...] | list[str] = ()) -> str:
     return line
 
 
+def _size(nbytes: int) -> str:
+    """GiB, or MiB below one: 2 MiB on the host had read "0.00 GiB" (a hunt)."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / MIB:.1f} MiB"
+
+
 def recipe_line(recipe: dict) -> str:
     """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
     nbytes = recipe.get("bytes") or {}
     parts = []
     if nbytes.get("base_weights_4bit"):
         parts.append(
-            f"base weights 4-bit NF4 {nbytes['base_weights_4bit'] / GIB:.2f} GiB "
+            f"base weights 4-bit NF4 {_size(nbytes['base_weights_4bit'])} "
             f"({recipe.get('nf4_layers', 0)} layer{'' if recipe.get('nf4_layers') == 1 else 's'})"
         )
     if recipe.get("fp32_parameters"):
@@ -134,9 +139,7 @@ def recipe_line(recipe: dict) -> str:
             + ")"
         )
     if nbytes.get("optimizer_state_on_host", 0) > MIB:
-        parts.append(
-            f"optimizer state on the host {nbytes['optimizer_state_on_host'] / GIB:.2f} GiB"
-        )
+        parts.append(f"optimizer state on the host {_size(nbytes['optimizer_state_on_host'])}")
     return "Recipe: " + "; ".join(parts) + "." if parts else ""
 
 
