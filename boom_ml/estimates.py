@@ -147,10 +147,16 @@ class GpuPrediction:
     # why the stack's PyTorch wheels have no kernels for this GPU (stack_archs.csv), and the
     # CUDA variants of that torch release that do: predicted as if it ran
     stack_missing: str | None = None
+    samples: int = 0  # the step's samples: batch size times micro-batches (0: not known)
 
     @property
     def fits(self) -> bool:
         return self.memory.fits
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Samples a second (None without a time or samples): the JSON's ``samples_per_s``."""
+        return _rate(self.samples, self.time)
 
     @property
     def usd_per_1000_steps(self) -> float | None:
@@ -212,10 +218,7 @@ class Prediction:
     def samples_per_s(self, result: GpuPrediction) -> float | None:
         """Samples a second on one GPU: the step's batch times its micro-batches, over its
         time (None without a time)."""
-        if result.time is None or not result.time.step_ms:
-            return None
-        samples = self.batch_size * int(self.step.get("grad_accum", 1))
-        return samples / result.time.step_ms * 1e3
+        return _rate(self.batch_size * int(self.step.get("grad_accum", 1)), result.time)
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction as JSON has it: new containers (editing them leaves the prediction
@@ -238,6 +241,12 @@ class Prediction:
                 **({"parallel": self.parallel} if self.parallel else {}),
             }
         )
+
+
+def _rate(samples: int, time: TimeEstimate | None) -> float | None:
+    if not samples or time is None or not time.step_ms:
+        return None
+    return samples / time.step_ms * 1e3
 
 
 def finite(value: Any) -> Any:

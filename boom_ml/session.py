@@ -258,6 +258,7 @@ class Session:
                     time=None if time is None else accumulated(time, step.grad_accum),
                     price_usd_per_hour=spec.price_usd_per_hour,
                     stack_missing=stack_missing(stack, spec),
+                    samples=step.batch_size * step.grad_accum,
                 )
             )
         return results

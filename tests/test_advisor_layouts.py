@@ -398,3 +398,6 @@ def test_cache_off_stores_no_layout_profile_and_the_dict_is_strict_json(
     (row,), (result,) = doc["gpus"], p.gpus
     assert row["samples_per_s"] == STEP["batch_size"] / result.time.step_ms * 1e3
     assert row["usd_per_1000_steps"] == result.usd_per_1000_steps
+    # and both on the GPU's object, as the JSON has them beside each other (samples_per_s had
+    # been the prediction's method alone: an API hunt)
+    assert result.samples_per_s == row["samples_per_s"]
