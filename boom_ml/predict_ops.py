@@ -197,10 +197,12 @@ def predict_ops(
     out["basis"] = basis(get_gpu(gpu), measured) if measured else ""
     # an fp16/bf16 GEMM or convolution row: whether the GPU or its architecture had that kind
     # measured in fp16 (an L4's fp16 bmm had said "measured" beside the note that no Ada GPU
-    # had fp16 GEMMs measured: its fp32 rows are the L4's)
+    # had fp16 GEMMs measured: its fp32 rows are the L4's); a row scaled by such a head's
+    # calibration (sdpa's roofline, proxy: gemm) follows that head (a hunt)
     half = rows["dtype"].isin(["float16", "bfloat16"]).to_numpy()
+    proxy = pred["method"].str.extract(r"\(proxy: (\w+)\)", expand=False).to_numpy()
     for kind, gpus in half_coverage(model).items() if measured else ():
-        sel = half & (rows["family"] == kind).to_numpy()
+        sel = half & ((rows["family"] == kind).to_numpy() | (proxy == kind))
         if sel.any():
             out.loc[sel, "basis"] = basis(get_gpu(gpu), gpus)
     return out

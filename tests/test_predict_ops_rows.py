@@ -47,6 +47,13 @@ def test_a_half_precision_rows_basis_is_its_kind_in_fp16() -> None:
                      "architecture not measured"],
     }  # fmt: skip
     assert any("fp16/bf16 GEMMs or convolutions measured" in n for n in notes(table, "l4"))
+    # attention is the GEMM head's calibration of its roofline: its fp16 rows follow the
+    # head's fp16 coverage (an L4's had said "measured", a hunt), its fp32 rows the GPU's
+    attn = pd.DataFrame({"op": ["sdpa", "sdpa"], "batch": [8, 8], "heads": [12, 12],
+                         "seq_q": [512, 512], "head_dim": [64, 64], "dtype": ["fp16", "fp32"]})  # fmt: skip
+    out = predict_ops(attn, "l4")
+    assert list(out["method"]) == ["roofline-calibrated (proxy: gemm)"] * 2
+    assert list(out["basis"]) == ["architecture not measured", "measured"]
 
 
 def test_a_bad_causal_or_grad_wrt_names_its_row() -> None:
