@@ -151,10 +151,11 @@ def build_replay(
     )
     opt_rows = body[phase[body] == "optimizer"]
     first_opt = int(opt_rows[0]) if len(opt_rows) else -1
-    if first_opt < 0 and len(body):
-        # An optimizer whose kernels all work in place (bitsandbytes' 8-bit AdamW) leaves no
-        # event in its phase: its state still appears in the first step, at the latest last.
-        first_opt = int(body[-1])
+    # An optimizer whose kernels all work in place (bitsandbytes' 8-bit AdamW, SGD with
+    # momentum) leaves no event in its phase: its state appears in the first step after the
+    # step's last event, the backward's last free (it had come before that free, holding a
+    # tied embedding's 154 MB gradient term at gpt2's optimizer-step peak: a hunt)
+    state_last = int(body[-1]) if first_opt < 0 and len(body) else -1
 
     eager_state = str(graph.meta.get("step", {}).get("optimizer", "")) in EAGER_STATE_OPTIMIZERS
     extras = list(extras or [])
@@ -220,6 +221,9 @@ def build_replay(
                 add_extra(i, k)
             for i in after.get(r, ()):
                 out.add(False, synthetic_id(i, k), extras[i].nbytes, -1, k)
+            if r == state_last and k == 1 and not eager_state:
+                for s in state_rows:
+                    out.add(True, int(blocks[s]), int(nbytes[s]), int(s), 1)
             if k > 1 and r == zero_grad_end:
                 # What the last step left alive that no recorded zero_grad free matched.
                 for c in carried:
