@@ -127,6 +127,27 @@ def test_deberta_sequence_classifier(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("problem", "labels", "shape", "floats"),
+    [("multi_label_classification", 5, (2, 5), True), ("regression", 3, (2, 3), True),
+     (None, 1, (2,), True), ("single_label_classification", 5, (2,), False)],
+)  # fmt: skip
+def test_a_sequence_classifier_gets_the_targets_of_its_problem_type(
+    tmp_path: Path, problem: str | None, labels: int, shape: tuple, floats: bool
+) -> None:
+    """Multi-label checkpoints (emotion, toxicity classifiers) and regression heads got class
+    indices and failed in their loss ("Target size (torch.Size([2])) must be the same as input
+    size (torch.Size([2, 5]))", a hunt): multi-hot rows and float targets now; one label
+    without a problem type is transformers' regression."""
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    small |= {"num_attention_heads": 2, "vocab_size": 100, "num_labels": labels}
+    if problem is not None:
+        small["problem_type"] = problem
+    built = build_model(tiny_config(tmp_path, "bert", "BertForSequenceClassification", **small))
+    batch = fake_step(built, StepSpec(batch_size=2, seq_len=16))
+    assert batch["labels"].shape == shape and batch["labels"].is_floating_point() == floats
+
+
+@pytest.mark.parametrize(
     ("arch", "ids_shape"),
     [("BertForMultipleChoice", (2, 4, 16)), ("BertForNextSentencePrediction", (2, 16))],
 )

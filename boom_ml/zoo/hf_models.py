@@ -161,6 +161,20 @@ def _sequence_classifier(config: Any) -> None:
         config.problem_type = "single_label_classification"
 
 
+def _classifier_labels(config: Any, num_labels: int, batch: int, dev: torch.device) -> Any:
+    """A sequence classifier's targets as its ``problem_type`` reads them: a class index per
+    sample, a multi-hot row of ``num_labels`` floats (multi-label: BCE with logits), or float
+    targets (regression: one per sample, or one per label). Class indices alone had been made,
+    which multi-label and regression checkpoints (emotion, toxicity classifiers) refuse in
+    their loss (a hunt)."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "multi_label_classification":
+        return torch.randint(0, 2, (batch, num_labels), device=dev).float()
+    if problem == "regression" or (problem is None and num_labels == 1):
+        return torch.randn((batch, num_labels) if num_labels > 1 else (batch,), device=dev)
+    return torch.randint(0, num_labels, (batch,), device=dev)
+
+
 # Config fields that give a MoE model's expert count (Mixtral; Qwen-MoE; DeepSeek; DBRX's
 # ffn_config holds moe_num_experts)
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -309,7 +323,7 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
         batch = {"input_ids": torch.randint(0, vocab, (b, seq), device=dev)}
         if "labels" in params:
             if head.endswith("ForSequenceClassification"):
-                batch["labels"] = torch.randint(0, num_labels, (b,), device=dev)
+                batch["labels"] = _classifier_labels(config, num_labels, b, dev)
             elif head.endswith("ForNextSentencePrediction"):  # is B the sentence after A?
                 batch["labels"] = torch.randint(0, 2, (b,), device=dev)
             elif head.endswith("ForTokenClassification"):
