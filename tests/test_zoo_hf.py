@@ -288,7 +288,16 @@ def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path:
     for options, words in (
         ({"hidden_size": 66}, "not a multiple of the number of attention heads"),
         ({"num_hidden_layers": "two"}, "expected int, got str"),
-        ({"num_attention_heads": 0}, "division or modulo by zero"),
+        # a zero width or head count: one line naming it (it had been transformers'
+        # "division or modulo by zero", or empty tensors and "0 parameters": a hunt)
+        ({"num_attention_heads": 0}, "num_attention_heads=0 builds empty layers"),
+        ({"intermediate_size": 0}, "intermediate_size=0 builds empty layers"),
+        ({"vocab_size": 0}, "vocab_size=0 builds empty layers"),
+        (
+            {"num_key_value_heads": 3},
+            r"num_attention_heads \(4\) must be a multiple of"
+            r" num_key_value_heads \(3\)",
+        ),
         ({"num_hidden_layers": -1}, "num_hidden_layers=-1: a count or size cannot be negative"),
         # zero layers had built the embedding and head alone, without a word (a hunt)
         ({"num_hidden_layers": 0}, "num_hidden_layers=0 leaves the model without layers"),

@@ -147,6 +147,15 @@ def _init_default(model_type: str, field: str) -> Any:
 COUNT_FIELD = re.compile(r"^(num|n)_|_(size|layers|heads|dim|experts)$")
 
 
+# widths and counts every layer uses, where 0 builds empty tensors or divides by zero (the
+# common names across transformers' configs: Llama, GPT-2, T5, BERT, OPT)
+CORE_SIZE = re.compile(
+    r"(hidden_size|intermediate_size|vocab_size|num_attention_heads|num_key_value_heads|"
+    r"head_dim|n_embd|n_head|n_inner|d_model|d_ff|d_kv|num_heads|ffn_dim|num_labels|"
+    r"max_position_embeddings|n_positions|encoder_ffn_dim|decoder_ffn_dim|"
+    r"(en|de)coder_attention_heads)$"
+)
+
 # the fields that count a model's layers (GPT-2's n_layer, T5's num_decoder_layers, BART's
 # encoder_layers, ...)
 LAYER_COUNT = re.compile(
@@ -172,6 +181,11 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
             raise InvalidInputError(
                 f"model_options.{key}=0 leaves the model without layers; give at least 1"
             )
+        if type(value) is int and value == 0 and CORE_SIZE.match(key):
+            # a zero width built a model of empty tensors (30 lines of numpy's divide-by-zero
+            # warnings, then a table of "0 parameters") or failed deep in torch (a hunt)
+            raise InvalidInputError(f"model_options.{key}=0 builds empty layers (a width or head"
+                                    " count of 0); give at least 1")  # fmt: skip
         # a count or size below zero builds as if it were zero (num_hidden_layers=-1: no layer);
         # a field whose own default is negative (ViLT's num_images=-1) means something by it
         if type(value) is int and value < 0 and COUNT_FIELD.search(key):
@@ -182,6 +196,16 @@ def check_fields(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
             raise InvalidInputError(
                 f"model_options.{key}={value}: a count or size cannot be negative"
             )
+    heads, kv = (
+        {**raw, **overrides}.get(k) for k in ("num_attention_heads", "num_key_value_heads")
+    )
+    if type(heads) is int and type(kv) is int and heads > 0 and kv > 0 and heads % kv:
+        # grouped-query attention repeats each key/value head for heads / kv query heads; it
+        # had failed in the trace on a shape mismatch naming neither field (a hunt)
+        raise InvalidInputError(
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv}):"
+            " grouped-query attention shares each key/value head among as many query heads"
+        )
     if not overrides or raw.get("model_type") not in CONFIG_MAPPING:
         return
     cls = CONFIG_MAPPING[raw["model_type"]]
