@@ -310,6 +310,29 @@ def test_bad_config_values_and_unbuildable_configs_are_one_line_errors(tmp_path:
         build_model(ModelSpec("torchvision:resnet18", options={"num_classes": -5}))
 
 
+@pytest.mark.parametrize(
+    ("quant", "said"),
+    [({"quant_method": "gptq", "bits": 4, "group_size": 128}, "(gptq, 4-bit)"),
+     ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "(bitsandbytes, 4-bit)"),
+     ({"quant_method": "fp8"}, "(fp8)")],
+)  # fmt: skip
+def test_a_quantized_checkpoints_config_is_built_as_its_float_model_with_a_note(
+    tmp_path: Path, quant: dict, said: str
+) -> None:
+    """A GPTQ / bitsandbytes / FP8 repository's config had been traced in fp32 without a word
+    (a hunt): the note says its quantization is not modelled."""
+    path = tmp_path / "config.json"
+    raw = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+           "vocab_size": 256, "quantization_config": quant}  # fmt: skip
+    path.write_text(json.dumps(raw))
+    (note,) = build_model(f"hf:{path}").info["notes"]
+    assert note.startswith(f"the config's quantization_config {said} is not modelled")
+    del raw["quantization_config"]
+    path.write_text(json.dumps(raw))
+    assert build_model(f"hf:{path}").info["notes"] == []
+
+
 def test_t5_without_is_encoder_decoder_takes_its_class_default(tmp_path: Path) -> None:
     """A hand-written T5 config without ``is_encoder_decoder`` (T5Config defaults it to True)
     gets the decoder start token every T5 uses, and traces."""

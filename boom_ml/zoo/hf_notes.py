@@ -50,7 +50,27 @@ def build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
             f"run with its fused kernels ({kernels}) runs far fewer, larger kernels, so time "
             "and memory here are those of the slow path"
         )
+    notes += quantization_note(config)
     return notes
+
+
+def quantization_note(config: Any) -> list[str]:
+    """A checkpoint quantized for inference or training (GPTQ, AWQ, FP8, bitsandbytes) is
+    built as its float model here: say so (a GPTQ repo had been traced in fp32 without a
+    word, a hunt)."""
+    quant = getattr(config, "quantization_config", None)
+    if not quant:
+        return []
+    fields = quant if isinstance(quant, dict) else getattr(quant, "__dict__", {})
+    method = fields.get("quant_method") or "unnamed method"
+    bits = fields.get("bits") or (4 if fields.get("load_in_4bit") else None)
+    bits = bits or (8 if fields.get("load_in_8bit") else None)
+    what = f"{method}" + (f", {bits}-bit" if bits else "")
+    return [
+        f"the config's quantization_config ({what}) is not modelled: the weights are traced in"
+        " params_dtype, as its float model; finetune.method=qlora models bitsandbytes' 4-bit"
+        " NF4 weights"
+    ]
 
 
 def attention_note(module: Any, asked: str, head: str) -> list[str]:
