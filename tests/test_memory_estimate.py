@@ -79,22 +79,6 @@ def test_first_step_has_no_gradients_to_free_and_creates_state_lazily(graph):
     assert Counter(freed.tolist()) == Counter(grads.tolist())
 
 
-def test_state_of_an_in_place_optimizer_comes_after_the_backward():
-    """SGD with momentum steps in place: its optimizer phase records no event, and its state
-    had been made before the step's last event (a backward free: gpt2's tied embedding's
-    154 MB gradient term held at a peak named the optimizer's, a hunt). It comes after
-    every event of step 1."""
-    g = transformer(optimizer="sgd-momentum")
-    ev = g.mem_events
-    assert not (ev["phase"] == "optimizer").any()  # nothing allocated in the step itself
-    replay = build_replay(g, steps=2, hold_outputs=False)
-    phase = np.where(replay.src >= 0, ev["phase"].to_numpy()[np.maximum(replay.src, 0)], "")
-    step1 = np.flatnonzero(replay.step == 1)
-    state = np.flatnonzero(phase == "optimizer_state")
-    assert len(state) and state.min() > np.flatnonzero(phase[step1] == "backward").max()
-    assert state.max() == step1.max()  # the last events of step 1
-
-
 def test_a_peak_as_the_state_is_made_names_the_optimizer_step(graph):
     """Replayed where a first optimizer.step() makes it, the optimizer's state has no op of
     its own: a peak reached there is the optimizer's, not a phase named after a category."""
