@@ -316,10 +316,13 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
                 Layout(dp=4, tp=4, pp=4, sharding="fsdp", microbatches=16)):  # fmt: skip
         other = predict_raw(raw, [gpu], step, lay, Cluster())[0]["memory"]["p90_bytes"]
         assert near["p90_bytes"] <= other
-    # tp stops at the model's 4 key/value heads
-    assert near["layout"] == {"dp": 16, "tp": 4, "pp": 1, "sharding": "fsdp", "microbatches": 1}
+    # tp stops at the model's 4 key/value heads; sharding over dp saves this model less than
+    # its 64 MiB of NCCL buffers per communicator costs: its embedding and head (16.4 M of its
+    # 19 M parameters) are FSDP2's root, gathered through the backward with their gradients
+    # whole until its end, and ZeRO-2 keeps the embedding's gradient whole
+    assert near["layout"] == {"dp": 1, "tp": 4, "pp": 1, "sharding": "none", "microbatches": 1}
     # the search times a layout only where it fits, and then the nearest miss
-    nearest = predict_raw(raw, [gpu], step, Layout(dp=16, tp=4, sharding="fsdp"), Cluster())[0]
+    nearest = predict_raw(raw, [gpu], step, Layout(tp=4), Cluster())[0]
     assert near["step_ms"] == nearest["time"]["step_ms"] > 0
     (untimed,) = predict_raw(raw, [gpu], step, Layout(tp=4), Cluster(), time_if_fits=True)
     assert "time" not in untimed and untimed["fits"] is False
@@ -328,7 +331,7 @@ def test_where_no_layout_fits_the_closest_is_named(model: str) -> None:
     assert "consider sharding" not in text[at - 1]  # it was: no layout fits
     assert text[at] == (f"    no layout of up to 64 GPUs fits, with checkpointing=full or without "
                         f"({found['searched']} searched); the closest, with checkpointing=full:")  # fmt: skip
-    assert text[at + 1] == (f"      dp=16 tp=4 fsdp: 64 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
+    assert text[at + 1] == (f"      tp=4: 4 GPUs, {near['p90_bytes'] / 2**30:.1f} GiB per GPU (p90) "
                             f"of 0.1 GiB usable")  # fmt: skip
 
 

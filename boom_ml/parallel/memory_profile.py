@@ -61,6 +61,11 @@ class MemoryProfile:
     # bytes per trainable parameter element, their gradients' width (LoRA's fp32 adapters
     # beside bf16 weights: 4); None: ``param_bytes``
     grad_bytes: float | None = None
+    # the largest trainable tensor of each role (layers: one layer's), elements
+    # (shard.param_split's largest_*): what a rank's gradient holds whole at a backward's peak
+    largest: dict[str, int] = field(default_factory=dict)
+    # trainable tensors of each role (layers: per layer): the allocator rounds each gradient
+    tensors: dict[str, int] = field(default_factory=dict)
 
     @property
     def trainable_bytes(self) -> float:
@@ -114,6 +119,9 @@ def memory_profile(
         master_weights=bool(step.master_weights),
         logical=roles(one, two, "logical_"),
         grad_bytes=float(one["trainable_bytes"]),
+        largest={k: two.get(f"largest_{k}", 0) for k in ("layers", "first", "last")},
+        tensors={"layers": two["tensors_layers"] - one["tensors_layers"],
+                 "first": one["tensors_first"], "last": one["tensors_last"]},
     )  # fmt: skip
     disk_put("memory", key, asdict(prof))
     _MEMO[key] = prof

@@ -19,7 +19,7 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.parallel.shard import cache_dir
 from boom_ml.specs import StepSpec
 
-CACHE_VERSION = 14  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest);
+CACHE_VERSION = 15  # 4: recipes in the parameter split; 7: peaks per window (optimizer, rest);
 # 8: bytes a micro-batch holds between its passes (MemoryProfile.held); 9: peaks per part
 # of the step (forward, loss, backward, optimizer), not optimizer and the rest; 10: what the
 # head's modules (those after the last layer) hold at each part's peak (windows[...]["head"]);
@@ -27,6 +27,7 @@ CACHE_VERSION = 14  # 4: recipes in the parameter split; 7: peaks per window (op
 # 13: the parameters the model stands for (param_counts' logical_*: QLoRA's 4-bit weights);
 # 14: LoRA adapters in fp32 by default, as peft's get_peft_model makes them (adapter_dtype);
 # held (per micro-batch in flight) without autocast's weight copies, which one region shares
+# 15: the largest trainable tensor of each role (param_counts' largest_*, MemoryProfile.largest)
 _ROOT = Path(__file__).resolve().parent.parent
 
 

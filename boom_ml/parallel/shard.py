@@ -269,12 +269,15 @@ def param_split(module: Any) -> dict[str, int]:
     (all of them unless a recipe froze some: LoRA). ``bytes`` and ``trainable_bytes``: bytes
     per element of the parameters as held (``params_dtype``; fp32 by default) and of the
     trainable ones, hence of their gradients. ``logical_``: the parameters the model stands
-    for, a 4-bit (QLoRA) layer's weights counted as weights, not as the bytes that hold them.
+    for, a 4-bit (QLoRA) layer's weights counted as weights, not as the bytes that hold them.    ``largest_``: the largest trainable tensor of each role (one layer's, the embedding's, the
+    rest's), elements: the gradient a rank holds whole while it waits for its reduction;
+    ``tensors_``: how many trainable tensors each role has (the allocator rounds each).
     """
     counts = {"layers": 0, "first": 0, "last": 0, "tied": 0, "bytes": 4}
     counts |= {f"{p}_{k}": 0 for p in ("trainable", "logical")
                for k in ("layers", "first", "last", "tied")}  # fmt: skip
     counts["trainable_bytes"] = 4
+    counts |= {f"{p}_{k}": 0 for p in ("largest", "tensors") for k in ("layers", "first", "last")}
 
     def role_of(name: str) -> str:
         return "layers" if LAYER_PATH.search(name) else (
@@ -291,6 +294,8 @@ def param_split(module: Any) -> dict[str, int]:
         widths[param.element_size()] += param.numel()
         if param.requires_grad:
             counts[f"trainable_{role}"] += param.numel()
+            counts[f"largest_{role}"] = max(counts[f"largest_{role}"], param.numel())
+            counts[f"tensors_{role}"] += 1
             trainable_widths[param.element_size()] += param.numel()
     for key, seen in (("bytes", widths), ("trainable_bytes", trainable_widths)):
         if seen:
