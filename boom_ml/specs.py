@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,11 @@ def check_model_syntax(text: Any) -> None:
 MAX_BATCH_SIZE = 1 << 31
 
 
+@functools.cache
+def _step_fields() -> frozenset[str]:
+    return frozenset(f.name for f in dataclass_fields(StepSpec))
+
+
 @dataclass(frozen=True)
 class StepSpec:
     """One training step: batch shape, optimizer, precision and recomputation choices."""
@@ -157,6 +164,17 @@ class StepSpec:
     # 16-bit parameters (params_dtype bf16/fp16, amp none) stepped through fp32 master copies
     # held by the optimizer (Megatron-LM, DeepSpeed, apex O2); fp16 adds a loss scale
     master_weights: bool = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StepSpec:
+        # a misspelt keyword (bacth_size=4) had been a bare TypeError, where predict()'s is
+        # one line with a did-you-mean (a hunt)
+        names = _step_fields()
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise InvalidInputError(
+                f"StepSpec() takes no argument {unknown[0]!r}{suggest(unknown[0], names)}"
+            )
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -255,6 +273,8 @@ class StepSpec:
             value = getattr(self, key)
             if value != getattr(default, key):
                 parts.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+        if self.sdpa_group:  # a GPU list traces once per attention group: which one this is
+            parts.append(f"attention kernels of {self.sdpa_group}")
         return ", ".join(parts)
 
     def tf32_switches(self) -> tuple[bool, bool]:

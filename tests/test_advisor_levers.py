@@ -194,6 +194,14 @@ def test_the_closest_advice_names_its_p90_too() -> None:
         "l4: nothing tried fits on one GPU; closest: batch_size=8 needs 21.8 (p90 22.3) of "
         "22.0 GiB (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
     )
+    # a model no layout models (a torchvision one) has its reason on the next line instead
+    reason = "parallel layouts support hf: models for now, got 'torchvision:resnet18'"
+    p = Prediction("m", 8, {}, {}, [], advice={"l4": [closest]},
+                   layout_advice={"l4": {"reason": reason}})  # fmt: skip
+    assert advice_lines(p)[:2] == [
+        "l4: nothing tried fits on one GPU; closest: batch_size=8 needs 21.8 (p90 22.3) of 22.0 GiB",
+        f"    no multi-GPU layout searched: {reason}",
+    ]
 
 
 def test_autocast_is_tried_on_the_split_that_fits_alone() -> None:

@@ -87,6 +87,12 @@ def test_a_misspelt_keyword_is_a_boom_error_with_a_suggestion() -> None:
     assert str(err.value).startswith(
         "predict() takes no argument 'bacth_size' (did you mean: batch_size"
     )
+    # the step a Session evaluates, too (a hunt: it had been a bare TypeError)
+    with pytest.raises(InvalidInputError) as err:
+        boom_ml.StepSpec(bacth_size=8)
+    assert str(err.value) == (
+        "StepSpec() takes no argument 'bacth_size' (did you mean: batch_size, image_size?)"
+    )
 
 
 def test_an_unknown_model_or_gpu_is_an_invalid_input_as_the_readme_says() -> None:

@@ -49,7 +49,7 @@ def test_a_yaml_gpu_named_as_a_table_gpu_is_no_silent_swap(tmp_path: Path):
         parse_gpu_list([str(other), "h100-sxm"])
     # the fields that differ, not two sources' whole text (700 characters)
     assert str(err.value).startswith(
-        "two different GPUs are named 'h100-sxm' (memory_gb 24 and 80,"
+        f"{other}: two different GPUs are named 'h100-sxm' (memory_gb 80 and 24,"
     )
     assert len(str(err.value)) < 300
 
@@ -190,3 +190,49 @@ def test_packaged_architectures_and_capabilities_are_known():
 def test_missing_yaml_file(tmp_path: Path):
     with pytest.raises(InvalidInputError, match="not found"):
         get_gpu(str(tmp_path / "nope.yaml"))
+
+
+def test_a_yaml_gpu_alone_named_as_a_table_gpu_is_refused(tmp_path: Path):
+    """Alone, an A100-like spec calling itself l4 had become a row 'l4' with the L4's aliases
+    and no price; the table's own spec copied into a file is still the same GPU."""
+    clash = tmp_path / "clash.yaml"
+    clash.write_text(yaml.safe_dump({**get_gpu("a100-80gb-sxm").to_dict(), "id": "l4",
+                                     "name": "My GPU"}))  # fmt: skip
+    with pytest.raises(InvalidInputError) as err:
+        parse_gpu_list([str(clash)])
+    assert str(err.value).startswith(f"{clash}: two different GPUs are named 'l4' (name NVIDIA L4")
+    assert str(err.value).endswith("give the YAML file another id")
+    by_alias = tmp_path / "alias.yaml"  # an alias of the table's L4 names it as well
+    by_alias.write_text(yaml.safe_dump({**get_gpu("a100-80gb-sxm").to_dict(), "id": "NVIDIA L4"}))
+    with pytest.raises(InvalidInputError, match="two different GPUs are named 'NVIDIA L4'"):
+        get_gpu(str(by_alias))
+
+
+@pytest.mark.parametrize("bad", ["My GPU/x", "../up", "-dash", "a\\b"])
+def test_a_yaml_gpu_id_that_cannot_name_a_file_is_refused(tmp_path: Path, bad: str):
+    """The id names the figures plot= writes: 'My GPU/x' had crashed the run after writing one
+    figure into a stray folder."""
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump({**get_gpu("a100-80gb-sxm").to_dict(), "id": bad}))
+    with pytest.raises(InvalidInputError) as err:
+        get_gpu(str(path))
+    assert str(err.value) == (
+        f"{path}: id {bad!r} must be letters, digits, spaces and . _ + - ( ), starting with a"
+        " letter or digit"
+    )
+
+
+def test_figure_names_keep_a_python_gpus_id_inside_the_directory(tmp_path: Path):
+    """A GpuSpec built in Python is not checked as a YAML one is: its id's separators become
+    '_' in the file names, which stay in the plot directory."""
+    from dataclasses import replace
+
+    from boom_ml import api
+
+    gpu = replace(get_gpu("l4"), id="My GPU/x")
+    p = api.predict("torchvision:resnet18", gpu=gpu, batch_size=2, max_batch="off",
+                    advice=False, plot=str(tmp_path / "figs"))  # fmt: skip
+    names = sorted(path.name for path in (tmp_path / "figs").iterdir())
+    assert names == ["torchvision_resnet18_memory_My GPU_x.png",
+                     "torchvision_resnet18_time_My GPU_x.png"]  # fmt: skip
+    assert sorted(Path(f).name for f in p.plots) == names

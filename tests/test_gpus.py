@@ -298,3 +298,10 @@ def test_cli_prints_table_and_details(capsys):
     assert out == "" and err.startswith("error: unknown GPU 'h100-sxn' (did you mean")
     assert err.count("\n") == 1  # one line on stderr, as boom_ml.predict's errors
     assert cli_main(["all"]) == 0 and "h100-sxm" in capsys.readouterr().out  # as gpu=all
+    # every name checked before any table, each GPU once (a hunt: two tables of one L4, then
+    # the error)
+    assert cli_main(["L4", "NVIDIA L4", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: unknown GPU 'nope'")
+    assert cli_main(["L4", "NVIDIA L4"]) == 0
+    assert capsys.readouterr().out.count("NVIDIA L4 datasheet") == 1

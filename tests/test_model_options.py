@@ -79,3 +79,25 @@ def test_a_misspelled_field_is_refused_under_a_layout_too():
     with pytest.raises(InvalidInputError, match=r"n_layr.*did you mean: n_layer"):
         boom_ml.predict("hf:gpt2", gpu="h100-sxm", batch_size=2, seq_len=128, advice=False,
                         parallel={"pp": 2}, model_options={"n_layr": 2})  # fmt: skip
+
+
+@pytest.mark.parametrize("layers", [1, 5])
+def test_a_depth_given_resizes_the_per_layer_lists(tmp_path, layers):
+    """A config that lists its layers' kinds (transformers writes Gemma 2's, Qwen2's
+    layer_types) takes another depth in the lists' pattern: num_hidden_layers=5 of a 2-layer
+    config had failed on transformers' check that the two agree. Synthetic config."""
+    from transformers import Gemma2Config
+
+    from boom_ml.zoo.hf_config import load_config
+
+    path = tmp_path / "config.json"
+    Gemma2Config(num_hidden_layers=2, hidden_size=64, intermediate_size=128, head_dim=16,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=256).to_json_file(path)  # fmt: skip
+    assert json.loads(path.read_text())["layer_types"] == ["sliding_attention", "full_attention"]
+    built = load_config(path, {"num_hidden_layers": layers})
+    pattern = ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+               "sliding_attention"]  # fmt: skip
+    assert built.layer_types == pattern[:layers]
+    # lists the overrides set themselves are theirs
+    mine = ["full_attention"] * layers
+    assert load_config(path, {"num_hidden_layers": layers, "layer_types": mine}).layer_types == mine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+from dataclasses import replace
 
 import pytest
 from rich.console import Console
@@ -92,3 +93,9 @@ def test_a_log_names_the_running_task_until_it_is_off() -> None:
 def test_step_label_names_what_differs_from_the_defaults() -> None:
     step = StepSpec(batch_size=2, seq_len=128, checkpointing="full", finetune_method="lora")
     assert step.label() == "batch 2, seq 128, checkpointing=full, finetune_method=lora"
+    # a GPU list traces once per attention group: the two lines had read the same (a hunt)
+    assert (
+        replace(step, sdpa_group="sm70")
+        .label()
+        .endswith("finetune_method=lora, attention kernels of sm70")
+    )

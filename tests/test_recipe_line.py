@@ -27,7 +27,13 @@ def test_recipe_line_names_where_the_bytes_go() -> None:
     )
     moe = recipe_line({"finetune": "qlora", "params_dtype": "bf16", "bytes": {},
                        "unquantized_expert_parameters": 45_097_156_608})  # fmt: skip
-    assert moe.startswith("Recipe: MoE expert weights not quantised 45.10 B (bf16); LoRA")
+    assert moe.startswith(
+        "Recipe: MoE expert weights not quantised 45.10 B parameters (bf16); LoRA"
+    )
+    # a count below a billion reads as one (786,432 had read "0.00 B" beside MiB figures)
+    few = recipe_line({"finetune": "qlora", "params_dtype": "fp32", "bytes": {},
+                       "unquantized_expert_parameters": 786_432})  # fmt: skip
+    assert few.startswith("Recipe: MoE expert weights not quantised 0.8 M parameters (fp32);")
     # a hunt: 46,080 adapter parameters had read 0.0 M, and one NF4 layer "(1 layers)"
     small = recipe_line({"finetune": "qlora", "nf4_layers": 1, "lora_targets": ["fc"],
                          "peft_trainable_parameters": 46_080,

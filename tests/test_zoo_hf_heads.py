@@ -183,3 +183,25 @@ def test_a_segmentation_head_gets_a_label_per_pixel(tmp_path: Path) -> None:
                        num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=16, num_labels=5)  # fmt: skip
     batch = fake_step(build_model(spec), StepSpec(batch_size=2, image_size=32))
     assert tuple(batch["labels"].shape) == (2, 32, 32)
+
+
+def test_a_text_and_image_config_without_a_class_says_it_traces_the_image_tower(tmp_path):
+    """CLIPConfig().save_pretrained() names no architectures: transformers' natural head for it
+    is the image classifier, which builds the vision tower alone; it had been traced so without
+    a word (a hunt). With its class named, no note. Synthetic small config."""
+    from transformers import CLIPConfig
+
+    small = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 2}  # fmt: skip
+    config = CLIPConfig(text_config=small, vision_config={**small, "image_size": 32,
+                                                          "patch_size": 8})  # fmt: skip
+    config.save_pretrained(tmp_path)
+    (note,) = build_model(f"hf:{tmp_path / 'config.json'}").info["notes"]
+    assert note == (
+        "the config names no architectures: traced as CLIPForImageClassification, the natural"
+        " head of model_type 'clip', which builds its vision tower alone (not its text_config);"
+        " name the model's class in the config's architectures to trace another"
+    )
+    config.architectures = ["CLIPForImageClassification"]
+    config.save_pretrained(tmp_path)
+    assert build_model(f"hf:{tmp_path / 'config.json'}").info["notes"] == []

@@ -82,6 +82,7 @@ _USER_REQUIRED = (
 # ("Tesla T4" vs "NVIDIA T4", "GeForce RTX 3090" vs "NVIDIA GeForce RTX 3090").
 _OPTIONAL_PREFIXES = ("nvidia", "geforce", "tesla")
 _YAML_SUFFIXES = (".yaml", ".yml")
+USER_ID = r"[A-Za-z0-9][A-Za-z0-9 ._+()-]*"  # a user spec's id
 
 
 def _norm(name: str) -> str:
@@ -268,17 +269,22 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
                 seen = out.setdefault(spec.id, spec)
                 if seen is spec:
                     continue
-                a, b = seen.to_dict(), spec.to_dict()
-                differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
-                          if not _same(a[k], b[k]) and not k.endswith("source")]  # fmt: skip
-                if differ:  # a YAML file naming itself as another GPU: which one?
-                    raise InvalidInputError(
-                        f"two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
-                        "give the YAML file another id"
-                    )
+                _check_same(seen, spec)
     if not out:
         raise InvalidInputError(f"no GPU given in {value!r}")
     return list(out.values())
+
+
+def _check_same(seen: GpuSpec, spec: GpuSpec, where: str = "") -> None:
+    """Two GPUs of one id must be the same GPU: a YAML file naming itself as another, which?"""
+    a, b = seen.to_dict(), spec.to_dict()
+    differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
+              if not _same(a[k], b[k]) and not k.endswith("source")]  # fmt: skip
+    if differ:
+        raise InvalidInputError(
+            f"{where}two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
+            "give the YAML file another id"
+        )
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -334,6 +340,12 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
 
     values = {f: _convert(f, data.get(f), str(path)) for f in fields}
     values["id"] = values["id"] or _norm_id(path.stem)
+    if not re.fullmatch(USER_ID, values["id"]):
+        # it names the figures plot= writes ('My GPU/x' had crashed the run) and the rows
+        raise InvalidInputError(
+            f"{path}: id {values['id']!r} must be letters, digits, spaces and . _ + - ( ),"
+            " starting with a letter or digit"
+        )
     if not re.fullmatch(r"\d+(\.\d+)?", values["compute_capability"]):
         raise InvalidInputError(
             f"{path}: compute_capability must look like '9.0', got {values['compute_capability']!r}"
@@ -352,7 +364,15 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
             f"GPUs of compute capability {values['compute_capability']} (else of "
             f"{values['architecture']}) show, else their median rate per SM and MHz"
         )
-    return GpuSpec(**values)
+    spec = GpuSpec(**values)
+    # alone, a spec named as a packaged GPU had taken its aliases and lost its price (a hunt);
+    # the packaged spec itself, copied into a file, is the same GPU
+    try:
+        packaged = _table()[0][resolve_gpu_id(spec.id)]
+    except InvalidInputError:
+        return spec
+    _check_same(packaged, spec, f"{path}: ")
+    return spec
 
 
 def _usable_memory(values: dict[str, Any]) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from boom_ml.errors import BoomError
-from boom_ml.gpus import GpuSpec, all_gpus, get_gpu, gpu_aliases
+from boom_ml.gpus import GpuSpec, all_gpus, gpu_aliases, parse_gpu_list
 from boom_ml.gpus.spec import GIB
 
 
@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.gpus or [n.lower() for n in args.gpus] == ["all"]:  # as gpu=all says
             console.print(gpu_table(all_gpus()))
             return 0
-        for name in args.gpus:
-            console.print(gpu_detail(get_gpu(name)))
+        # every name checked before any is shown, each GPU once, as predict's gpu= does
+        # (an unknown third name had failed after two tables of the same L4: a hunt)
+        for gpu in parse_gpu_list(list(args.gpus)):
+            console.print(gpu_detail(gpu))
     except BoomError as err:  # one line on stderr, as boom_ml.predict's
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

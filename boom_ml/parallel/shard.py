@@ -151,22 +151,6 @@ def chunk_layers(layers_per_stage: list[int], virtual_stages: int = 1) -> list[l
     return [stage_layers(n, virtual_stages) for n in layers_per_stage]
 
 
-def _first_layers(raw: dict[str, Any], depth: Any, layers: int) -> dict[str, Any]:
-    """Per-layer config lists cut to the first ``layers`` entries (a config checks that they
-    match its depth: GPT-Neo's attention_layers, newer models' layer_types), and GPT-Neo's
-    run-length attention_types rebuilt from them (transformers expands it again)."""
-    if not isinstance(depth, int):
-        return {}
-    out = {k: v[:layers] for k, v in raw.items() if isinstance(v, list) and len(v) == depth}
-    runs = raw.get("attention_types")
-    if isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 for r in runs):
-        expanded = [kind for kinds, n in runs for _ in range(int(n)) for kind in kinds]
-        out["attention_types"] = [[expanded[:layers], 1]]
-        if "attention_layers" in raw:
-            out["attention_layers"] = expanded[:layers]
-    return out
-
-
 def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     """The config of one tensor-parallel rank with ``layers`` transformer layers."""
     out = dict(raw)
@@ -174,7 +158,9 @@ def rank_config(raw: dict[str, Any], tp: int, layers: int) -> dict[str, Any]:
     if key is None:
         raise InvalidInputError("parallel layouts need an HF config with a layer count")
     out[key] = layers
-    out.update(_first_layers(raw, raw[key], layers))
+    from boom_ml.zoo.hf_config import layer_lists  # the zoo's own resizing
+
+    out.update(layer_lists(raw, raw[key], layers))
     if tp == 1:
         return out
     if raw.get("model_type") not in HEAD_DIM_TYPES:

@@ -23,8 +23,10 @@ def advice_lines(prediction: Prediction) -> list[str]:
         elif not items[0].fits:
             a = items[0]
             found = prediction.layout_advice.get(gpu, {})
-            searched = found.get("layouts") or found.get("closest")  # the layouts say more
-            hint = "" if searched else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
+            # the layouts say more; so does the reason none was searched (a torchvision model:
+            # the hint had proposed FSDP a line above "parallel layouts support hf: models")
+            said = found.get("layouts") or found.get("closest") or found.get("reason")
+            hint = "" if said else " (consider sharding the model over GPUs, e.g. FSDP/ZeRO)"
             need = f"{_with_p90(a)} of {a.capacity_bytes / GIB:.1f} GiB{hint}"
             lines.append(
                 f"{gpu}: no single-GPU change that keeps the weights' dtype fits: parameters"

@@ -14,6 +14,12 @@ from boom_ml.report.time_plots import plot_gpu_comparison, plot_time_breakdown
 from boom_ml.trace.graph import OpGraph
 
 
+def _safe(name: str) -> str:
+    """A part of a file name: a model spec's or GPU id's path separators and colons as '_'
+    (a GPU built in Python may be named 'My GPU/x': its figures had crashed the run)."""
+    return name.replace(":", "_").replace("/", "_").replace("\\", "_")
+
+
 def write_plots(
     prediction: Prediction, graph: OpGraph, gpus: list[GpuSpec], directory: str | Path,
     stack: Any = None, grad_accum: int = 1,
@@ -24,17 +30,20 @@ def write_plots(
     out = check_plot_dir(directory)
     best = prediction.best_gpu()
     spec = next(s for s in gpus if s.id == best.gpu)
-    stem = prediction.model.replace(":", "_").replace("/", "_")
+    stem = _safe(prediction.model)
     written = [
         memory_timeline(
             graph,
             spec,
-            out / f"{stem}_memory_{best.gpu}.png",
+            out / f"{stem}_memory_{_safe(best.gpu)}.png",
             stack=stack,
             grad_accum=grad_accum,
         ),  # fmt: skip
         plot_time_breakdown(
-            best, out / f"{stem}_time_{best.gpu}.png", prediction.model, grad_accum=grad_accum
+            best,
+            out / f"{stem}_time_{_safe(best.gpu)}.png",
+            prediction.model,
+            grad_accum=grad_accum,
         ),  # fmt: skip
     ]
     if len(prediction.gpus) > 1:
@@ -47,7 +56,9 @@ def write_layout_plots(prediction: Prediction, directory: str | Path, title: str
     fits (else the fastest)."""
     out = check_plot_dir(directory)
     entry = best_entry(prediction.parallel)
-    stem = prediction.model.replace(":", "_").replace("/", "_")
+    stem = _safe(prediction.model)
     return [
-        plot_layout(entry, out / f"{stem}_layout_{entry['gpu']}.png", f"{title} on {entry['gpu']}")
+        plot_layout(
+            entry, out / f"{stem}_layout_{_safe(entry['gpu'])}.png", f"{title} on {entry['gpu']}"
+        )
     ]

@@ -104,6 +104,11 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / MIB:.1f} MiB"
 
 
+def _billions(n: int) -> str:
+    """A parameter count in billions from one billion, else as :func:`count_text`."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else count_text(n)
+
+
 def recipe_line(recipe: dict) -> str:
     """Where a fine-tuning recipe puts its bytes (4-bit base weights, adapters, host state)."""
     nbytes = recipe.get("bytes") or {}
@@ -120,8 +125,9 @@ def recipe_line(recipe: dict) -> str:
         )
     if recipe.get("unquantized_expert_parameters"):
         parts.append(
-            f"MoE expert weights not quantised {recipe['unquantized_expert_parameters'] / 1e9:.2f} B "
-            f"({recipe.get('params_dtype')})"
+            # a count, not bytes: 0.79 M had read "0.00 B" beside MiB figures (a hunt)
+            f"MoE expert weights not quantised {_billions(recipe['unquantized_expert_parameters'])}"
+            f" parameters ({recipe.get('params_dtype')})"
         )
     if recipe.get("finetune") in ("lora", "qlora"):
         parts.append(

@@ -95,6 +95,12 @@ def load_config(
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     check_fields(raw, overrides or {})
+    for key, value in (overrides or {}).items():
+        # a depth given: the per-layer lists follow it (Qwen2's layer_types had refused
+        # num_hidden_layers=4 for a 2-layer config: a hunt), unless the overrides set them
+        if LAYER_COUNT.match(key) and type(value) is int and value > 0:
+            lists = layer_lists(raw, raw.get(key), value)
+            raw.update({k: v for k, v in lists.items() if k not in overrides})
     raw.update(overrides or {})
 
     if raw["model_type"] not in CONFIG_MAPPING:  # transformers' own error lists every type
@@ -122,6 +128,26 @@ def load_config(
     except Exception as err:  # noqa: BLE001 - transformers 5 validates through huggingface_hub's
         # strict dataclasses, whose errors are no ValueError: a bad field is one line all the same
         raise InvalidInputError(f"HF config {path}: {last_line(err)}") from err
+
+
+def layer_lists(raw: dict[str, Any], depth: Any, layers: int) -> dict[str, Any]:
+    """Per-layer config lists (a config checks that they match its depth: GPT-Neo's
+    attention_layers, newer models' layer_types) for ``layers`` layers: cut to the first ones,
+    or repeated in their pattern for more (the alternating sliding and full attention), and
+    GPT-Neo's run-length attention_types rebuilt from them (transformers expands it again)."""
+    if not isinstance(depth, int) or depth < 1:
+        return {}
+    out = {k: [v[i % depth] for i in range(layers)] for k, v in raw.items()
+           if isinstance(v, list) and len(v) == depth}  # fmt: skip
+    runs = raw.get("attention_types")
+    if isinstance(runs, list) and all(isinstance(r, list) and len(r) == 2 for r in runs):
+        expanded = [kind for kinds, n in runs for _ in range(int(n)) for kind in kinds]
+        if expanded:
+            kinds = [expanded[i % len(expanded)] for i in range(layers)]
+            out["attention_types"] = [[kinds, 1]]
+            if "attention_layers" in raw:
+                out["attention_layers"] = kinds
+    return out
 
 
 def encoder_decoder(raw: dict[str, Any]) -> bool:

@@ -269,14 +269,12 @@ def build(spec: ModelSpec, name: str, device: str | torch.device = "meta") -> Bu
     image_size = int(getattr(config, "image_size", 224)) if vision else None
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if not vision and not speech and vocab <= 0:  # randint(0, 0) had been the error (a hunt)
+        # a text-and-image model: the cause first (it had come after the symptom: a hunt)
         raise InvalidInputError(
-            f"{what}: {head} has no vocab_size at its config's top level"
-            + (
-                ", and takes text and images together (input_ids and pixel_values), which the hf"
-                " zoo does not make: it makes text or images alone"
-                if "pixel_values" in params
-                else ""
-            )  # fmt: skip
+            f"{what}: {head} takes text and images together (input_ids and pixel_values), which"
+            " the hf zoo does not make: it makes text or images alone"
+            if "pixel_values" in params
+            else f"{what}: {head} has no vocab_size at its config's top level"
         )
     num_labels = int(getattr(config, "num_labels", 2))
 

@@ -43,6 +43,22 @@ def build_notes(config: Any, head: str, from_arch: bool) -> list[str]:
             f"transformers has no class {archs[0]!r} (the config's architectures); traced as "
             f"{head}, the natural head of model_type {config.model_type!r}"
         )
+    towers = [k for k in ("text_config", "vision_config", "audio_config")
+              if getattr(config, k, None) is not None]  # fmt: skip
+    if (
+        not archs
+        and "vision_config" in towers
+        and len(towers) > 1
+        and head.endswith("ForImageClassification")
+    ):
+        # CLIPConfig().save_pretrained() names no class: the image classifier had been traced
+        # without its text tower, without a word (a hunt)
+        notes.append(
+            f"the config names no architectures: traced as {head}, the natural head of"
+            f" model_type {config.model_type!r}, which builds its vision tower alone (not its"
+            f" {', '.join(t for t in towers if t != 'vision_config')}); name the model's class"
+            " in the config's architectures to trace another"
+        )
     kernels = SCAN_FALLBACK_KERNELS.get(config.model_type)
     if kernels:
         notes.append(
