@@ -404,3 +404,17 @@ def test_cache_off_stores_no_layout_profile_and_the_dict_is_strict_json(
     # and both on the GPU's object, as the JSON has them beside each other (samples_per_s had
     # been the prediction's method alone: an API hunt)
     assert result.samples_per_s == row["samples_per_s"]
+
+
+def test_a_gpu_without_a_price_ranks_its_layouts_by_gpu_seconds_and_says_so() -> None:
+    """The header had said "$ per step" above lines that all read "no price" (a hunt)."""
+    proposal = {"layout": {"dp": 8, "tp": 2, "pp": 1, "sharding": "fsdp", "microbatches": 1},
+                "gpus": 16, "nodes": 2, "total_bytes": 30 * 2**30, "capacity_bytes": 39 * 2**30,
+                "step_ms": 900.0, "global_batch": 16, "usd_per_step": None}  # fmt: skip
+    found = {"layouts": [proposal], "fitting": 1, "searched": 9, "seconds": 1.0}
+    head, line = layout_lines(found)
+    assert head == ("    cheapest layouts that fit (1 of 9 fit, searched in 1.0 s; GPU-seconds per"
+                    " step (no price for this GPU) of the requested batch):")  # fmt: skip
+    assert line.endswith("900 ms per step of 16 samples, no price")
+    priced = layout_lines({**found, "layouts": [{**proposal, "usd_per_step": 0.01}]})[0]
+    assert "s; $ per step of the requested batch):" in priced

@@ -211,10 +211,10 @@ def test_autocast_is_tried_on_the_split_that_fits_alone() -> None:
     64 x 4 in fp32 at 4012.4). Synthetic GPU: a 64-sample micro-batch fits in fp32, 128 in
     16-bit autocast; a step takes 100 ms / micro-batch size (numbers made up here)."""
     from boom_ml.report.advisor import advise
-    from boom_ml.report.levers import autocast_splits
+    from boom_ml.report.levers import half_precision_splits
 
     step, gpu, asked = StepSpec(batch_size=256), get_gpu("t4"), []
-    assert [label for label, _, _ in autocast_splits(step, gpu, 64)] == [
+    assert [label for label, _, _ in half_precision_splits(step, gpu, 64)] == [
         "amp=fp16 + batch_size=128 x 2 accumulation steps",
         "amp=fp16 + batch_size=64 x 4 accumulation steps",
     ]
@@ -222,11 +222,11 @@ def test_autocast_is_tried_on_the_split_that_fits_alone() -> None:
     # hunt: gpt2 on a T4 was advised bf16 2 x 8 at 3.4x the time of fp16 4 x 4); where bf16
     # runs on tensor cores, autocast has nothing to add
     bf16 = StepSpec(batch_size=256, amp="bf16")
-    assert [label for label, _, _ in autocast_splits(bf16, gpu, 64)] == [
+    assert [label for label, _, _ in half_precision_splits(bf16, gpu, 64)] == [
         "amp=fp16 + batch_size=128 x 2 accumulation steps",
         "amp=fp16 + batch_size=64 x 4 accumulation steps",
     ]
-    assert autocast_splits(bf16, get_gpu("a100-80gb-sxm"), 64) == []
+    assert half_precision_splits(bf16, get_gpu("a100-80gb-sxm"), 64) == []
     evaluate = _synthetic(lambda c: c.batch_size <= (128 if c.amp != "none" else 64), asked)
     advised = advise(step, [(gpu, evaluate(step, [gpu])[0])], evaluate, recipes_too=False)
     # fastest first (100 / micro-batch ms); amp=fp16 + 64 x 4 is asked and left out: no

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from boom_ml.parallel.layout import Layout
-from boom_ml.parallel.memory import DDP_BUCKET_BYTES, stage_memory
+from boom_ml.parallel.memory import stage_memory
 from boom_ml.parallel.memory_profile import MemoryProfile
 from tests.test_parallel import LAYERS, SYNTHETIC_TINY_LLAMA, VOCAB, H, layer_params
 
@@ -79,14 +79,15 @@ def test_sharded_temporaries_shrink_by_dp_and_the_other_window_bounds_them() -> 
     out = stage_memory(prof, layout, 0, LAYERS, 1)
     # LAYERS = 2: the 2-layer trace's 8 GiB of temporaries, 3/4 of them gone
     assert out["parallel_terms"]["zero_optimizer_temporaries"] == -8 * GIB * (dp - 1) / dp
-    # DDP steps everything (its gradients viewed into its buckets: one bucket more)
+    # DDP steps everything (its gradients viewed into its buckets, which hold them all step:
+    # the peak's traced gradients, none here, are inside them)
     unsharded = stage_memory(prof, Layout(dp=dp, bucket_view=True), 0, LAYERS, 1)
     assert "zero_optimizer_temporaries" not in unsharded["parallel_terms"]
-    # the difference: the temporaries and the state ZeRO-1 shards, less DDP's bucket
+    # the difference: the temporaries and the state ZeRO-1 shards, and DDP's buckets
     sharded = 6 * GIB - out["parallel_terms"]["zero_optimizer_state"]
-    assert unsharded["total_bytes"] - out["total_bytes"] == pytest.approx(
-        sharded + DDP_BUCKET_BYTES, abs=2
-    )
+    buckets = 4 * (LAYERS * layer_params(1) + 2 * VOCAB * H + H)
+    assert unsharded["parallel_terms"]["ddp_bucket"] == buckets
+    assert unsharded["total_bytes"] - out["total_bytes"] == pytest.approx(sharded + buckets, abs=2)
     # a peak outside the optimizer above the sharded one is the rank's peak
     high = _synthetic_profile(transient=4 * GIB, rest_total=9 * GIB)
     chosen = stage_memory(high, layout, 0, LAYERS, 1)
@@ -103,3 +104,37 @@ def test_a_window_that_grows_faster_takes_over_at_depth() -> None:
     deep = stage_memory(prof, Layout(), 0, 8, 1)
     nccl = deep["parallel_terms"]["nccl_buffers"]
     assert deep["total_bytes"] - nccl == 10 * GIB + 7 * 3 * GIB  # not the rest's 12 + 7
+
+
+@pytest.mark.parametrize("sharding", ["none", "zero1"])
+def test_a_stage_holds_the_temporaries_of_what_it_steps(sharding) -> None:
+    """A pipeline stage steps its own parameters: its foreach temporaries are its share of
+    the traced model's (which holds the embedding and the head), by trainable parameters,
+    then 1/dp of that under ZeRO. Every stage had been charged the traced model's."""
+    dp = 2 if sharding == "zero1" else 1
+    prof = _synthetic_profile(transient=4 * GIB, rest_total=2 * GIB)
+    per_layer, first, last = layer_params(1), VOCAB * H, VOCAB * H + H
+    traced = per_layer + first + last  # one layer each, as traced
+    layout = Layout(pp=3, dp=dp, sharding=sharding, microbatches=3)
+    for stage, held in ((0, per_layer + first), (1, per_layer), (2, per_layer + last)):
+        out = stage_memory(prof, layout, stage, 1, 3)
+        assert out["breakdown"]["temporary"] == int(4 * GIB * held / traced / dp)
+
+
+@pytest.mark.parametrize(
+    ("layout", "tied", "counts"),
+    [
+        (Layout(pp=4, microbatches=4), False, [1, 2, 2, 1]),  # a peer each side, if any
+        (Layout(pp=4, microbatches=4), True, [2, 2, 2, 2]),  # and the embedding group
+        (Layout(pp=2, microbatches=2), False, [1, 1]),  # one pair
+        # interleaving joins the last stage to the first
+        (Layout(pp=4, microbatches=4, schedule="interleaved", virtual_stages=2), False, [2] * 4),
+        (Layout(pp=4, dp=2, tp=2, microbatches=4), False, [3, 4, 4, 3]),
+    ],
+)
+def test_nccl_communicators_per_pipeline_stage(layout, tied, counts) -> None:
+    """ProcessGroupNCCL makes a two-rank communicator per pair of ranks that send to each
+    other: a first and last stage have one, a middle one two (all had been counted two)."""
+    from boom_ml.parallel.memory import communicators
+
+    assert [communicators(layout, s, tied) for s in range(layout.pp)] == counts

@@ -30,7 +30,8 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   gradient when it is built (``reducer.cpp``, ``initialize_buckets``) and, with PyTorch's
   default ``gradient_as_bucket_view=False``, copies each gradient into them: a second copy of
   the gradients, alive all step; ``parallel.bucket_view=true`` (the gradients are views into
-  the buckets, as Megatron's contiguous gradient buffers are) leaves one 25 MiB bucket;
+  the buckets, as Megatron's contiguous gradient buffers are) leaves the one copy, the buckets,
+  alive all step whatever the gradients the trace holds at the peak;
 * pipeline activations in flight (``schedule.peak_in_flight``, from the schedule's operation
   order): 1F1B: stage s holds the activations of min(pp - s, microbatches) micro-batches (the
   first stage the most); GPipe: all m on every stage; interleaved 1F1B: Megatron's warm-up
@@ -111,11 +112,20 @@ def _moment_categories(bd: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def communicators(layout: Layout) -> int:
-    """Process groups this rank runs NCCL collectives in (tp, dp, pp and embedding groups)."""
+def communicators(layout: Layout, stage: int = 0, tied: bool = False) -> int:
+    """NCCL communicators of a rank of pipeline stage ``stage``: its tp and dp groups, one
+    per pipeline peer it sends to or receives from (ProcessGroupNCCL makes a two-rank
+    communicator per pair; the first and last stage have one peer, a middle one two, and
+    interleaving joins the last to the first), and a tied embedding's group of the first and
+    last stage. Every stage had been counted two for the pipeline (a hunt)."""
     count = sum(1 for n in (layout.tp, layout.dp) if n > 1)
-    if layout.pp > 1:
-        count += 2  # pipeline p2p and the tied-embedding group of first and last stage
+    pp = layout.pp
+    if pp > 1:
+        near = (stage - 1, stage + 1)
+        wrap = layout.virtual_stages > 1
+        peers = {s % pp for s in near} if wrap else {s for s in near if 0 <= s < pp}
+        count += len(peers - {stage})
+        count += tied and stage in (0, pp - 1)
     return count
 
 
@@ -312,11 +322,16 @@ def _stage_at(
     )
     param_b = held * prof.param_bytes
     opt_b = held_t * prof.optimizer_bytes
+    # the optimizer's own temporaries (foreach AdamW's square roots) are the size of what the
+    # stage steps, not of the traced model: every stage had been charged the embedding's and
+    # the head's (a middle stage of Llama-3-8B 4.2 GB over: a hunt)
+    transient = _extrapolate(view.get("optimizer_transient") or [0, 0], layers)
+    if transient > 0 and ratio != 1:
+        terms["stage_optimizer_temporaries"] = transient * (ratio - 1)
     if zero >= 1 and dp > 1:
         terms["zero_optimizer_state"] = -opt_b * (1 - 1 / dp)
-        transient = _extrapolate(view.get("optimizer_transient") or [0, 0], layers) * ratio
         if transient > 0:
-            terms["zero_optimizer_temporaries"] = -transient * (1 - 1 / dp)
+            terms["zero_optimizer_temporaries"] = -transient * ratio * (1 - 1 / dp)
     # FSDP2 under torch.distributed.pipelining syncs no gradient until the stage's last
     # backward (stage.py's backward_maybe_with_nosync): they are whole until the optimizer's
     sharded = layout.shards_microbatch_gradients or (zero >= 2 and drained)
@@ -344,7 +359,11 @@ def _stage_at(
         # the buckets take the gradients' dtype: fp32 for LoRA's adapters beside bf16 weights
         # (they had been counted in the weights' width, half of it: a hunt)
         bucket = held_t * prof.trainable_bytes
-        terms["ddp_bucket"] = DDP_BUCKET_BYTES if layout.bucket_view else bucket
+        # gradient_as_bucket_view: the gradients are views into the buckets, which the Reducer
+        # allocates when it is built and holds all step (it had charged one 25 MiB bucket, the
+        # gradients gone where set_to_none had freed them: 4.9 GB short at a forward's peak)
+        kept = grad_peak - fresh  # the gradients alive at the peak, inside the buckets
+        terms["ddp_bucket"] = max(bucket - kept, 0.0) if layout.bucket_view else bucket
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
         body, head = _held_per_microbatch(prof, bd, layers, last)
@@ -361,7 +380,10 @@ def _stage_at(
         if held * prof.param_bytes - body > terms["fsdp_allgather_buffers"]:
             terms["fsdp_allgather_buffers"] = held * prof.param_bytes
             terms["backward_end_activations"] = -body
-    terms["nccl_buffers"] = communicators(layout) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
+    tied = bool((prof.params or {}).get("tied"))
+    terms["nccl_buffers"] = (
+        communicators(layout, stage, tied) * NCCL_BUFFSIZE * NCCL_CHANNELS * NCCL_PEERS
+    )
     head = _head_share(view) if pp > 1 and not last else {}
     if head:
         terms["no_head_tensors"] = -sum(head.values())
@@ -379,7 +401,8 @@ def _stage_at(
         adjusted["gradient"] = int(grad_peak + terms.get("zero_gradients", 0))
     adjusted["activation"] = int(bd.get("activation", 0) + terms.get("pipeline_activations", 0)
                                  + terms.get("backward_end_activations", 0))  # fmt: skip
-    adjusted["temporary"] = int(bd.get("temporary", 0) + terms.get("zero_optimizer_temporaries", 0))
+    adjusted["temporary"] = int(bd.get("temporary", 0) + terms.get("zero_optimizer_temporaries", 0)
+                                + terms.get("stage_optimizer_temporaries", 0))  # fmt: skip
     for cat, nbytes in head.items():
         adjusted[cat] = int(adjusted.get(cat, 0) - nbytes)
     for name in ("fsdp_allgather_buffers", "ddp_bucket", "nccl_buffers"):
@@ -437,7 +460,8 @@ def rank_memory(prof: MemoryProfile, layout: Layout, layers_per_stage: list[int]
          "where": "outside allocator",  # NCCL allocates its buffers itself (cudaMalloc)
          "source": "NCCL_BUFFSIZE default 4 MiB (NVIDIA/nccl src/init.cc DEFAULT_BUFFSIZE) x "
                    f"{NCCL_CHANNELS} channels (assumption) x {NCCL_PEERS} ring peers x "
-                   f"{communicators(layout)} communicators"},
+                   f"{communicators(layout, worst['stage'], bool(prof.params.get('tied')))}"
+                   " communicators"},
     ]  # fmt: skip
     if layout.pp > 1:
         out["per_stage"] = stages

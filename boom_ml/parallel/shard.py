@@ -255,7 +255,8 @@ def param_split(module: Any) -> dict[str, int]:
     (all of them unless a recipe froze some: LoRA). ``bytes`` and ``trainable_bytes``: bytes
     per element of the parameters as held (``params_dtype``; fp32 by default) and of the
     trainable ones, hence of their gradients. ``logical_``: the parameters the model stands
-    for, a 4-bit (QLoRA) layer's weights counted as weights, not as the bytes that hold them.    ``largest_``: the largest trainable tensor of each role (one layer's, the embedding's, the
+    for, a 4-bit (QLoRA) layer's weights counted as weights, not as the bytes that hold them.
+    ``largest_``: the largest trainable tensor of each role (one layer's, the embedding's, the
     rest's), elements: the gradient a rank holds whole while it waits for its reduction;
     ``tensors_``: how many trainable tensors each role has (the allocator rounds each).
     """

@@ -112,9 +112,13 @@ def layout_lines(found: dict[str, Any]) -> list[str]:
             f"{near['p90_bytes'] / GIB:.1f} GiB per GPU (p90) of "
             f"{near['capacity_bytes'] / GIB:.1f} GiB usable",
         ]
+    # a GPU without a price is ranked by GPU-seconds (search.rank_key): the header had said
+    # "$ per step" above lines that all read "no price" (a hunt)
+    priced = any(p["usd_per_step"] is not None for p in layouts)
+    basis = "$ per step" if priced else "GPU-seconds per step (no price for this GPU)"
     lines = [
         f"    cheapest layouts that fit{settings} ({found['fitting']} of {found['searched']} fit, searched in "
-        f"{found['seconds']:.1f} s; $ per step of the requested batch"
+        f"{found['seconds']:.1f} s; {basis} of the requested batch"
         + (
             f"; cheapest first, within {found['near_tie']:.0%} of each other fewest GPUs first"
             if found.get("near_tie")

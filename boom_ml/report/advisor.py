@@ -31,9 +31,9 @@ from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
     BF16_TRUE_LEVELS,
     RECIPE_LEVELS,
-    autocast_splits,
     bf16_true_changes,
     changes_checkpointing,
+    half_precision_splits,
     halves_frozen_weights,
     recipe_changes,
     single_changes,
@@ -181,7 +181,7 @@ def advise(
     # and where no split fitted alone, autocast on the largest batch's split (splits.py)
     try_level(_by_step((spec, c) for spec in pending
                        if not any("amp" in a.settings for a in found[spec.id])
-                       for c in (autocast_splits(step, spec, fitted[spec.id]) if fitted[spec.id]
+                       for c in (half_precision_splits(step, spec, fitted[spec.id]) if fitted[spec.id]
                                  else under_kept_gradients(step, spec, largest.get(spec.id)))))  # fmt: skip
     pending = [spec for spec in pending if not found[spec.id]]
     tried = {spec.id: {changed for _, changed, _ in singles[spec.id]} for spec in pending}

@@ -12,6 +12,7 @@ PARALLEL_TERMS = {
     "stage_parameters": "this stage's parameters against the traced 1-layer model's",
     "zero_optimizer_state": "optimizer state on other ranks (ZeRO / FSDP)",
     "zero_optimizer_temporaries": "optimizer temporaries on other ranks",
+    "stage_optimizer_temporaries": "this stage's optimizer temporaries against the traced model's",
     "zero_gradients": "gradients on other ranks (ZeRO-2 / FSDP)",
     "zero_parameters": "parameters on other ranks (ZeRO-3 / FSDP)",
     "fsdp_allgather_buffers": "FSDP-gathered parameters (units in use and prefetched, root; a pipeline stage's all where it peaks so)",

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.report.levers import (
-    autocast_splits,
     divisors,
+    half_precision_splits,
     halving_micros,
     single_changes,
     split_change,
@@ -171,10 +171,10 @@ def under_kept_gradients(
     kept between micro-batches took the room (vit_l_16 at 256 on a T4, largest batch 33: 32 x 8
     did not fit, and it was told checkpointing alone, 32.9 s, where fp16 autocast on 32 x 8
     takes a sixth of that; a hunt). Autocast on the largest halving micro-batch the largest
-    batch holds and on the next larger one (``levers.autocast_splits``), and the split at the
+    batch holds and on the next larger one (``levers.half_precision_splits``), and the split at the
     halving below it alone; [] where no halving is at or below the largest batch."""
     micros = [m for m in halving_micros(step.batch_size) if m <= (largest or 0)]
     if not micros:
         return []
     below = [split_change(step, micros[1])] if len(micros) > 1 else []
-    return autocast_splits(step, gpu, micros[0]) + below
+    return half_precision_splits(step, gpu, micros[0]) + below
