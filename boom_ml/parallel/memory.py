@@ -25,7 +25,7 @@ allocator's fragmentation, which stays within the two traces' values. Then:
   gathered, and zero3 / fsdp, which keep each unit gathered after its backward, peak at a
   backward's end with every unit gathered where that holds more than the backward's peak;
 * a gradient a micro-batch computes beside its kept copy is one tensor: a stage holds it up
-  to its own largest, not in proportion to its parameters (``_stage_gradient``);
+  to its own largest, not in proportion to its parameters (``gradients.stage_gradient``);
 * DDP (dp > 1, no sharding): its Reducer allocates flat buckets over every trainable
   gradient when it is built (``reducer.cpp``, ``initialize_buckets``) and, with PyTorch's
   default ``gradient_as_bucket_view=False``, copies each gradient into them: a second copy of
@@ -57,8 +57,8 @@ from __future__ import annotations
 from typing import Any
 
 from boom_ml.identity_cache import IdentityCache
-from boom_ml.memory.allocator_config import K_MIN_BLOCK_SIZE
 from boom_ml.parallel.collectives import DDP_BUCKET_BYTES, MIB  # noqa: F401 (re-exported)
+from boom_ml.parallel.gradients import largest_tensor, sharded_gradient, stage_gradient, unreduced
 from boom_ml.parallel.layout import SCHEDULE_NAMES, Layout
 from boom_ml.parallel.memory_profile import MemoryProfile
 from boom_ml.parallel.schedule import head_in_flight, peak_in_flight
@@ -146,67 +146,6 @@ def _held(p: dict[str, int], layers: int, first: bool, last: bool, pp: int) -> t
     if last and pp > 1 and p["tied"]:
         held += p["tied"]
     return held, layers * p["layers"] + p["first"] + p["last"]
-
-
-def _largest(prof: MemoryProfile, layers: int, first: bool, last: bool, pp: int) -> int:
-    """The largest trainable tensor the stage holds, elements (0: a profile without them)."""
-    big = prof.largest
-    if not big:
-        return 0
-    tied = (prof.trainable or prof.params).get("tied", 0) if last and pp > 1 else 0
-    return max(big["layers"] if layers else 0, big["first"] if first else 0,
-               max(big["last"], tied) if last else 0)  # fmt: skip
-
-
-def _stage_gradient(
-    prof: MemoryProfile, traced: float, ratio: float, layers: int, largest: int, drained: bool
-) -> tuple[float, float]:
-    """(gradient bytes the stage holds at a peak, of them a fresh one beside its kept copy).
-
-    The traced model's gradient bytes at the peak are at most all its gradients (those
-    alive, a share of them mid-backward) plus, under accumulation, the one just computed
-    and not yet added into its kept copy (the LM head's, 2.1 GB of a Llama in fp32). The
-    first part is scaled to the stage by its trainable parameters; the fresh one is one
-    tensor, so a stage holds at most its own largest: the head's had been shared out in
-    proportion, a middle stage given 1.08 GB more than it holds and the first 0.4 GB less
-    (a hunt). The optimizer step's and zero_grad's gradients (fp32 casts under master
-    weights among them) are scaled as they were."""
-    if drained or not prof.largest or not prof.tensors:
-        return traced * ratio, 0.0
-    t, n = prof.trainable or prof.params, prof.tensors
-    every = (layers * t["layers"] + t["first"] + t["last"]) * prof.trainable_bytes
-    # each gradient as the allocator holds it: rounded up to its 512-byte blocks
-    rounding = K_MIN_BLOCK_SIZE * (layers * n["layers"] + n["first"] + n["last"])
-    fresh = traced - every - rounding
-    if fresh <= 0:
-        return traced * ratio, 0.0
-    held = min(fresh, largest * prof.trainable_bytes)
-    return (traced - fresh) * ratio + held, held
-
-
-def _sharded_gradient(grad: float, fresh: float, waiting: float, zero: int, dp: int) -> float:
-    """A rank's gradient bytes at a peak where each micro-batch's are reduce-scattered:
-    ``grad`` as one GPU holds it at the peak (``fresh`` of it computed beside its kept copy),
-    ``waiting``: what the backward holds whole for its reduction (:func:`_unreduced`). All had
-    been divided by dp: a Llama's embedding gradient, whole at the backward's end, came out
-    1.5 GB short at dp=4 (a hunt)."""
-    kept = grad - fresh
-    if fresh > 0:  # accumulation: the kept gradients are shards, the fresh one waits whole
-        return kept / dp + (max(fresh, waiting) if zero >= 3 else fresh)
-    whole = min(waiting, kept)
-    return (kept - whole) / dp + whole
-
-
-def _unreduced(prof: MemoryProfile, layout: Layout, layers: int) -> float:
-    """Gradient bytes a rank holds whole at a backward's peak where each micro-batch's
-    gradients are reduce-scattered (pipeline-free ZeRO-2 and FSDP): FSDP2 reduces a unit's
-    gradients after its backward, so one layer's and the root's (embedding, final norm, head:
-    reduced at the backward's end) wait whole; ZeRO-2 reduces each gradient as it is made, so
-    the largest one waits."""
-    t, big, gb = prof.trainable or prof.params, prof.largest, prof.trainable_bytes
-    if layout.zero_stage >= 3:
-        return (t["first"] + t["last"] + (t["layers"] if layers else 0)) * gb
-    return max(big.values(), default=0) * gb
 
 
 def _held_per_microbatch(
@@ -312,8 +251,8 @@ def _stage_at(
     # Parameters and optimizer state live all step; gradients only partly at the peak (all of
     # them under accumulation): what the stage holds of those at the peak, scaled by params.
     ratio = held_t / traced_t if traced_t else 1.0
-    grad_peak, fresh = _stage_gradient(prof, bd.get("gradient", 0), ratio, layers,
-                                       _largest(prof, layers, first, last, pp), drained)  # fmt: skip
+    grad_peak, fresh = stage_gradient(prof, bd.get("gradient", 0), ratio, layers,
+                                       largest_tensor(prof, layers, first, last, pp), drained)  # fmt: skip
     terms["stage_parameters"] = (
         (held - traced) * prof.param_bytes
         + (held_t - traced_t) * prof.optimizer_bytes
@@ -336,8 +275,8 @@ def _stage_at(
     # backward (stage.py's backward_maybe_with_nosync): they are whole until the optimizer's
     sharded = layout.shards_microbatch_gradients or (zero >= 2 and drained)
     if sharded and dp > 1 and grad_peak > 0:
-        waiting = _unreduced(prof, layout, layers) if ends_backward and not drained else 0.0
-        terms["zero_gradients"] = _sharded_gradient(grad_peak, fresh, waiting, zero, dp) - grad_peak
+        waiting = unreduced(prof, layout, layers) if ends_backward and not drained else 0.0
+        terms["zero_gradients"] = sharded_gradient(grad_peak, fresh, waiting, zero, dp) - grad_peak
     elif zero == 1 and dp > 1 and drained and prof.master_weights and grad_peak > 0:
         # ZeRO-1 over fp32 master weights (Megatron's distributed optimizer, DeepSpeed's
         # stage 1): a rank casts to fp32 and steps its shard's gradients alone; the other
