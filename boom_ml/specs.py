@@ -13,22 +13,23 @@ from typing import Any
 from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
 from boom_ml.trace.sdpa_select import check_group as check_sdpa_group
 
+# in --help's order (the error's list had run in the order they were added: a hunt); issue
+# #15's recipes among them: AdamW forced to torch's fused kernel, bitsandbytes' 8-bit
+# blockwise AdamW (paged: its state in unified memory on the host), Lion, Nesterov SGD
 OPTIMIZERS = (
     "sgd",
     "sgd-momentum",
+    "sgd-nesterov",
     "adam",
     "adamw",
-    "adagrad",
-    "rmsprop",
-    "adafactor",
-    "none",
-    # issue #15's recipes: AdamW forced to torch's fused kernel; bitsandbytes' 8-bit
-    # blockwise AdamW (paged: its state in unified memory on the host); Lion; Nesterov SGD
     "adamw-fused",
     "adamw8bit",
     "paged-adamw8bit",
     "lion",
-    "sgd-nesterov",
+    "adagrad",
+    "rmsprop",
+    "adafactor",
+    "none",
 )
 AMP_MODES = ("none", "fp16", "bf16")
 MODEL_SCHEMES = ("torchvision", "timm", "hf", "file")  # boom_ml.zoo has one builder each

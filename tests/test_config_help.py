@@ -107,3 +107,14 @@ def test_a_plus_key_may_add_to_a_mapping_of_the_config_only() -> None:
         check_override_keys(["data.exclude_gpus.p100=why"], "train_gemm")
     with pytest.raises(InvalidInputError, match="unknown option 'seed.x'"):
         check_override_keys(["+seed.x=1"], "train_gemm")
+
+
+def test_predicts_help_lists_the_optimizers_as_the_error_does() -> None:
+    """The refusal of an unknown optimizer lists them in --help's order (it had run in the
+    order they were added: a hunt)."""
+    from boom_ml.specs import OPTIMIZERS
+
+    text = (CONFIG_DIR / "predict.yaml").read_text()
+    start = text.index("optimizer=NAME") + len("optimizer=NAME")
+    listed = text[start : text.index("(8-bit", start)].replace("\n", " ")
+    assert [name.strip() for name in listed.split("|")] == list(OPTIMIZERS)
