@@ -177,6 +177,9 @@ class GpuPrediction:
             "price_usd_per_hour": self.price_usd_per_hour,
             "usd_per_1000_steps": self.usd_per_1000_steps,  # the table's $ / 1k steps
             "stack_missing": self.stack_missing,
+            # the attribute's, so JSON written from a Session's results has the table's column
+            # (only Prediction.to_dict had added it: a hunt)
+            "samples_per_s": self.samples_per_s,
         }
 
 

@@ -18,12 +18,19 @@ from boom_ml import progress
 from boom_ml.batch_scaling import scaling_pairs
 from boom_ml.errors import InvalidInputError, one_value_per_channel
 from boom_ml.estimates import GpuPrediction, TimeEstimate
-from boom_ml.gpus import get_gpu
+from boom_ml.gpus import parse_gpu_list
 from boom_ml.gpus.spec import GpuSpec
 from boom_ml.hf_notices import quiet_transformers
 from boom_ml.max_batch import MaxBatch, TraceFn, max_batch_size
 from boom_ml.memory.estimate import estimate_memory
-from boom_ml.specs import ModelSpec, StepSpec, cache_setting, check_model_syntax, finetune_problem
+from boom_ml.specs import (
+    BUILD_OPTION_DEFAULTS,
+    ModelSpec,
+    StepSpec,
+    cache_setting,
+    check_model_syntax,
+    finetune_problem,
+)
 from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
@@ -46,7 +53,9 @@ class Session:
         self, model: str, cache: bool = True, options: dict[str, Any] | None = None
     ) -> None:
         check_model_syntax(model)  # Session is public: the CLI's and api.predict's check
-        self.model = ModelSpec(model.strip(), dict(options or {}))
+        # the build options' defaults filled in, as predict() passes them: the same step had
+        # been traced and cached apart by the two (a hunt)
+        self.model = ModelSpec(model.strip(), {**BUILD_OPTION_DEFAULTS, **dict(options or {})})
         # The model is built on the first cache miss (an unknown model fails there, before
         # any trace): a graph from the on-disk cache needs no model library at all.
         # "off" / "false" as predict reads them (any non-empty string had kept it on)
@@ -61,6 +70,7 @@ class Session:
 
     @quiet_transformers  # as boom_ml.predict is: a hub model's build warns of its config
     def graph(self, step: StepSpec) -> OpGraph:
+        step = _resolved_impl(step, None)  # as evaluate() keys it
         if step.sdpa_group is None and step in self._first_group:
             step = replace(step, sdpa_group=self._first_group[step])  # evaluate()'s first GPU's
         if step not in self._graphs:
@@ -100,6 +110,7 @@ class Session:
         if self._pool is None:
             return
         for step in steps:
+            step = _resolved_impl(step, None)  # as graph() keys it
             if step in self._graphs or self._pool.pending(self.model, step):
                 continue
             graph = self._cached(step)
@@ -114,7 +125,7 @@ class Session:
         whose kernels differ, where the model calls SDPA."""
         if self._pool is None or not gpus:
             return
-        traced = replace(step, grad_accum=1, sdpa_group=None)
+        traced = replace(_resolved_impl(step, stack), grad_accum=1, sdpa_group=None)
         groups = [sdpa_group(spec.sm_version, stack) for spec in gpus]
         first = _first(groups)
         seen = next(iter(self._graphs.values()), None)  # any trace of this model
@@ -155,13 +166,14 @@ class Session:
     def evaluate(
         self,
         step: StepSpec,
-        gpus: list[GpuSpec],
-        stack: Stack | None = None,
+        gpus: str | GpuSpec | Iterable[str | GpuSpec],
+        stack: Stack | dict[str, Any] | None = None,
         max_batch: bool = False,
         time_unless_oom: bool = False,
         dominance: bool = True,
     ) -> list[GpuPrediction]:
-        """Memory and time of ``step`` on each GPU; ``max_batch`` adds the batch search.
+        """Memory and time of ``step`` on each GPU (``gpus`` as predict's ``gpu=`` takes them);
+        ``max_batch`` adds the batch search; ``stack`` a Stack or predict's ``stack=`` mapping.
 
         With ``time_unless_oom`` the time is only predicted where the step fits (the
         advisor's candidates that do not fit need no time); elsewhere it is ``None``.
@@ -174,14 +186,17 @@ class Session:
                 f"Session.evaluate takes a StepSpec (boom_ml.StepSpec(batch_size=32, ...)),"
                 f" got {type(step).__name__} {step!r}"
             )
-        stack = stack if stack is not None else resolve_stack()
+        # a mapping of stack.* keys, as predict(stack=...) takes (it had failed on a dict)
+        stack = stack if isinstance(stack, Stack) else resolve_stack(stack)
         # what predict() refuses, refused here too (a hunt: a fused Lion, finetune_method
         # "full" with lora_r=16, had been predicted)
-        resolve_optimizer_impl(step.optimizer, step.optimizer_impl, stack)
+        step = _resolved_impl(step, stack)
         if problem := finetune_problem(step):
             raise InvalidInputError(problem)
-        # ids and aliases too, as predict takes them (one result per item, in order)
-        gpus = [get_gpu(g) for g in _as_list(gpus)]
+        # what predict's gpu= takes: ids, aliases, YAML paths, "all", lists of them (a hunt:
+        # "all" and "l4,t4" had been unknown GPUs, a Path a TypeError); a list gives one
+        # result per item, in order ("all" its every GPU)
+        gpus = _gpu_items(gpus)
         traced = replace(step, grad_accum=1, sdpa_group=None)
         # One trace per attention architecture group in the list whose kernels differ (only
         # one when the model calls no SDPA); results stay in the user's order.
@@ -264,8 +279,22 @@ class Session:
         return results
 
 
-def _as_list(gpus: Any) -> list[Any]:
-    return [gpus] if isinstance(gpus, (str, GpuSpec)) else list(gpus)
+def _resolved_impl(step: StepSpec, stack: Stack | None) -> StepSpec:
+    """``step`` with ``optimizer_impl="auto"`` as what the stack's PyTorch picks (the installed
+    one's without a stack), as predict() resolves it: a Session had traced and cached the
+    same step apart from predict (a hunt), and under another stack traced the installed
+    PyTorch's choice."""
+    impl = resolve_optimizer_impl(step.optimizer, step.optimizer_impl, stack or resolve_stack())
+    if step.optimizer_impl != "auto" or impl == "none":
+        return step
+    return replace(step, optimizer_impl=impl)
+
+
+def _gpu_items(gpus: Any) -> list[GpuSpec]:
+    """The GPUs of each item of a list, duplicates kept; anything else as predict's gpu=."""
+    if isinstance(gpus, (list, tuple)):
+        return [spec for item in gpus for spec in parse_gpu_list(item)]
+    return parse_gpu_list(gpus)
 
 
 def _serves(graph: OpGraph, group: str) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from boom_ml.errors import InvalidInputError, UnknownModelError, suggest
+from boom_ml.plain_arguments import plain
 from boom_ml.trace.sdpa_select import check_group as check_sdpa_group
 
 # in --help's order (the error's list had run in the order they were added: a hunt); issue
@@ -178,6 +179,12 @@ class StepSpec:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
+        # a sweep over np.arange or a pandas column hands NumPy scalars, which predict() reads
+        # as the numbers they hold; a StepSpec had called np.int64(4) no integer (a hunt)
+        for name in _step_fields():
+            value = getattr(self, name)
+            if type(value).__module__ == "numpy":
+                object.__setattr__(self, name, plain(value))
         check_positive("batch_size", self.batch_size)
         if self.batch_size > MAX_BATCH_SIZE:  # a hunt: 2^36 overflowed pandas' int64 bytes
             raise InvalidInputError(
@@ -293,6 +300,8 @@ def tf32_switches(tf32: bool | None, matmul: bool | None, cudnn: bool | None) ->
 ATTENTION_CHOICES = ("sdpa", "eager")
 # hf build choices with keys of their own (the zoo's build options), never model_options
 BUILD_OPTION_KEYS = {"attn_implementation": "attention", "moe_imbalance": "moe.imbalance"}
+# and their defaults: a Session built without them traces (and caches) what predict() does
+BUILD_OPTION_DEFAULTS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
 
 
 def check_model_options(value: Any) -> None:

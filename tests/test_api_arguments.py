@@ -12,6 +12,7 @@ import boom_ml
 from boom_ml.errors import InvalidInputError
 from boom_ml.gpus import get_gpu
 from boom_ml.plain_arguments import plain
+from boom_ml.specs import StepSpec
 
 
 def test_numpy_numbers_are_read_as_the_numbers_they_hold() -> None:
@@ -118,6 +119,39 @@ def test_session_takes_gpu_ids_and_reads_cache_words() -> None:
     assert [g.time.step_ms for g in by_id] == [g.time.step_ms for g in by_spec]
     with pytest.raises(InvalidInputError, match=r"^Session.evaluate takes a StepSpec .*str 'bad'"):
         session.evaluate("bad", ["l4"])  # replace()'s TypeError had said nothing of it
+    # what predict's gpu= takes (a hunt: "all" and "l4,t4" were unknown GPUs, a Path or None
+    # a TypeError); a stack as predict's mapping (an AttributeError)
+    from pathlib import Path
+
+    from boom_ml.gpus import all_gpus
+
+    example = Path(boom_ml.__file__).parent.parent / "configs" / "gpus" / "example_unreleased.yaml"
+
+    assert [g.gpu for g in session.evaluate(step, "l4,t4")] == ["l4", "t4"]
+    assert [g.gpu for g in session.evaluate(step, example)] == ["hypothetical-x1"]
+    assert len(session.evaluate(step, "all", max_batch=False)) == len(all_gpus())
+    with pytest.raises(InvalidInputError, match="no GPU given"):
+        session.evaluate(step, None)
+    older = session.evaluate(step, "l4", stack={"torch": "2.4"})[0]
+    assert older.time.step_ms > 0
+    # the row's samples/s in its own JSON, as Prediction.to_dict has it
+    assert by_id[0].to_dict()["samples_per_s"] == pytest.approx(by_id[0].samples_per_s)
+
+
+def test_a_session_traces_what_predict_traced(tmp_path, monkeypatch) -> None:
+    """Session(model) and predict() keyed the same step apart (predict's build options,
+    sdpa attention and an even MoE, were filled in by it alone): each traced it again (a
+    hunt). A StepSpec reads NumPy numbers as predict does."""
+    monkeypatch.setenv("BOOM_CACHE_DIR", str(tmp_path))
+    kw = {"batch_size": 2, "image_size": 32}
+    first = boom_ml.predict("torchvision:resnet18", gpu="l4", max_batch="off", advice=False, **kw)
+    assert first.graph["trace_from_cache"] is False
+    step = StepSpec(batch_size=np.int64(2), image_size=np.int32(32))
+    assert (type(step.batch_size), type(step.image_size)) == (int, int)
+    session = boom_ml.Session("torchvision:resnet18")
+    (again,) = session.evaluate(step, "l4")
+    assert again.memory.total_bytes == first.gpus[0].memory.total_bytes
+    assert all(graph.meta.get("from_cache") for graph in session._graphs.values())  # predict's
 
 
 def test_to_dict_holds_plain_str_keys() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from boom_ml.errors import InvalidInputError, UnknownModelError
-from boom_ml.specs import BUILD_OPTION_KEYS, MODEL_SCHEMES, ModelSpec
+from boom_ml.specs import BUILD_OPTION_DEFAULTS, BUILD_OPTION_KEYS, MODEL_SCHEMES, ModelSpec
 from boom_ml.zoo import file_models, hf_models, timm_models, torchvision_models
 from boom_ml.zoo.base import BuiltModel
 from boom_ml.zoo.common import closest
@@ -35,7 +35,7 @@ SCHEMES = MODEL_SCHEMES
 _LOOKUP = (("torchvision", torchvision_models), ("timm", timm_models), ("hf", hf_models))
 # hf build options and their defaults: meaningless for other schemes (the keys users type
 # for them: specs.BUILD_OPTION_KEYS)
-HF_BUILD_OPTIONS = {"attn_implementation": "sdpa", "moe_imbalance": 1.0}
+HF_BUILD_OPTIONS = BUILD_OPTION_DEFAULTS
 _CLI_KEYS = BUILD_OPTION_KEYS
 _BUILDERS = {
     "torchvision": torchvision_models.build,
