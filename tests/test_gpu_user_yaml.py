@@ -206,6 +206,11 @@ def test_a_yaml_gpu_alone_named_as_a_table_gpu_is_refused(tmp_path: Path):
     by_alias.write_text(yaml.safe_dump({**get_gpu("a100-80gb-sxm").to_dict(), "id": "NVIDIA L4"}))
     with pytest.raises(InvalidInputError, match="two different GPUs are named 'NVIDIA L4'"):
         get_gpu(str(by_alias))
+    # the table's own spec copied and named by an alias is the table's GPU (a review: it had
+    # been "two different GPUs", id against alias)
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(yaml.safe_dump({**get_gpu("a100-80gb-sxm").to_dict(), "id": "A100 80GB SXM"}))
+    assert get_gpu(str(copy)) == get_gpu("a100-80gb-sxm")
 
 
 @pytest.mark.parametrize("bad", ["My GPU/x", "../up", "-dash", "a\\b"])

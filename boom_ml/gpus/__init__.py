@@ -278,8 +278,9 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
 def _check_same(seen: GpuSpec, spec: GpuSpec, where: str = "") -> None:
     """Two GPUs of one id must be the same GPU: a YAML file naming itself as another, which?"""
     a, b = seen.to_dict(), spec.to_dict()
+    # the id as written may be an alias of the other's (a copy named "A100 80GB SXM")
     differ = [f"{k} {_shown(a[k])} and {_shown(b[k])}" for k in a
-              if not _same(a[k], b[k]) and not k.endswith("source")]  # fmt: skip
+              if not _same(a[k], b[k]) and not k.endswith("source") and k != "id"]  # fmt: skip
     if differ:
         raise InvalidInputError(
             f"{where}two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
@@ -372,7 +373,7 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
     except InvalidInputError:
         return spec
     _check_same(packaged, spec, f"{path}: ")
-    return spec
+    return packaged if spec.id != packaged.id else spec  # a copy named by an alias: the table's
 
 
 def _usable_memory(values: dict[str, Any]) -> tuple[int, str]:
