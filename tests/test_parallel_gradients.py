@@ -126,3 +126,23 @@ def test_the_categories_add_up_to_the_total_where_dp_does_not_divide_them(tiny_m
     for sharding in ("zero1", "zero2", "fsdp"):
         out = stage_memory(tiny_memory, Layout(dp=3, sharding=sharding), 0, LAYERS, 1)
         assert sum(out["breakdown"].values()) == out["total_bytes"]
+
+
+def test_master_weights_gradients_are_scaled_as_traced_and_the_buckets_kept(tiny_memory):
+    """Under master weights the traced gradients are the 16-bit ones and fp32 copies beside
+    them: none is a fresh gradient (2N bytes of fp32 copies had been read as one and cut to
+    the largest tensor: 1.9 GB short), and a viewed DDP bucket is charged whole beside them
+    (it had vanished beside 7.7 GB of fp32 gradients: a review)."""
+    from dataclasses import replace
+
+    from boom_ml.parallel.memory import _stage_at
+
+    prof = replace(tiny_memory, master_weights=True, param_bytes=2.0, grad_bytes=2.0)
+    every = LAYERS * layer_params(1) + 2 * VOCAB * H + H
+    view = _synthetic_view(tiny_memory, fresh=0)
+    fp32 = 4 * every  # the fp32 copies beside the 16-bit gradients
+    view = {**view, "breakdowns": [{"gradient": b["gradient"] + fp32} for b in view["breakdowns"]]}
+    traced = view["breakdowns"][1]["gradient"]
+    out = _stage_at(prof, view, Layout(dp=2, bucket_view=True), 0, LAYERS, 1)
+    assert out["breakdown"]["gradient"] == traced
+    assert out["parallel_terms"]["ddp_bucket"] == 2 * every

@@ -34,7 +34,10 @@ def stage_gradient(
     proportion, a middle stage given 1.08 GB more than it holds and the first 0.4 GB less
     (a hunt). The optimizer step's and zero_grad's gradients (fp32 casts under master
     weights among them) are scaled as they were."""
-    if drained or not prof.largest or not prof.tensors:
+    if drained or prof.master_weights or not prof.largest or not prof.tensors:
+        # master weights: the traced gradients are the 16-bit ones and fp32 copies beside
+        # them (zero_grad=zero keeps the fp32 ones all step), none of them a fresh one (a
+        # review: 2N bytes of fp32 copies had been read as one and cut to a tensor)
         return traced * ratio, 0.0
     t, n = prof.trainable or prof.params, prof.tensors
     every = (layers * t["layers"] + t["first"] + t["last"]) * prof.trainable_bytes

@@ -301,7 +301,10 @@ def _stage_at(
         # gradient_as_bucket_view: the gradients are views into the buckets, which the Reducer
         # allocates when it is built and holds all step (it had charged one 25 MiB bucket, the
         # gradients gone where set_to_none had freed them: 4.9 GB short at a forward's peak)
-        kept = grad_peak - fresh  # the gradients alive at the peak, inside the buckets
+        # the gradients alive at the peak, inside the buckets; under master weights some are
+        # fp32 copies outside them, which the trace does not tell apart: the buckets whole (an
+        # upper bound; they had vanished beside 7.7 GB of fp32 gradients: a review)
+        kept = 0.0 if prof.master_weights else grad_peak - fresh
         terms["ddp_bucket"] = max(bucket - kept, 0.0) if layout.bucket_view else bucket
     in_flight, in_flight_chunks = in_flight_counts(layout, microbatches)[stage]
     if in_flight > 1 and not drained:  # what each further micro-batch's forward leaves
