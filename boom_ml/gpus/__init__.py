@@ -275,7 +275,7 @@ def parse_gpu_list(value: Any) -> list[GpuSpec]:
     return list(out.values())
 
 
-def _check_same(seen: GpuSpec, spec: GpuSpec, where: str = "") -> None:
+def _check_same(seen: GpuSpec, spec: GpuSpec) -> None:
     """Two GPUs of one id must be the same GPU: a YAML file naming itself as another, which?"""
     a, b = seen.to_dict(), spec.to_dict()
     # the id as written may be an alias of the other's (a copy named "A100 80GB SXM")
@@ -283,7 +283,7 @@ def _check_same(seen: GpuSpec, spec: GpuSpec, where: str = "") -> None:
               if not _same(a[k], b[k]) and not k.endswith("source") and k != "id"]  # fmt: skip
     if differ:
         raise InvalidInputError(
-            f"{where}two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
+            f"two different GPUs are named {spec.id!r} ({', '.join(differ[:3])}); "
             "give the YAML file another id"
         )
 
@@ -365,15 +365,9 @@ def load_user_gpu(path: str | Path) -> GpuSpec:
             f"GPUs of compute capability {values['compute_capability']} (else of "
             f"{values['architecture']}) show, else their median rate per SM and MHz"
         )
-    spec = GpuSpec(**values)
-    # alone, a spec named as a packaged GPU had taken its aliases and lost its price (a hunt);
-    # the packaged spec itself, copied into a file, is the same GPU
-    try:
-        packaged = _table()[0][resolve_gpu_id(spec.id)]
-    except InvalidInputError:
-        return spec
-    _check_same(packaged, spec, f"{path}: ")
-    return packaged if spec.id != packaged.id else spec  # a copy named by an alias: the table's
+    # a spec may take a packaged GPU's id (a what-if copy with fields changed: it is not that
+    # GPU, tests/test_basis.py); beside that GPU in one list it is refused (parse_gpu_list)
+    return GpuSpec(**values)
 
 
 def _usable_memory(values: dict[str, Any]) -> tuple[int, str]:

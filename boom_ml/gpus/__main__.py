@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from boom_ml.errors import BoomError
-from boom_ml.gpus import GpuSpec, all_gpus, gpu_aliases, parse_gpu_list
+from boom_ml.gpus import GpuSpec, all_gpus, get_gpu, gpu_aliases, parse_gpu_list
 from boom_ml.gpus.spec import GIB
 
 
@@ -68,9 +68,12 @@ def gpu_detail(gpu: GpuSpec) -> Table:
     for field, value in gpu.to_dict().items():
         table.add_row(field, "-" if value is None else str(value))
     try:
-        table.add_row("aliases", "; ".join(gpu_aliases(gpu.id)))
+        # a user YAML spec has no packaged aliases, even under a packaged GPU's id (an A100-like
+        # spec named l4 had been listed with the L4's: a hunt)
+        if get_gpu(gpu.id) == gpu:
+            table.add_row("aliases", "; ".join(gpu_aliases(gpu.id)))
     except BoomError:
-        pass  # a user YAML spec has no packaged aliases
+        pass
     return table
 
 
