@@ -300,8 +300,8 @@ def _stage_at(
         bucket = held_t * prof.trainable_bytes
         # gradient_as_bucket_view: the gradients are views into the buckets, which the Reducer
         # allocates when it is built and holds all step (it had charged one 25 MiB bucket, the
-        # gradients gone where set_to_none had freed them: 4.9 GB short at a forward's peak)
-        # the gradients alive at the peak, inside the buckets; under master weights some are
+        # gradients gone where set_to_none had freed them: 4.9 GB short at a forward's peak),
+        # so the gradients alive at the peak are inside them; under master weights some are
         # fp32 copies outside them, which the trace does not tell apart: the buckets whole (an
         # upper bound; they had vanished beside 7.7 GB of fp32 gradients: a review)
         kept = 0.0 if prof.master_weights else grad_peak - fresh
