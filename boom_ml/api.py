@@ -46,7 +46,7 @@ from boom_ml.specs import (
     max_batch_setting,
     search_max_batch,
 )
-from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
+from boom_ml.stack import Stack, resolve_stack, stack_missing, step_optimizer_impl
 from boom_ml.timing.conv_layout import TENSOR_CORE_SM, has_channels_last_convolutions
 from boom_ml.timing.library_calls import is_rnn
 from boom_ml.trace.graph import reads_dtype
@@ -154,7 +154,7 @@ def predict(
         tf32=tf32,
         tf32_matmul=tf32_matmul,
         tf32_cudnn=tf32_cudnn,
-        optimizer_impl=_impl(optimizer, optimizer_impl, software),
+        optimizer_impl=step_optimizer_impl(optimizer, optimizer_impl, software),
         grad_accum=grad_accum,
         zero_grad=zero_grad,
         channels_last=channels_last,
@@ -354,11 +354,6 @@ def _checked(kind: type, fields: dict[str, Any] | None, prefix: str) -> Any:
             f"unknown {prefix} option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
     return kind(**(fields or {}))
-
-
-def _impl(optimizer: str, impl: str, stack: Stack) -> str:
-    resolved = resolve_optimizer_impl(optimizer, impl, stack)
-    return "auto" if resolved == "none" else resolved
 
 
 def _scheme_name(spec: ModelSpec) -> str:

@@ -31,7 +31,7 @@ from boom_ml.specs import (
     check_model_syntax,
     finetune_problem,
 )
-from boom_ml.stack import Stack, resolve_optimizer_impl, resolve_stack, stack_missing
+from boom_ml.stack import Stack, resolve_stack, stack_missing, step_optimizer_impl
 from boom_ml.timing.accumulation import gradient_adds_ms
 from boom_ml.timing.estimate import estimate_times
 from boom_ml.timing.tf32 import Tf32
@@ -280,14 +280,11 @@ class Session:
 
 
 def _resolved_impl(step: StepSpec, stack: Stack | None) -> StepSpec:
-    """``step`` with ``optimizer_impl="auto"`` as what the stack's PyTorch picks (the installed
-    one's without a stack), as predict() resolves it: a Session had traced and cached the
-    same step apart from predict (a hunt), and under another stack traced the installed
-    PyTorch's choice."""
-    impl = resolve_optimizer_impl(step.optimizer, step.optimizer_impl, stack or resolve_stack())
-    if step.optimizer_impl != "auto" or impl == "none":
-        return step
-    return replace(step, optimizer_impl=impl)
+    """``step`` keyed as predict() keys it (``stack.step_optimizer_impl``): a Session had
+    traced and cached the same step apart from predict (a hunt), and under another stack
+    traced the installed PyTorch's choice."""
+    impl = step_optimizer_impl(step.optimizer, step.optimizer_impl, stack)
+    return step if impl == step.optimizer_impl else replace(step, optimizer_impl=impl)
 
 
 def _gpu_items(gpus: Any) -> list[GpuSpec]:

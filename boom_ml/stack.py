@@ -337,3 +337,17 @@ def resolve_optimizer_impl(optimizer: str, impl: str, stack: Stack) -> str:
             + ("" if optimizer == "adamw-fused" else " (use optimizer.impl=foreach)")
         )
     return impl
+
+
+@cache
+def default_stack() -> Stack:
+    """The installed PyTorch's stack with its defaults (``resolve_stack()``, asked once)."""
+    return resolve_stack()
+
+
+def step_optimizer_impl(optimizer: str, impl: str, stack: Stack | None = None) -> str:
+    """``optimizer_impl`` as a step records it: checked, ``auto`` resolved to what the
+    stack's PyTorch picks (the installed one's without a stack), and left ``auto`` where the
+    step has no optimizer. predict(), a Session and the tracer key and record steps so."""
+    resolved = resolve_optimizer_impl(optimizer, impl, stack or default_stack())
+    return "auto" if resolved == "none" else resolved

@@ -282,8 +282,7 @@ def param_counts(raw: dict[str, Any], tp: int, step: StepSpec) -> dict[str, Any]
         trainable, logical = roles(one, two, "trainable_"), roles(one, two, "logical_")
         hit = {**roles(one, two), **{f"trainable_{k}": v for k, v in trainable.items()},
                **{f"logical_{k}": v for k, v in logical.items()},
-               "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"],
-               **{k: v for k, v in two.items() if k.startswith(("largest_", "tensors_"))}}  # fmt: skip
+               "bytes": one["bytes"], "trainable_bytes": one["trainable_bytes"]}  # fmt: skip
         if step.finetune_method != "full":
             recipe = graph.meta.get("recipe") or {}
             hit["recipe"] = {k: recipe[k] for k in ("lora_targets", "adapter_dtypes")

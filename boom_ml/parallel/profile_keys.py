@@ -27,7 +27,7 @@ CACHE_VERSION = 15  # 4: recipes in the parameter split; 7: peaks per window (op
 # 13: the parameters the model stands for (param_counts' logical_*: QLoRA's 4-bit weights);
 # 14: LoRA adapters in fp32 by default, as peft's get_peft_model makes them (adapter_dtype);
 # held (per micro-batch in flight) without autocast's weight copies, which one region shares
-# 15: the largest trainable tensor of each role (param_counts' largest_*, MemoryProfile.largest)
+# 15: each role's largest trainable tensor and count (MemoryProfile.largest, .tensors)
 _ROOT = Path(__file__).resolve().parent.parent
 
 

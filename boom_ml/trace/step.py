@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from boom_ml import progress
 from boom_ml.errors import BoomError, InvalidInputError, TraceError
 from boom_ml.specs import StepSpec
-from boom_ml.stack import resolve_optimizer_impl, resolve_stack
+from boom_ml.stack import step_optimizer_impl
 from boom_ml.trace.attention import cuda_attention
 from boom_ml.trace.autocast_policy import cuda_autocast_policy
 from boom_ml.trace.categories import assign_categories
@@ -285,8 +285,7 @@ def trace_step_with_blocks(
     step = built.resolve_step(step)
     step = replace(step, sdpa_group=step.sdpa_group or DEFAULT_GROUP)  # recorded as traced
     if step.optimizer_impl == "auto":  # recorded as the implementation that ran
-        impl = resolve_optimizer_impl(step.optimizer, "auto", resolve_stack())
-        step = replace(step, optimizer_impl=impl if impl != "none" else "auto")
+        step = replace(step, optimizer_impl=step_optimizer_impl(step.optimizer, "auto"))
     started = time.perf_counter()
     with (
         progress.task(f"tracing {built.spec.shown}: {step.label()}"),
